@@ -1,0 +1,13 @@
+"""Errors that copytrace raises to its own callers (never into traced user code)."""
+
+from __future__ import annotations
+
+__all__ = ["CopytraceError", "TraceFileError"]
+
+
+class CopytraceError(Exception):
+    """A user-facing error: the CLI prints ``copytrace: error: <message>`` and exits 2."""
+
+
+class TraceFileError(CopytraceError):
+    """A trace path is missing, empty, or holds no readable copytrace spans."""

@@ -1,0 +1,58 @@
+"""The ``copytrace`` command line: ``run``, ``report`` and ``summary`` subcommands.
+
+Each subcommand lives in its own module (``copytrace/cli/<name>.py``) that defines
+``register(subparsers)``; the parser it adds sets ``handler`` to a function
+``(argparse.Namespace) -> int``. Errors a user can fix are raised as
+:class:`copytrace.CopytraceError` and become one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from copytrace._errors import CopytraceError
+
+__all__ = ["main", "console_main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Return the top-level parser with every subcommand registered."""
+    from copytrace import __version__
+    from copytrace.cli import report, run, summary
+
+    parser = argparse.ArgumentParser(
+        prog="copytrace",
+        description="Trace PyTorch tensor copies and aliases; write OpenTelemetry traces and HTML reports.",
+    )
+    parser.add_argument("--version", action="version", version=f"copytrace {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for module in (run, report, summary):
+        module.register(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit status.
+
+    Returns:
+        0 on success, 2 for a usage or input error (one line on stderr), or the traced
+        script's own exit status for ``copytrace run``.
+    """
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except CopytraceError as err:
+        print(f"copytrace: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("copytrace: interrupted", file=sys.stderr)
+        return 130
+
+
+def console_main() -> None:
+    """Entry point of the ``copytrace`` console script."""
+    sys.exit(main())

@@ -1,0 +1,84 @@
+"""Find the user's call site: the first Python frame outside copytrace, torch and the stdlib.
+
+Only called for copy/alias events, never for the ordinary ops that pass through the modes.
+Whether a code object belongs to user code is decided once per code object and cached.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from types import CodeType, FrameType
+
+__all__ = ["user_frame", "is_library_file"]
+
+
+def _dir_of(module_file: str | None) -> str | None:
+    if not module_file:
+        return None
+    return os.path.dirname(os.path.realpath(module_file)) + os.sep
+
+
+def _library_prefixes() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    import torch
+
+    own = (
+        _dir_of(os.path.join(os.path.dirname(__file__), "..", "__init__.py")),  # copytrace
+        _dir_of(torch.__file__),
+    )
+    stdlib = {
+        os.path.realpath(path) + os.sep
+        for key in ("stdlib", "platstdlib")
+        if (path := sysconfig.get_paths().get(key))
+    }
+    return tuple(p for p in own if p), tuple(stdlib)
+
+
+_PREFIXES: tuple[tuple[str, ...], tuple[str, ...]] | None = None
+_SKIP: dict[CodeType, bool] = {}
+# site-packages lives below the stdlib dir on some layouts; third-party code there is user code.
+_SITE_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
+def is_library_file(filename: str) -> bool:
+    """True when ``filename`` belongs to copytrace, torch or the standard library."""
+    global _PREFIXES
+    if _PREFIXES is None:
+        _PREFIXES = _library_prefixes()
+    if filename.startswith("<"):
+        # <frozen runpy> is stdlib; <string>, <stdin>, <ipython-input-..> are user code.
+        return filename.startswith("<frozen")
+    path = os.path.realpath(filename)
+    own, stdlib = _PREFIXES
+    if path.startswith(own):
+        return True
+    for prefix in stdlib:
+        if path.startswith(prefix):
+            rest = os.sep + path[len(prefix) :]
+            return not any(marker in rest for marker in _SITE_MARKERS)
+    return False
+
+
+def user_frame(frame: FrameType | None = None) -> tuple[str, int, str] | None:
+    """Return ``(file, line, function)`` of the innermost frame that is user code.
+
+    Args:
+        frame: where to start walking outwards; default: the caller's caller.
+
+    Returns:
+        The call site, or ``None`` when every frame on the stack is library code (e.g. a copy
+        made by autograd's engine with no Python frame above it).
+    """
+    if frame is None:
+        frame = sys._getframe(2)
+    skip = _SKIP
+    while frame is not None:
+        code = frame.f_code
+        lib = skip.get(code)
+        if lib is None:
+            lib = skip[code] = is_library_file(code.co_filename)
+        if not lib:
+            return code.co_filename, frame.f_lineno, code.co_name
+        frame = frame.f_back
+    return None

@@ -1,0 +1,105 @@
+"""The copy/alias event record: what the hot path stores for each intercepted op.
+
+The span attribute names an event becomes are listed in ``docs/trace-format.md``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["CopyEvent", "PHASES", "GRAPH_STATES"]
+
+PHASES = ("forward", "backward", "optimizer", "other")
+GRAPH_STATES = ("attached", "detached", "none")
+
+
+class CopyEvent:
+    """One tensor copy or alias seen while tracing.
+
+    Plain metadata only: an event never holds a reference to a tensor.
+
+    Attributes:
+        seq: 0-based sequence number within the trace.
+        op: user-level API (``clone``, ``detach``, ``data_get``, ``deepcopy``, ``to``, ...), or
+            ``implicit`` for an aten-level copy no API call explains.
+        aten: aten overloads that did the work, e.g. ``["aten::clone"]``; empty for a no-op.
+        bytes_allocated: bytes of newly allocated storage (0 for an alias and for ``copy_``
+            into an existing tensor).
+        bytes_logical: numel x element size of the result, in bytes.
+        alias: the result shares storage with its input.
+        noop: the call returned its input object itself (``.to()`` to the same device/dtype).
+        shape: result shape.
+        dtype, src_dtype: result / input dtype names, e.g. ``"float32"``.
+        src_device, dst_device: e.g. ``"cpu"``, ``"cuda:0"``.
+        transfer: ``"none"``, ``"h2d"``, ``"d2h"`` or ``"d2d"``.
+        non_blocking: ``non_blocking=True`` was passed.
+        requires_grad, src_requires_grad: of the result / of the input.
+        grad_fn: class name of the result's ``grad_fn`` (``"CloneBackward0"``) or ``None``.
+        is_leaf: the result is an autograd leaf.
+        graph: ``"attached"`` (result is in the input's autograd graph), ``"detached"`` (the
+            input required grad but the result is cut from its graph) or ``"none"``.
+        phase: ``"forward"``, ``"backward"``, ``"optimizer"`` or ``"other"``.
+        step: step number at the time of the event.
+        module: ``nn.Module`` path (``"CharLM.blocks.0.attn"``) or ``None``.
+        file, line, function: the user's call site (first frame outside copytrace, torch and
+            the standard library), or ``None`` when there is none.
+        thread_id, thread_name: the Python thread that made the copy.
+        start_ns, end_ns: ``time.perf_counter_ns()`` around the call (host time; on CUDA the
+            launch, not the transfer).
+        parent: ``seq`` of the enclosing deepcopy group event, or -1.
+        group: this event is a deepcopy group over child events (its bytes are their sum).
+        object_type: on a group, the deep-copied object's type.
+        tensors: on a group, how many tensors were copied; 1 otherwise.
+        error: exception type name when the op raised, else ``None``.
+    """
+
+    __slots__ = (
+        "seq", "op", "aten", "bytes_allocated", "bytes_logical", "alias", "noop", "shape",
+        "dtype", "src_dtype", "src_device", "dst_device", "transfer", "non_blocking",
+        "requires_grad", "src_requires_grad", "grad_fn", "is_leaf", "graph", "phase", "step",
+        "module", "file", "line", "function", "thread_id", "thread_name", "start_ns", "end_ns",
+        "parent", "group", "object_type", "tensors", "error",
+    )  # fmt: skip
+
+    def __init__(self, **fields: Any) -> None:
+        for name in self.__slots__:
+            setattr(self, name, fields.get(name, _DEFAULTS.get(name)))
+
+    @property
+    def duration_ns(self) -> int:
+        """Host-side duration of the call in ns."""
+        return self.end_ns - self.start_ns
+
+    def as_dict(self) -> dict[str, Any]:
+        """All fields as a plain dict (for JSON, tests and the REPL)."""
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __repr__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.file else "?"
+        kind = "alias" if self.alias else "copy"
+        return (
+            f"CopyEvent(#{self.seq} {self.op} {kind} {self.bytes_allocated} B "
+            f"{self.dtype}{list(self.shape)} {self.src_device}->{self.dst_device} "
+            f"graph={self.graph} phase={self.phase} step={self.step} at {where})"
+        )
+
+
+_DEFAULTS: dict[str, Any] = {
+    "aten": (),
+    "bytes_allocated": 0,
+    "bytes_logical": 0,
+    "alias": False,
+    "noop": False,
+    "shape": (),
+    "transfer": "none",
+    "non_blocking": False,
+    "requires_grad": False,
+    "src_requires_grad": False,
+    "is_leaf": True,
+    "graph": "none",
+    "phase": "other",
+    "step": 0,
+    "parent": -1,
+    "group": False,
+    "tensors": 1,
+}

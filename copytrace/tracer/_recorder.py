@@ -1,0 +1,560 @@
+"""The hot path: a TorchFunctionMode and a TorchDispatchMode that record copies and aliases.
+
+How the two modes split the work (facts of torch 2.13, see ``docs/trace-format.md``):
+
+* The function mode sees the user's API call (``Tensor.clone``, ``.data``, ``.to``,
+  ``Tensor.__deepcopy__``...). For one of those it runs the call, then compares the result
+  with the input: same object (no-op), same storage (alias) or new storage (copy), and reads
+  the graph facts. While that call runs, the aten copy ops it causes are folded into its
+  event, so one user call is one event.
+* The dispatch mode sees aten ops. A copy op (``aten::clone``, ``aten::_to_copy``,
+  ``aten::copy_``...) with no API call around it is an ``implicit`` copy: made inside a
+  composite, by autograd in backward, by autocast or by an optimizer. A bare ``aten::detach``
+  or ``aten::alias`` with no API call is autograd's own bookkeeping (saving an output for
+  backward, accumulating ``.grad``): it is counted, not recorded as an event.
+* Neither mode is re-entered by its own handler: torch pops a mode from its stack while the
+  mode's handler runs, and API calls nested in a recorded call are folded into it.
+
+Nothing here keeps a tensor alive: events hold shapes, names and integers only. Any error in
+the recording code is counted in ``Recorder.errors`` and never raised into the user's code.
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+import threading
+import time
+import weakref
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from copytrace.tracer._callsite import user_frame
+from copytrace.tracer._events import CopyEvent
+
+__all__ = ["Recorder", "active_recorder"]
+
+_perf_ns = time.perf_counter_ns
+_Tensor = torch.Tensor
+_graph_task_id = torch._C._current_graph_task_id
+
+# --- API-level table: function-mode callable -> op name ----------------------------------
+_CONVERSIONS = (
+    "to", "cpu", "cuda", "type", "float", "double", "half", "bfloat16", "int", "long",
+    "short", "char", "byte", "bool", "contiguous",
+)  # fmt: skip
+
+
+def _api_table() -> dict[Any, str]:
+    table: dict[Any, str] = {
+        _Tensor.clone: "clone",
+        torch.clone: "clone",
+        _Tensor.detach: "detach",
+        torch.detach: "detach",
+        _Tensor.detach_: "detach_",
+        _Tensor.data.__get__: "data_get",  # a method-wrapper; dict lookup uses == (see DESIGN)
+        _Tensor.data.__set__: "data_set",
+        _Tensor.__deepcopy__: "deepcopy",
+        _Tensor.copy_: "copy_",
+        torch.tensor: "tensor_ctor",
+        _Tensor.new_tensor: "new_tensor",
+        _Tensor.numpy: "numpy",
+    }
+    for name in _CONVERSIONS:
+        fn = getattr(_Tensor, name, None)
+        if fn is not None:
+            table[fn] = name
+    return table
+
+
+# --- aten-level table: OpOverloadPacket -> kind -------------------------------------------
+_ALIAS, _COPY = 1, 2
+
+
+def _aten_table() -> dict[Any, int]:
+    """OpOverload -> kind, for every overload of the aten copy and alias ops."""
+    aten = torch.ops.aten
+    kinds = {"detach": _ALIAS, "alias": _ALIAS, "lift_fresh": _ALIAS}
+    for name in ("clone", "_to_copy", "copy_", "lift_fresh_copy", "_copy_from",
+                 "_copy_from_and_resize", "copy"):  # fmt: skip
+        kinds[name] = _COPY
+    table: dict[Any, int] = {}
+    for name, kind in kinds.items():
+        packet = getattr(aten, name, None)
+        if packet is None:
+            continue
+        for overload in packet.overloads():
+            table[getattr(packet, overload)] = kind
+    return table
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _DTYPE_NAMES.get(dtype)
+    if name is None:
+        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
+    return name
+
+
+_DTYPE_NAMES: dict[torch.dtype, str] = {}
+_ATEN_NAMES: dict[Any, str] = {}
+
+
+def _aten_name(op: Any) -> str:
+    name = _ATEN_NAMES.get(op)
+    if name is None:
+        # OpOverload 'aten.clone.default' -> 'aten::clone' (overload kept when not default)
+        ns, _, rest = str(op).partition(".")
+        base, _, overload = rest.partition(".")
+        name = f"{ns}::{base}" if overload in ("", "default") else f"{ns}::{base}.{overload}"
+        _ATEN_NAMES[op] = sys.intern(name)
+    return name
+
+
+def _storage_ptr(t: torch.Tensor) -> int | None:
+    try:
+        return t.untyped_storage().data_ptr()
+    except Exception:  # sparse, nested, some subclasses: no single storage
+        return None
+
+
+def _storage_nbytes(t: torch.Tensor) -> int:
+    try:
+        return t.untyped_storage().nbytes()
+    except Exception:
+        return t.numel() * t.element_size()
+
+
+def _device_str(device: torch.device) -> str:
+    return str(device)
+
+
+def _transfer(src: str, dst: str) -> str:
+    if src == dst:
+        return "none"
+    src_host = src == "cpu"
+    dst_host = dst == "cpu"
+    if src_host and not dst_host:
+        return "h2d"
+    if dst_host and not src_host:
+        return "d2h"
+    if src_host and dst_host:
+        return "none"
+    return "d2d"
+
+
+class _Pending:
+    """An API call in progress: the aten ops it caused are appended to ``aten``."""
+
+    __slots__ = ("aten",)
+
+    def __init__(self) -> None:
+        self.aten: list[str] = []
+
+
+class _Group:
+    """An outermost ``copy.deepcopy`` of a non-tensor object in progress."""
+
+    __slots__ = ("seq", "start_ns", "storages", "bytes", "tensors", "children")
+
+    def __init__(self, seq: int, start_ns: int) -> None:
+        self.seq = seq
+        self.start_ns = start_ns
+        self.storages: set[int] = set()  # result storage pointers already counted
+        self.bytes = 0
+        self.tensors = 0
+        self.children = 0
+
+
+class Recorder:
+    """Owns the event buffer, the counters and the attribution state of one trace.
+
+    Args:
+        max_events: cap on buffered events; beyond it events are counted in ``dropped``.
+        auto_step: advance the step on each ``optimizer.step()`` until :meth:`step` is
+            called explicitly.
+    """
+
+    def __init__(self, max_events: int = 1_000_000, auto_step: bool = True) -> None:
+        self.events: list[CopyEvent] = []
+        self.max_events = max_events
+        self.dropped = 0
+        self.errors = 0
+        self.last_error: str | None = None
+        self.internal_detaches = 0
+        self.step_index = 0
+        self.step_starts: list[int] = []  # perf_counter_ns at each step start
+        self.auto_step = auto_step
+        self.active: _Pending | None = None
+        self.group: _Group | None = None
+        self.in_optimizer = 0
+        self.module_stack: list[str] = []
+        self._module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._root_counts: dict[str, int] = {}
+        self.api_table = _api_table()
+        self.aten_table = _aten_table()
+
+    # -- counters and attribution ---------------------------------------------------------
+    def note_error(self, err: BaseException) -> None:
+        self.errors += 1
+        self.last_error = f"{type(err).__name__}: {err}"
+
+    def phase(self) -> str:
+        if _graph_task_id() >= 0:
+            return "backward"
+        if self.in_optimizer:
+            return "optimizer"
+        if self.module_stack:
+            return "forward"
+        return "other"
+
+    def step(self, now_ns: int | None = None) -> int:
+        self.step_index += 1
+        self.step_starts.append(_perf_ns() if now_ns is None else now_ns)
+        return self.step_index
+
+    def module_name(self, module: torch.nn.Module) -> str:
+        """Path of ``module``: ``Root.child.grandchild``, the root named by its class."""
+        name = self._module_names.get(module)
+        if name is None:
+            root = type(module).__name__
+            n = self._root_counts.get(root, 0) + 1
+            self._root_counts[root] = n
+            if n > 1:
+                root = f"{root}#{n}"
+            names = self._module_names
+            for sub_name, sub in module.named_modules():
+                if sub not in names:
+                    names[sub] = f"{root}.{sub_name}" if sub_name else root
+            name = names[module]
+        return name
+
+    def _append(self, ev: CopyEvent) -> None:
+        if len(self.events) < self.max_events:
+            self.events.append(ev)
+        else:
+            self.dropped += 1
+
+    def _context(self, ev: CopyEvent) -> None:
+        site = user_frame(sys._getframe(2))
+        if site is not None:
+            ev.file, ev.line, ev.function = site
+        ev.phase = self.phase()
+        ev.step = self.step_index
+        ev.module = self.module_stack[-1] if self.module_stack else None
+        thread = threading.current_thread()
+        ev.thread_id = thread.ident
+        ev.thread_name = thread.name
+        group = self.group
+        if group is not None:
+            ev.parent = group.seq
+
+    # -- API-level events -------------------------------------------------------------------
+    def api_call(self, op: str, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Run ``func(*args, **kwargs)`` as the user's API call ``op`` and record it."""
+        if op == "deepcopy" and len(args) > 1 and args[1] is not None and id(args[0]) in args[1]:
+            return func(*args, **kwargs)  # memo hit: deepcopy returns an earlier copy
+        pending = _Pending()
+        outer = self.active
+        self.active = pending
+        start = _perf_ns()
+        try:
+            result = func(*args, **kwargs)
+        except BaseException as err:
+            end = _perf_ns()
+            self.active = outer
+            try:
+                self._record_api(op, args, kwargs, None, pending, start, end, type(err).__name__)
+            except Exception as inner:
+                self.note_error(inner)
+            raise
+        end = _perf_ns()
+        self.active = outer
+        try:
+            self._record_api(op, args, kwargs, result, pending, start, end, None)
+        except Exception as err:
+            self.note_error(err)
+        return result
+
+    def _record_api(
+        self,
+        op: str,
+        args: tuple,
+        kwargs: dict,
+        result: Any,
+        pending: _Pending,
+        start: int,
+        end: int,
+        error: str | None,
+    ) -> None:
+        if op == "copy_" or op == "data_set":
+            # dst.copy_(src) writes into dst; dst.data = src rebinds dst to src's storage.
+            if len(args) < 2:
+                return
+            dst, src = args[0], args[1]
+            if not isinstance(dst, _Tensor) or not isinstance(src, _Tensor):
+                return
+            out = dst
+        else:
+            src = args[0] if args else None
+            if not isinstance(src, _Tensor):
+                return  # torch.tensor([1, 2]), torch.clone(x=...) etc.: no tensor input
+            out = result
+        if error is None and op not in ("numpy", "copy_", "data_set") and not isinstance(
+            out, _Tensor
+        ):
+            return  # t.type() with no argument returns a string
+        ev = CopyEvent(op=op, aten=tuple(pending.aten), error=error)
+        ev.seq = len(self.events) + self.dropped
+        ev.start_ns = start
+        ev.end_ns = end
+        ev.src_dtype = _dtype_name(src.dtype)
+        ev.src_device = _device_str(src.device)
+        ev.src_requires_grad = src.requires_grad
+        ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
+        if error is not None or op == "numpy":
+            # Failed call, or an ndarray view of the tensor's memory (an alias).
+            ev.shape = tuple(src.shape)
+            ev.dtype = ev.src_dtype
+            ev.dst_device = ev.src_device
+            ev.bytes_logical = src.numel() * src.element_size()
+            ev.alias = op == "numpy"
+            ev.requires_grad = False
+            ev.graph = "detached" if src.requires_grad and op == "numpy" else "none"
+        else:
+            ev.shape = tuple(out.shape)
+            ev.dtype = _dtype_name(out.dtype)
+            ev.dst_device = _device_str(out.device)
+            ev.bytes_logical = out.numel() * out.element_size()
+            ev.requires_grad = out.requires_grad
+            grad_fn = out.grad_fn
+            ev.grad_fn = type(grad_fn).__name__ if grad_fn is not None else None
+            ev.is_leaf = out.is_leaf
+            if op == "copy_":
+                ev.alias = False
+                ev.bytes_allocated = 0
+            elif out is src:
+                ev.noop = ev.alias = True
+            else:
+                ptr = _storage_ptr(out)
+                ev.alias = ptr is not None and ptr == _storage_ptr(src)
+                if not ev.alias:
+                    nbytes = _storage_nbytes(out)
+                    group = self.group
+                    if op == "deepcopy":
+                        grad = getattr(out, "grad", None) if out.is_leaf else None
+                        if grad is not None:
+                            nbytes += _storage_nbytes(grad)
+                    if group is not None and ptr is not None:
+                        if ptr in group.storages:
+                            nbytes = 0  # storage shared inside the copied object: copied once
+                        else:
+                            group.storages.add(ptr)
+                    ev.bytes_allocated = nbytes
+            if grad_fn is not None or (ev.noop and out.requires_grad):
+                ev.graph = "attached"
+            elif src.requires_grad:
+                ev.graph = "detached"
+            else:
+                ev.graph = "none"
+        ev.transfer = _transfer(ev.src_device, ev.dst_device)
+        self._context(ev)
+        group = self.group
+        if group is not None:
+            group.bytes += ev.bytes_allocated
+            group.tensors += 1
+        self._append(ev)
+
+    # -- aten-level events ------------------------------------------------------------------
+    def implicit(self, func: Any, args: tuple, kwargs: dict, out: Any, start: int, end: int) -> None:
+        """Record an aten copy that no API call explains."""
+        src = None
+        for a in args:
+            if isinstance(a, _Tensor):
+                src = a
+                break
+        if src is None or not isinstance(out, _Tensor):
+            return
+        name = _aten_name(func)
+        ev = CopyEvent(op="implicit", aten=(name,))
+        ev.seq = len(self.events) + self.dropped
+        ev.start_ns = start
+        ev.end_ns = end
+        if name == "aten::copy_" and len(args) > 1 and isinstance(args[1], _Tensor):
+            src = args[1]  # copy_(self=dst, src)
+            ev.bytes_allocated = 0
+        else:
+            ev.bytes_allocated = _storage_nbytes(out)
+        ev.src_dtype = _dtype_name(src.dtype)
+        ev.src_device = _device_str(src.device)
+        ev.src_requires_grad = src.requires_grad
+        ev.shape = tuple(out.shape)
+        ev.dtype = _dtype_name(out.dtype)
+        ev.dst_device = _device_str(out.device)
+        ev.transfer = _transfer(ev.src_device, ev.dst_device)
+        ev.bytes_logical = out.numel() * out.element_size()
+        ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
+        # Dispatch-level tensors carry no autograd metadata: graph facts stay unknown ("none").
+        self._context(ev)
+        self._append(ev)
+
+    # -- deepcopy groups ----------------------------------------------------------------------
+    def deepcopy_group(self, orig: Any, x: Any, memo: Any, nil: Any) -> Any:
+        """Run the outermost ``copy.deepcopy(x)`` as one group span over its tensor copies."""
+        seq = len(self.events) + self.dropped
+        group = _Group(seq, _perf_ns())
+        self.group = group
+        # Reserve the group's slot so it precedes its children in the buffer.
+        placeholder = CopyEvent(op="deepcopy", group=True)
+        placeholder.seq = seq
+        self._append(placeholder)
+        error = None
+        try:
+            return orig(x, memo, nil)
+        except BaseException as err:
+            error = type(err).__name__
+            raise
+        finally:
+            end = _perf_ns()
+            self.group = None
+            try:
+                self._close_group(placeholder, group, x, end, error)
+            except Exception as err:
+                self.note_error(err)
+
+    def _close_group(
+        self, ev: CopyEvent, group: _Group, x: Any, end: int, error: str | None
+    ) -> None:
+        if group.tensors == 0 and error is None and self.events and self.events[-1] is ev:
+            self.events.pop()  # deepcopy of an object holding no tensor: not a copy event
+            return
+        ev.start_ns = group.start_ns
+        ev.end_ns = end
+        ev.bytes_allocated = group.bytes
+        ev.tensors = group.tensors
+        ev.object_type = f"{type(x).__module__}.{type(x).__qualname__}"
+        ev.error = error
+        ev.dtype = ev.src_dtype = ""
+        ev.src_device = ev.dst_device = ""
+        self._context(ev)
+        ev.parent = -1
+
+
+_ACTIVE: Recorder | None = None
+
+
+def active_recorder() -> Recorder | None:
+    """The recorder of the running trace, or ``None``."""
+    return _ACTIVE
+
+
+def set_active(rec: Recorder | None) -> None:
+    global _ACTIVE
+    _ACTIVE = rec
+
+
+class FunctionMode(TorchFunctionMode):
+    """API-level interception: one dict lookup per torch call, a record for copy/alias calls."""
+
+    def __init__(self, rec: Recorder) -> None:
+        super().__init__()
+        self._rec = rec
+        self._table = rec.api_table
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        try:
+            op = self._table.get(func)
+        except TypeError:  # an unhashable callable
+            op = None
+        if op is None or self._rec.active is not None:
+            return func(*args, **kwargs)
+        return self._rec.api_call(op, func, args, kwargs)
+
+
+class DispatchMode(TorchDispatchMode):
+    """aten-level interception: folds copies into the API call in progress, or records them
+    as implicit copies; counts autograd's own detaches."""
+
+    def __init__(self, rec: Recorder) -> None:
+        super().__init__()
+        self._rec = rec
+        self._table = rec.aten_table
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        kind = self._table.get(func)
+        if kind is None:
+            return func(*args, **kwargs)
+        rec = self._rec
+        pending = rec.active
+        if pending is not None:
+            pending.aten.append(_aten_name(func))
+            return func(*args, **kwargs)
+        if kind == _ALIAS:
+            rec.internal_detaches += 1
+            return func(*args, **kwargs)
+        start = _perf_ns()
+        out = func(*args, **kwargs)
+        end = _perf_ns()
+        try:
+            rec.implicit(func, args, kwargs, out, start, end)
+        except Exception as err:
+            rec.note_error(err)
+        return out
+
+
+class _NullDispatch(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+_WARM = [False]
+
+
+def warm_up() -> None:
+    """Pay torch's one-time cost of the first op under a dispatch mode (it imports
+    ``torch._dynamo``, ~1 s) before tracing starts, so it is not timed as a user copy."""
+    if not _WARM[0]:
+        _WARM[0] = True
+        with _NullDispatch():
+            torch.empty(1).clone()
+
+
+# --- patches installed while a trace is active ----------------------------------------------
+_ORIG_DEEPCOPY = copy.deepcopy
+_ORIG_PARAM_DEEPCOPY = torch.nn.Parameter.__deepcopy__
+
+
+def _traced_deepcopy(x, memo=None, _nil=[]):  # noqa: B006 - same signature as copy.deepcopy
+    rec = _ACTIVE
+    if rec is None or rec.group is not None or rec.active is not None or isinstance(x, _Tensor):
+        return _ORIG_DEEPCOPY(x, memo, _nil)
+    return rec.deepcopy_group(_ORIG_DEEPCOPY, x, memo, _nil)
+
+
+def _traced_param_deepcopy(self, memo):
+    # nn.Parameter.__deepcopy__ never reaches the function mode (its __torch_function__ is
+    # disabled); it shows as `.data` + `clone`. Record it as one deepcopy of the parameter.
+    rec = _ACTIVE
+    if rec is None or rec.active is not None:
+        return _ORIG_PARAM_DEEPCOPY(self, memo)
+    return rec.api_call("deepcopy", _ORIG_PARAM_DEEPCOPY, (self, memo), {})
+
+
+def install_patches() -> None:
+    copy.deepcopy = _traced_deepcopy
+    torch.nn.Parameter.__deepcopy__ = _traced_param_deepcopy
+
+
+def remove_patches() -> None:
+    if copy.deepcopy is _traced_deepcopy:
+        copy.deepcopy = _ORIG_DEEPCOPY
+    if torch.nn.Parameter.__dict__.get("__deepcopy__") is _traced_param_deepcopy:
+        torch.nn.Parameter.__deepcopy__ = _ORIG_PARAM_DEEPCOPY
