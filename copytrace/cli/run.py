@@ -30,7 +30,9 @@ def register(sub: Any) -> None:
         help=f"output directory (default: ${_env.COPYTRACE_OUTPUT} or ./{_env.DEFAULT_OUTPUT_DIR})",
     )  # fmt: skip
     parser.add_argument("--no-report", action="store_true", help="write the trace only")
-    parser.add_argument("-m", dest="module", action="store_true", help="run a module, like python -m")
+    parser.add_argument(
+        "-m", dest="module", action="store_true", help="run a module, like python -m"
+    )
     parser.add_argument("target", help="the script to run (or the module, with -m)")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program")
     parser.set_defaults(handler=run)

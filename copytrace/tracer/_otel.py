@@ -71,7 +71,11 @@ def _span_json(span: ReadableSpan) -> dict[str, Any]:
         out["parentSpanId"] = format(span.parent.span_id, "016x")
     if span.events:
         out["events"] = [
-            {"timeUnixNano": str(e.timestamp), "name": e.name, "attributes": _attributes(e.attributes)}
+            {
+                "timeUnixNano": str(e.timestamp),
+                "name": e.name,
+                "attributes": _attributes(e.attributes),
+            }
             for e in span.events
         ]
     code = span.status.status_code.value
@@ -186,7 +190,12 @@ def trace_file_name(pid: int | None = None) -> str:
     return f"copytrace-{host}-{pid}{suffix}.otlp.jsonl"
 
 
-def _resource(extra: dict[str, Any]) -> Resource:
+def make_resource(extra: dict[str, Any] | None = None) -> Resource:
+    """The process's resource: service name, pid, host, rank; merged with ``OTEL_*``.
+
+    Build it while the interpreter is running normally: the SDK's resource detectors use a
+    thread pool, which refuses work during interpreter shutdown (``atexit``).
+    """
     attrs: dict[str, Any] = {
         "service.name": os.environ.get("OTEL_SERVICE_NAME", "copytrace"),
         "process.pid": os.getpid(),
@@ -199,7 +208,7 @@ def _resource(extra: dict[str, Any]) -> Resource:
         value = os.environ.get(env)
         if value is not None and value.isdigit():
             attrs[key] = int(value)
-    attrs.update(extra)
+    attrs.update(extra or {})
     # Resource.create merges OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME from the environment.
     return Resource.create(attrs)
 
@@ -250,6 +259,7 @@ def export_events(
     exporter: SpanExporter,
     *,
     epoch_offset_ns: int,
+    resource: Resource | None = None,
 ) -> int:
     """Build the run, step and event spans and hand them to ``exporter``.
 
@@ -260,12 +270,13 @@ def export_events(
         run_attributes: attributes of the ``copytrace.run`` span.
         exporter: where the spans go (the file exporter, or any SDK span exporter).
         epoch_offset_ns: add to a ``perf_counter_ns`` value to get ns since the Unix epoch.
+        resource: the OpenTelemetry resource (default: :func:`make_resource`).
 
     Returns:
         The number of spans exported (run + steps + events).
     """
     processor = _BatchingProcessor(exporter)
-    provider = TracerProvider(resource=_resource({}))
+    provider = TracerProvider(resource=resource if resource is not None else make_resource())
     provider.add_span_processor(processor)
     tracer = provider.get_tracer(SCOPE_NAME, _version())
     off = epoch_offset_ns

@@ -304,8 +304,10 @@ class Recorder:
             if not isinstance(src, _Tensor):
                 return  # torch.tensor([1, 2]), torch.clone(x=...) etc.: no tensor input
             out = result
-        if error is None and op not in ("numpy", "copy_", "data_set") and not isinstance(
-            out, _Tensor
+        if (
+            error is None
+            and op not in ("numpy", "copy_", "data_set")
+            and not isinstance(out, _Tensor)
         ):
             return  # t.type() with no argument returns a string
         ev = CopyEvent(op=op, aten=tuple(pending.aten), error=error)
@@ -370,7 +372,9 @@ class Recorder:
         self._append(ev)
 
     # -- aten-level events ------------------------------------------------------------------
-    def implicit(self, func: Any, args: tuple, kwargs: dict, out: Any, start: int, end: int) -> None:
+    def implicit(
+        self, func: Any, args: tuple, kwargs: dict, out: Any, start: int, end: int
+    ) -> None:
         """Record an aten copy that no API call explains."""
         src = None
         for a in args:

@@ -23,6 +23,7 @@ from copytrace.tracer._otel import (
     OtlpJsonFileExporter,
     epoch_offset,
     export_events,
+    make_resource,
     trace_file_name,
 )
 
@@ -73,6 +74,7 @@ class Trace:
         self._end_ns = 0
         self._epoch_offset = 0
         self._delegate: Trace | None = None
+        self._resource: Any = None
         self.trace_path: Path | None = None
         self.running = False
 
@@ -91,6 +93,7 @@ class Trace:
             return self
         rec = self._rec
         _recorder.warm_up()
+        self._resource = make_resource()
         self._epoch_offset = epoch_offset()
         self._start_ns = time.perf_counter_ns()
         self._hooks = [
@@ -174,8 +177,17 @@ class Trace:
         """
         if self._delegate is not None:
             return self._delegate.step()
-        self._rec.auto_step = False
-        return self._rec.step()
+        rec = self._rec
+        if rec.auto_step:
+            rec.auto_step = False
+            if rec.step_starts:
+                # optimizer.step() already advanced steps before this first explicit call:
+                # by the user's own marks, everything so far is step 0.
+                rec.step_starts.clear()
+                rec.step_index = 0
+                for ev in rec.events:
+                    ev.step = 0
+        return rec.step()
 
     @property
     def events(self) -> list[CopyEvent]:
@@ -223,6 +235,7 @@ class Trace:
             self._run_attributes(),
             exporter,
             epoch_offset_ns=self._epoch_offset,
+            resource=self._resource,
         )
         return path
 
@@ -257,7 +270,9 @@ class Trace:
 
         target = self._delegate or self
         if target.trace_path is None:
-            raise CopytraceError("the trace has not been written yet: call report() after the with block")
+            raise CopytraceError(
+                "the trace has not been written yet: call report() after the with block"
+            )
         out = Path(path) if path is not None else target.output_dir / "report.html"
         return write_report(target.trace_path, out)
 

@@ -1,0 +1,423 @@
+"""Read copytrace OTLP/JSON-lines trace files into plain Python objects.
+
+See ``docs/trace-format.md`` for the format. This module has no plotly import; it is the
+cold-path reader used by the HTML report and the ``summary`` command.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from copytrace._errors import TraceFileError
+
+__all__ = ["Event", "Run", "Step", "TraceData", "decode_value", "load_trace", "TRACE_GLOBS"]
+
+#: File name patterns read from a trace directory.
+TRACE_GLOBS = ("*.otlp.jsonl", "*.otlp.jsonl.gz")
+
+_RUN = "copytrace.run"
+_STEP = "copytrace.step"
+_PREFIX = "copytrace."
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+@dataclass(slots=True)
+class Step:
+    """One ``copytrace.step`` span.
+
+    Attributes:
+        step: 0-based step number.
+        start_ns: Span start, ns since the epoch.
+        end_ns: Span end, ns since the epoch.
+        span_id: The span's id (16 hex digits).
+        attrs: All span attributes.
+    """
+
+    step: int
+    start_ns: int
+    end_ns: int
+    span_id: str = ""
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def duration_ns(self) -> int:
+        """Step duration in ns (never negative)."""
+        return max(0, self.end_ns - self.start_ns)
+
+
+@dataclass(slots=True)
+class Event:
+    """One copy/alias event span, or a deepcopy group span (``copytrace.group`` true).
+
+    Attributes:
+        name: Span name, e.g. ``copytrace.clone``.
+        span_id: The span's id.
+        parent_id: The parent span's id (a step or a group), or None for a root span.
+        start_ns: Call start, ns since the epoch.
+        end_ns: Call end, ns since the epoch.
+        attrs: All span attributes, decoded to plain Python values.
+    """
+
+    name: str
+    span_id: str
+    parent_id: str | None
+    start_ns: int
+    end_ns: int
+    attrs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def duration_ns(self) -> int:
+        """Host-side call duration in ns (never negative)."""
+        return max(0, self.end_ns - self.start_ns)
+
+    @property
+    def is_group(self) -> bool:
+        """True for a deepcopy group span, whose bytes are the sum of its children."""
+        return self.attrs.get("copytrace.group") is True
+
+    @property
+    def op(self) -> str:
+        """The user-level op (``copytrace.op``), falling back to the span name."""
+        op = self.attrs.get("copytrace.op")
+        if isinstance(op, str) and op:
+            return op
+        return self.name[len(_PREFIX) :] if self.name.startswith(_PREFIX) else self.name
+
+
+@dataclass
+class Run:
+    """All spans of one traced process run (one OTLP trace id).
+
+    Attributes:
+        trace_id: The OTLP trace id (32 hex digits).
+        resource: Resource attributes (``process.pid``, ``host.name``, ...).
+        attrs: Attributes of the ``copytrace.run`` span; empty when that span is missing
+            (e.g. the file was cut before the tracer stopped).
+        start_ns: Run start in ns since the epoch: the run span's start, else the earliest
+            span start seen.
+        end_ns: Run end in ns since the epoch: the run span's end, else the latest span end.
+        has_run_span: Whether a ``copytrace.run`` span was read.
+        steps: Step spans, sorted by step number.
+        events: Event and group spans, sorted by start time.
+        files: Trace files this run's spans were read from.
+    """
+
+    trace_id: str
+    resource: dict[str, Any] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    start_ns: int = 0
+    end_ns: int = 0
+    has_run_span: bool = False
+    steps: list[Step] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+
+    @property
+    def duration_ns(self) -> int:
+        """Run duration in ns (never negative)."""
+        return max(0, self.end_ns - self.start_ns)
+
+
+@dataclass
+class TraceData:
+    """Everything read from one trace file or directory.
+
+    Attributes:
+        runs: One entry per traced process run, sorted by start time.
+        files: The trace files read, sorted.
+        bad_lines: Lines that could not be parsed (cut mid-write, garbage) and were skipped.
+        empty_files: Files that held no readable copytrace spans (skipped).
+    """
+
+    runs: list[Run] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+    bad_lines: int = 0
+    empty_files: list[Path] = field(default_factory=list)
+
+    @property
+    def events(self) -> list[Event]:
+        """All event and group spans of all runs."""
+        return [ev for run in self.runs for ev in run.events]
+
+
+def decode_value(value: Any) -> Any:
+    """Decode one OTLP/JSON ``AnyValue`` object into a plain Python value.
+
+    Args:
+        value: A dict such as ``{"intValue": "4000"}`` or ``{"arrayValue": {"values": [...]}}``.
+
+    Returns:
+        ``str``, ``bool``, ``int``, ``float``, ``list`` (arrays), ``dict`` (kvlists), or None
+        for an empty value.
+
+    Raises:
+        ValueError: If the value is malformed (e.g. an ``intValue`` that is not an integer).
+    """
+    if not isinstance(value, dict):
+        raise ValueError(f"attribute value is not an object: {value!r}")
+    if "stringValue" in value:
+        return str(value["stringValue"])
+    if "boolValue" in value:
+        b = value["boolValue"]
+        if isinstance(b, str):
+            return b.lower() == "true"
+        return bool(b)
+    if "intValue" in value:
+        iv = value["intValue"]
+        if isinstance(iv, bool):
+            raise ValueError("boolean intValue")
+        return int(iv)
+    if "doubleValue" in value:
+        return float(value["doubleValue"])  # accepts "NaN", "Infinity" as proto3 JSON writes
+    if "arrayValue" in value:
+        arr = value["arrayValue"] or {}
+        return [decode_value(v) for v in arr.get("values", [])]
+    if "kvlistValue" in value:
+        kv = value["kvlistValue"] or {}
+        return _decode_attrs(kv.get("values", []))
+    if "bytesValue" in value:
+        return str(value["bytesValue"])
+    return None
+
+
+def _decode_attrs(items: Any) -> dict[str, Any]:
+    if items is None:
+        return {}
+    if not isinstance(items, list):
+        raise ValueError("attributes is not a list")
+    out: dict[str, Any] = {}
+    for item in items:
+        out[str(item["key"])] = decode_value(item.get("value", {}))
+    return out
+
+
+def _ns(value: Any) -> int:
+    if value is None or value == "":
+        return 0
+    if isinstance(value, bool):
+        raise ValueError("boolean timestamp")
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError("non-finite timestamp")
+        return int(value)
+    return int(value)
+
+
+@dataclass
+class _RawSpan:
+    trace_id: str
+    span_id: str
+    parent_id: str | None
+    name: str
+    start_ns: int
+    end_ns: int
+    attrs: dict[str, Any]
+    resource: dict[str, Any]
+
+
+def _parse_line(line: str) -> list[_RawSpan]:
+    """Parse one ExportTraceServiceRequest line; raise ValueError/KeyError/TypeError if bad."""
+    doc = json.loads(line)
+    if not isinstance(doc, dict) or not isinstance(doc.get("resourceSpans"), list):
+        raise ValueError("not an ExportTraceServiceRequest")
+    spans: list[_RawSpan] = []
+    for rs in doc["resourceSpans"]:
+        resource = _decode_attrs((rs.get("resource") or {}).get("attributes"))
+        for ss in rs.get("scopeSpans") or []:
+            for sp in ss.get("spans") or []:
+                name = str(sp.get("name", ""))
+                attrs = _decode_attrs(sp.get("attributes"))
+                if not name.startswith(_PREFIX) and "copytrace.op" not in attrs:
+                    continue  # somebody else's span in the same file
+                parent = sp.get("parentSpanId") or None
+                spans.append(
+                    _RawSpan(
+                        trace_id=str(sp["traceId"]).lower(),
+                        span_id=str(sp["spanId"]).lower(),
+                        parent_id=str(parent).lower() if parent else None,
+                        name=name,
+                        start_ns=_ns(sp.get("startTimeUnixNano")),
+                        end_ns=_ns(sp.get("endTimeUnixNano")),
+                        attrs=attrs,
+                        resource=resource,
+                    )
+                )
+    return spans
+
+
+def _iter_lines(path: Path) -> Iterator[str | None]:
+    """Yield decoded lines of ``path``; yield None for a line that is not valid text.
+
+    Gzip files are recognised by their magic bytes. A gzip stream cut mid-write yields what
+    could be decompressed, then None.
+    """
+    with path.open("rb") as fh:
+        magic = fh.read(2)
+    opener = gzip.open if magic == _GZIP_MAGIC else open
+    try:
+        with opener(path, "rb") as fh:  # type: ignore[operator]
+            for raw in fh:
+                try:
+                    yield raw.decode("utf-8")
+                except UnicodeDecodeError:
+                    yield None
+    except (EOFError, OSError, gzip.BadGzipFile):
+        yield None  # truncated or corrupt gzip stream: count as one unreadable line
+
+
+def _trace_files(path: Path) -> list[Path]:
+    if not path.exists():
+        raise TraceFileError(f"trace path not found: {path}")
+    if path.is_dir():
+        files = sorted({f for pattern in TRACE_GLOBS for f in path.glob(pattern) if f.is_file()})
+        if not files:
+            raise TraceFileError(
+                f"no trace files (*.otlp.jsonl, *.otlp.jsonl.gz) in directory: {path}"
+            )
+        return files
+    if not path.is_file():
+        raise TraceFileError(f"not a regular file or directory: {path}")
+    return [path]
+
+
+def load_trace(path: str | Path) -> TraceData:
+    """Read a copytrace trace file, or every trace file in a directory.
+
+    Args:
+        path: A ``*.otlp.jsonl`` / ``*.otlp.jsonl.gz`` file, or a directory whose
+            ``*.otlp.jsonl`` and ``*.otlp.jsonl.gz`` files (not recursive) are read in
+            sorted order.
+
+    Returns:
+        The spans grouped into runs (one per OTLP trace id, i.e. per traced process). Times
+        are ns since the epoch; byte counts are bytes. Lines that cannot be parsed are
+        skipped and counted in ``bad_lines``; a span id seen twice in a trace is kept once.
+
+    Raises:
+        TraceFileError: If ``path`` does not exist, is a directory without trace files, or
+            no copytrace span at all could be read from the file(s) (empty, binary or
+            corrupt files).
+    """
+    path = Path(path)
+    files = _trace_files(path)
+    data = TraceData(files=files)
+    runs: dict[str, Run] = {}
+    seen: set[tuple[str, str]] = set()
+
+    for file in files:
+        try:
+            n_spans = _read_file(file, data, runs, seen)
+        except OSError as err:
+            raise TraceFileError(f"cannot read trace file {file}: {err.strerror or err}") from err
+        if n_spans == 0:
+            data.empty_files.append(file)
+
+    if not runs:
+        where = files[0] if len(files) == 1 else path
+        detail = f" ({data.bad_lines} unreadable line(s))" if data.bad_lines else ""
+        raise TraceFileError(f"no readable copytrace spans in {where}{detail}")
+
+    for run in runs.values():
+        _finish_run(run)
+    data.runs = sorted(runs.values(), key=lambda r: (r.start_ns, r.trace_id))
+    return data
+
+
+def _read_file(file: Path, data: TraceData, runs: dict[str, Run], seen: set) -> int:
+    n_spans = 0
+    for line in _iter_lines(file):
+        if line is None:
+            data.bad_lines += 1
+            continue
+        if not line.strip():
+            continue
+        try:
+            spans = _parse_line(line)
+        except (ValueError, KeyError, TypeError, AttributeError, RecursionError):
+            data.bad_lines += 1
+            continue
+        for sp in spans:
+            key = (sp.trace_id, sp.span_id)
+            if key in seen:
+                continue
+            seen.add(key)
+            n_spans += 1
+            run = runs.get(sp.trace_id)
+            if run is None:
+                run = runs[sp.trace_id] = Run(trace_id=sp.trace_id)
+            run.resource.update(sp.resource)
+            if file not in run.files:
+                run.files.append(file)
+            _add_span(run, sp)
+    return n_spans
+
+
+def _add_span(run: Run, sp: _RawSpan) -> None:
+    if sp.name == _RUN:
+        run.attrs.update(sp.attrs)
+        run.start_ns, run.end_ns = sp.start_ns, sp.end_ns
+        run.has_run_span = True
+    elif sp.name == _STEP:
+        number = sp.attrs.get("copytrace.step")
+        step = number if isinstance(number, int) and not isinstance(number, bool) else -1
+        run.steps.append(Step(step, sp.start_ns, sp.end_ns, sp.span_id, sp.attrs))
+    else:
+        run.events.append(
+            Event(sp.name, sp.span_id, sp.parent_id, sp.start_ns, sp.end_ns, sp.attrs)
+        )
+
+
+def _finish_run(run: Run) -> None:
+    """Sort spans, number unnumbered steps, fill in step numbers and missing run bounds."""
+    run.steps.sort(key=lambda s: (s.start_ns, s.step))
+    known = {s.step for s in run.steps if s.step >= 0}
+    for i, s in enumerate(run.steps):
+        if s.step < 0:  # a step span without its number: use its position if free
+            s.step = i if i not in known else max(known | {-1}) + 1
+            known.add(s.step)
+    run.steps.sort(key=lambda s: s.step)
+    run.events.sort(key=lambda e: (e.start_ns, e.end_ns, e.span_id))
+
+    if not run.has_run_span:
+        starts = [s.start_ns for s in run.steps] + [e.start_ns for e in run.events]
+        ends = [s.end_ns for s in run.steps] + [e.end_ns for e in run.events]
+        run.start_ns = min(starts) if starts else 0
+        run.end_ns = max(ends) if ends else run.start_ns
+
+    # Events without a step number: take it from the parent step/group, else by time.
+    step_of_span = {s.span_id: s.step for s in run.steps}
+    by_id = {e.span_id: e for e in run.events}
+    for ev in run.events:
+        number = ev.attrs.get("copytrace.step")
+        if isinstance(number, int) and not isinstance(number, bool):
+            continue
+        found = _step_from_parent(ev, step_of_span, by_id)
+        if found is None:
+            found = next((s.step for s in run.steps if s.start_ns <= ev.start_ns < s.end_ns), None)
+        if found is not None:
+            ev.attrs["copytrace.step"] = found
+
+
+def _step_from_parent(
+    ev: Event, step_of_span: dict[str, int], by_id: dict[str, Event]
+) -> int | None:
+    parent = ev.parent_id
+    for _ in range(16):  # bounded walk up (step <- group <- event)
+        if parent is None:
+            return None
+        if parent in step_of_span:
+            return step_of_span[parent]
+        up = by_id.get(parent)
+        if up is None:
+            return None
+        number = up.attrs.get("copytrace.step")
+        if isinstance(number, int) and not isinstance(number, bool):
+            return number
+        parent = up.parent_id
+    return None

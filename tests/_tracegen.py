@@ -1,0 +1,355 @@
+"""Write small synthetic copytrace trace files (OTLP/JSON lines) with known contents.
+
+The trace written by :func:`write_trace` (times relative to ``T0``, ms):
+
+- run span 0..100, pid ``pid``; steps: 0 = [0, 30), 1 = [30, 60), 2 = [60, 100).
+- step 0: ``clone`` at 1 ms, 2 ms, 4000 B allocated / 4000 B logical, module
+  ``<script>alert(1)</script>``, forward, ``train.py:10 forward``;
+  ``detach`` alias at 5 ms, 0.5 ms, 0 B / 4000 B, module ``encoder``, forward,
+  ``train.py:11 forward``.
+- step 1: ``to`` h2d cpu -> cuda:0 at 31 ms, 3 ms, 8000 B / 8000 B, no module, other,
+  ``train.py:20 main``; a ``deepcopy`` group (Linear, 2 tensors) at 40..46 ms carrying a
+  (redundant) bytes_allocated of 3000 B, with 2 ``deepcopy`` children at 41 ms (1 ms,
+  2000 B) and 43 ms (1 ms, 1000 B), ``train.py:30 main``, phase other.
+- step 2: ``to`` no-op (alias) at 61 ms, 0.1 ms, 0 B / 1000 B, ``train.py:40 main``;
+  ``contiguous`` at 70 ms, 4 ms, 16000 B / 16000 B, module ``encoder``, backward,
+  ``train.py:11 forward``.
+
+Spans are spread over three lines (events, steps, run), as a batching exporter writes them.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+T0 = 1_700_000_000_000_000_000
+MS = 1_000_000
+SCRIPT_MODULE = "<script>alert(1)</script>"
+
+
+def _value(v: Any) -> dict[str, Any]:
+    if isinstance(v, bool):
+        return {"boolValue": v}
+    if isinstance(v, int):
+        return {"intValue": str(v)}
+    if isinstance(v, float):
+        return {"doubleValue": v}
+    if isinstance(v, (list, tuple)):
+        return {"arrayValue": {"values": [_value(x) for x in v]}}
+    return {"stringValue": str(v)}
+
+
+def _span(
+    trace_id: str,
+    span_id: int,
+    parent: int | None,
+    name: str,
+    start_ms: float,
+    end_ms: float,
+    attrs: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "traceId": trace_id,
+        "spanId": f"{span_id:016x}",
+        "parentSpanId": f"{parent:016x}" if parent is not None else "",
+        "name": name,
+        "kind": 1,
+        "startTimeUnixNano": str(T0 + round(start_ms * MS)),
+        "endTimeUnixNano": str(T0 + round(end_ms * MS)),
+        "attributes": [{"key": k, "value": _value(v)} for k, v in attrs.items()],
+        "status": {},
+    }
+
+
+def _event(
+    op: str,
+    step: int,
+    alloc: int,
+    logical: int,
+    *,
+    module: str | None,
+    phase: str,
+    line: int,
+    func: str,
+    src: str = "cpu",
+    dst: str = "cpu",
+    alias: bool = False,
+    noop: bool = False,
+    aten: tuple[str, ...] = (),
+    **extra: Any,
+) -> dict[str, Any]:
+    attrs: dict[str, Any] = {
+        "copytrace.op": op,
+        "copytrace.aten": list(aten),
+        "copytrace.bytes_allocated": alloc,
+        "copytrace.bytes_logical": logical,
+        "copytrace.alias": alias,
+        "copytrace.noop": noop,
+        "copytrace.shape": [10, 100],
+        "copytrace.dtype": "float32",
+        "copytrace.src_dtype": "float32",
+        "copytrace.src_device": src,
+        "copytrace.dst_device": dst,
+        "copytrace.transfer": "h2d" if (src, dst) == ("cpu", "cuda:0") else "none",
+        "copytrace.graph": "none",
+        "copytrace.phase": phase,
+        "copytrace.step": step,
+        "code.file.path": "train.py",
+        "code.line.number": line,
+        "code.function.name": func,
+        "thread.id": 1,
+        "thread.name": "MainThread",
+    }
+    if module is not None:
+        attrs["copytrace.module"] = module
+    attrs.update(extra)
+    return attrs
+
+
+def trace_lines(pid: int = 4242, trace_id: str | None = None) -> list[str]:
+    """Return the three OTLP/JSON lines of the synthetic trace described in the module doc."""
+    tid = trace_id or f"{pid:032x}"
+    run_id, step_ids = 1, (2, 3, 4)
+    spans_events = [
+        _span(
+            tid,
+            10,
+            step_ids[0],
+            "copytrace.clone",
+            1,
+            3,
+            _event(
+                "clone",
+                0,
+                4000,
+                4000,
+                module=SCRIPT_MODULE,
+                phase="forward",
+                line=10,
+                func="forward",
+                aten=("aten::clone",),
+                **{"copytrace.graph": "attached"},
+            ),
+        ),
+        _span(
+            tid,
+            11,
+            step_ids[0],
+            "copytrace.detach",
+            5,
+            5.5,
+            _event(
+                "detach",
+                0,
+                0,
+                4000,
+                module="encoder",
+                phase="forward",
+                line=11,
+                func="forward",
+                alias=True,
+                aten=("aten::detach",),
+            ),
+        ),
+        _span(
+            tid,
+            12,
+            step_ids[1],
+            "copytrace.to",
+            31,
+            34,
+            _event(
+                "to",
+                1,
+                8000,
+                8000,
+                module=None,
+                phase="other",
+                line=20,
+                func="main",
+                dst="cuda:0",
+                aten=("aten::_to_copy", "aten::copy_"),
+                **{"copytrace.non_blocking": True},
+            ),
+        ),
+        _span(
+            tid,
+            14,
+            13,
+            "copytrace.deepcopy",
+            41,
+            42,
+            _event(
+                "deepcopy",
+                1,
+                2000,
+                2000,
+                module=None,
+                phase="other",
+                line=30,
+                func="main",
+                aten=("aten::clone",),
+            ),
+        ),
+        _span(
+            tid,
+            15,
+            13,
+            "copytrace.deepcopy",
+            43,
+            44,
+            _event(
+                "deepcopy",
+                1,
+                1000,
+                1000,
+                module=None,
+                phase="other",
+                line=30,
+                func="main",
+                aten=("aten::clone",),
+            ),
+        ),
+        _span(
+            tid,
+            13,
+            step_ids[1],
+            "copytrace.deepcopy",
+            40,
+            46,
+            {
+                "copytrace.op": "deepcopy",
+                "copytrace.group": True,
+                "copytrace.object_type": "torch.nn.modules.linear.Linear",
+                "copytrace.tensors": 2,
+                "copytrace.bytes_allocated": 3000,
+                "copytrace.bytes_logical": 3000,
+                "copytrace.step": 1,
+                "copytrace.phase": "other",
+                "code.file.path": "train.py",
+                "code.line.number": 30,
+                "code.function.name": "main",
+            },
+        ),
+        _span(
+            tid,
+            16,
+            step_ids[2],
+            "copytrace.to",
+            61,
+            61.1,
+            _event(
+                "to",
+                2,
+                0,
+                1000,
+                module=None,
+                phase="other",
+                line=40,
+                func="main",
+                alias=True,
+                noop=True,
+            ),
+        ),
+        _span(
+            tid,
+            17,
+            step_ids[2],
+            "copytrace.contiguous",
+            70,
+            74,
+            _event(
+                "contiguous",
+                2,
+                16000,
+                16000,
+                module="encoder",
+                phase="backward",
+                line=11,
+                func="forward",
+                aten=("aten::clone",),
+            ),
+        ),
+    ]
+    spans_steps = [
+        _span(tid, step_ids[i], run_id, "copytrace.step", a, b, {"copytrace.step": i})
+        for i, (a, b) in enumerate(((0, 30), (30, 60), (60, 100)))
+    ]
+    spans_run = [
+        _span(
+            tid,
+            run_id,
+            None,
+            "copytrace.run",
+            0,
+            100,
+            {
+                "copytrace.version": "0.1.0",
+                "copytrace.torch_version": "2.13.0+cpu",
+                "process.command_args": ["train.py", "--epochs", "1"],
+                "copytrace.events": 8,
+                "copytrace.events_dropped": 0,
+                "copytrace.errors": 0,
+                "copytrace.internal_detaches": 5,
+                "copytrace.steps": 3,
+            },
+        )
+    ]
+    resource = {
+        "attributes": [
+            {"key": "service.name", "value": {"stringValue": "copytrace"}},
+            {"key": "process.pid", "value": {"intValue": str(pid)}},
+            {"key": "host.name", "value": {"stringValue": "testhost"}},
+        ]
+    }
+
+    def line(spans: list[dict[str, Any]]) -> str:
+        doc = {
+            "resourceSpans": [
+                {
+                    "resource": resource,
+                    "scopeSpans": [
+                        {"scope": {"name": "copytrace", "version": "0.1.0"}, "spans": spans}
+                    ],
+                }
+            ]
+        }
+        return json.dumps(doc, separators=(",", ":"))
+
+    return [line(spans_events), line(spans_steps), line(spans_run)]
+
+
+def write_trace(
+    directory: Path,
+    *,
+    pid: int = 4242,
+    truncated: bool = False,
+    gz: bool = False,
+) -> Path:
+    """Write the synthetic trace of one process into ``directory`` and return its path.
+
+    Args:
+        directory: Output directory (created if missing).
+        pid: Process id; also determines the trace id.
+        truncated: Append half of an extra line, as a file cut mid-write would end.
+        gz: Write ``.otlp.jsonl.gz`` instead of ``.otlp.jsonl``.
+
+    Returns:
+        The file written, ``copytrace-testhost-<pid>.otlp.jsonl[.gz]``.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = trace_lines(pid)
+    text = "\n".join(lines) + "\n"
+    if truncated:
+        text += lines[0][: len(lines[0]) // 2]
+    name = f"copytrace-testhost-{pid}.otlp.jsonl"
+    if gz:
+        path = directory / (name + ".gz")
+        path.write_bytes(gzip.compress(text.encode()))
+    else:
+        path = directory / name
+        path.write_text(text, encoding="utf-8")
+    return path

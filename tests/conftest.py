@@ -1,0 +1,26 @@
+"""Shared fixtures: every test must leave no copytrace mode, hook or patch installed."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch.overrides import _get_current_function_mode_stack
+from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+_DEEPCOPY = copy.deepcopy
+_PARAM_DEEPCOPY = torch.nn.Parameter.__deepcopy__
+
+
+@pytest.fixture(autouse=True)
+def _no_tracer_left_behind():
+    yield
+    assert _get_current_function_mode_stack() == [], "a TorchFunctionMode was left active"
+    assert _get_current_dispatch_mode_stack() == [], "a TorchDispatchMode was left active"
+    assert copy.deepcopy is _DEEPCOPY, "copy.deepcopy was left patched"
+    assert torch.nn.Parameter.__deepcopy__ is _PARAM_DEEPCOPY, "Parameter.__deepcopy__ left patched"
+    from copytrace.tracer import _recorder, _session
+
+    assert _recorder.active_recorder() is None
+    assert _session._ACTIVE_TRACE[0] is None

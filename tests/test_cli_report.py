@@ -1,0 +1,137 @@
+"""Tests of ``copytrace report`` and ``copytrace summary`` (in process and as a subprocess)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from _tracegen import SCRIPT_MODULE, write_trace
+
+from copytrace.cli import main
+
+REPO = Path(__file__).resolve().parents[1]
+# 7 non-group events, 31000 bytes allocated (derivation in tests/test_dashboards.py)
+SUMMARY_LINE = "({} events, {} bytes copied)"
+
+
+def _error_line(err: str) -> str:
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("copytrace: error: ")
+    return lines[0]
+
+
+def test_report_directory_default_output(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    write_trace(tmp_path)
+    assert main(["report", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    expected = tmp_path / "report.html"
+    assert out == f"copytrace: report written to {expected} (7 events, 31000 bytes copied)\n"
+    assert err == ""
+    page = expected.read_text(encoding="utf-8")
+    assert "Plotly.newPlot" in page and SCRIPT_MODULE not in page
+
+
+def test_report_file_default_and_explicit_output(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    path = write_trace(tmp_path / "t", gz=True)
+    assert main(["report", str(path)]) == 0
+    expected = tmp_path / "t" / "copytrace-testhost-4242.report.html"
+    assert expected.is_file()
+    assert capsys.readouterr().out.endswith(f"{expected} (7 events, 31000 bytes copied)\n")
+
+    out_html = tmp_path / "new" / "dir" / "x.html"
+    assert main(["report", str(path), "-o", str(out_html)]) == 0
+    assert out_html.is_file()
+    assert str(out_html) in capsys.readouterr().out
+
+
+def test_report_truncated_line_warns(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    path = write_trace(tmp_path, truncated=True)
+    assert main(["report", str(path), "-o", str(tmp_path / "r.html")]) == 0
+    out, err = capsys.readouterr()
+    assert "(7 events, 31000 bytes copied)" in out
+    assert err.startswith("copytrace: warning: skipped 1 unreadable line(s)")
+
+
+def test_summary(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    write_trace(tmp_path)
+    assert main(["summary", str(tmp_path), "--top", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    lines = out.splitlines()
+    assert "command: train.py --epochs 1" in out
+    # totals row: events copies aliases no-ops bytes-allocated bytes-logical copy-time groups
+    totals = lines[lines.index("totals (non-group events):") + 3].split()
+    assert totals == ["7", "5", "2", "1", "31000", "(30.3", "KiB)", "36000", "(35.2", "KiB)",
+                      "11.60", "ms", "1"]  # fmt: skip
+    top_sites = lines[lines.index("top call sites by bytes allocated:") + 3 :][:3]
+    assert top_sites[0].split()[0] == "16000" and top_sites[0].endswith("train.py:11 forward")
+    assert top_sites[1].split()[0] == "8000" and top_sites[1].endswith("train.py:20 main")
+    assert top_sites[2] == ""  # --top 2
+    assert "top modules by time:" in out
+    assert SCRIPT_MODULE not in out  # third module by bytes: cut by --top 2
+    by_op = lines[lines.index("by op:") + 3 :]
+    assert by_op[0].split() == ["contiguous", "1", "1", "0", "0", "16000", "16000", "4.00", "ms"]
+    assert "cpu -> cuda:0" in out
+
+    assert main(["summary", str(tmp_path)]) == 0  # default --top 10
+    assert SCRIPT_MODULE in capsys.readouterr().out  # plain text: not escaped
+
+
+@pytest.mark.parametrize("command", ["report", "summary"])
+def test_missing_path(tmp_path: Path, capsys: pytest.CaptureFixture, command: str) -> None:
+    assert main([command, str(tmp_path / "missing")]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "not found" in _error_line(err)
+
+
+@pytest.mark.parametrize("command", ["report", "summary"])
+def test_corrupt_file(tmp_path: Path, capsys: pytest.CaptureFixture, command: str) -> None:
+    bad = tmp_path / "bad.otlp.jsonl"
+    bad.write_bytes(os.urandom(2048))
+    assert main([command, str(bad)]) == 2
+    out, err = capsys.readouterr()
+    assert "no readable copytrace spans" in _error_line(err)
+    assert not (tmp_path / "bad.report.html").exists()
+
+
+def test_empty_directory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    assert main(["report", str(tmp_path)]) == 2
+    assert "no trace files" in _error_line(capsys.readouterr().err)
+
+
+def _run(*args: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run(
+        [sys.executable, "-m", "copytrace", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_subprocess_report_and_errors(tmp_path: Path) -> None:
+    write_trace(tmp_path / "t")
+    out_html = tmp_path / "r.html"
+    proc = _run("report", str(tmp_path / "t"), "-o", str(out_html))
+    assert proc.returncode == 0, proc.stderr
+    assert (
+        proc.stdout == f"copytrace: report written to {out_html} (7 events, 31000 bytes copied)\n"
+    )
+    assert out_html.stat().st_size > 1_000_000  # plotly.js inlined
+
+    bad = tmp_path / "bad.otlp.jsonl"
+    bad.write_bytes(os.urandom(2048))
+    proc = _run("report", str(bad))
+    assert proc.returncode == 2
+    assert "no readable copytrace spans" in _error_line(proc.stderr)

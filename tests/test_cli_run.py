@@ -1,0 +1,113 @@
+"""No code change: ``copytrace run``, ``python -m copytrace run`` and ``COPYTRACE=1``,
+each in a real subprocess on the example training script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from copytrace.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "examples" / "train_charlm.py"
+FAST = ["--steps", "6", "--eval-every", "3"]
+
+
+def _env(**extra):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COPYTRACE", "OTEL_"))}
+    env.update(extra)
+    return env
+
+
+def _ops(trace_dir):
+    files = sorted(Path(trace_dir).glob("*.otlp.jsonl"))
+    assert len(files) == 1, files
+    ops = []
+    for line in files[0].read_text().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for span in ss["spans"]:
+                    attrs = {a["key"]: a["value"] for a in span["attributes"]}
+                    if "copytrace.op" in attrs:
+                        ops.append(attrs["copytrace.op"]["stringValue"])
+    return ops
+
+
+def _check_outputs(out_dir):
+    ops = _ops(out_dir)
+    # The example's idioms: batches moved with .to(), EMA made with deepcopy, EMA buffers
+    # refreshed with copy_, loss.detach() for logging.
+    assert {"to", "deepcopy", "copy_", "detach", "clone"} <= set(ops)
+    html = (Path(out_dir) / "report.html").read_text()
+    assert "plotly-graph-div" in html and "Plotly.newPlot" in html
+
+
+def test_copytrace_run_console_script(tmp_path):
+    exe = Path(sys.executable).with_name("copytrace")
+    proc = subprocess.run(
+        [str(exe), "run", "-o", str(tmp_path / "out"), str(EXAMPLE), *FAST],
+        capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "final: step=6" in proc.stdout  # the script's own output and arguments
+    _check_outputs(tmp_path / "out")
+
+
+def test_copytrace_env_var_with_no_wrapper(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(EXAMPLE), *FAST],
+        capture_output=True, text=True, cwd=tmp_path, timeout=240,
+        env=_env(COPYTRACE="1", COPYTRACE_OUTPUT=str(tmp_path / "auto")),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "final: step=6" in proc.stdout
+    _check_outputs(tmp_path / "auto")
+
+
+def test_hook_is_inert_when_unset(tmp_path):
+    code = "import sys; print('torch' in sys.modules, 'copytrace' in sys.modules)"
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=60
+    )
+    assert proc.stdout.split() == ["False", "False"]
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+        env=_env(COPYTRACE="0"),
+    )  # fmt: skip
+    assert proc.stdout.split() == ["False", "False"]
+
+
+def test_python_dash_m_run_passes_exit_status(tmp_path):
+    script = tmp_path / "fail.py"
+    script.write_text(
+        "import sys, torch\nx = torch.ones(4)\ny = x.clone()\nprint(sys.argv[1:])\nsys.exit(3)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "copytrace", "run", "--no-report", "-o", str(tmp_path / "o"),
+         str(script), "--flag", "value"],
+        capture_output=True, text=True, env=_env(), timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 3
+    assert "['--flag', 'value']" in proc.stdout
+    assert _ops(tmp_path / "o") == ["clone"]
+
+
+def test_run_missing_script_is_one_line_error(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "nope.py")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"copytrace: error: no such script: {tmp_path / 'nope.py'}"
+
+
+@pytest.mark.parametrize("argv", [["run"], ["run", "--bogus-flag", "x.py"], ["frobnicate"]])
+def test_bad_flags_exit_nonzero_without_traceback(argv):
+    proc = subprocess.run(
+        [sys.executable, "-m", "copytrace", *argv], capture_output=True, text=True, timeout=60,
+        env=_env(),
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
