@@ -10,6 +10,8 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 _DEEPCOPY = copy.deepcopy
+_COPY = copy.copy
+_SWAP = torch.utils.swap_tensors
 _PARAM_DEEPCOPY = torch.nn.Parameter.__deepcopy__
 
 
@@ -19,6 +21,8 @@ def _no_tracer_left_behind():
     assert _get_current_function_mode_stack() == [], "a TorchFunctionMode was left active"
     assert _get_current_dispatch_mode_stack() == [], "a TorchDispatchMode was left active"
     assert copy.deepcopy is _DEEPCOPY, "copy.deepcopy was left patched"
+    assert copy.copy is _COPY, "copy.copy was left patched"
+    assert torch.utils.swap_tensors is _SWAP, "torch.utils.swap_tensors was left patched"
     assert torch.nn.Parameter.__deepcopy__ is _PARAM_DEEPCOPY, "Parameter.__deepcopy__ left patched"
     from copytrace.tracer import _recorder, _session
 

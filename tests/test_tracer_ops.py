@@ -203,14 +203,10 @@ def test_data_set_rebinds_storage():
 def test_call_site_is_the_users_line():
     src = torch.randn(3)
     with copytrace.trace(write=False) as t:
-        src.clone()
-        line = _line()  # noqa: E702 - same line on purpose
+        _, line = src.clone(), _line()  # the same line on purpose
     ev = only(t.events, "clone")
-    assert (
-        ev.file == __file__
-        and ev.line == line
-        and ev.function == "test_call_site_is_the_users_line"
-    )
+    assert ev.file == __file__ and ev.line == line
+    assert ev.function == "test_call_site_is_the_users_line"
 
 
 def _line():

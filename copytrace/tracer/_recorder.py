@@ -62,6 +62,8 @@ def _api_table() -> dict[Any, str]:
         torch.tensor: "tensor_ctor",
         _Tensor.new_tensor: "new_tensor",
         _Tensor.numpy: "numpy",
+        _Tensor.reshape: "reshape",  # a view when strides allow, else a hidden copy
+        torch.reshape: "reshape",
     }
     for name in _CONVERSIONS:
         fn = getattr(_Tensor, name, None)
@@ -143,6 +145,11 @@ def _transfer(src: str, dst: str) -> str:
     if src_host and dst_host:
         return "none"
     return "d2d"
+
+
+# Ops whose result always shares the input's storage (decided without looking at storages,
+# which wrapper subclasses and sparse tensors do not expose).
+_ALWAYS_ALIAS = frozenset(("detach", "detach_", "data_get", "numpy", "copy", "swap_tensors"))
 
 
 class _Pending:
@@ -259,6 +266,8 @@ class Recorder:
         if op == "deepcopy" and len(args) > 1 and args[1] is not None and id(args[0]) in args[1]:
             return func(*args, **kwargs)  # memo hit: deepcopy returns an earlier copy
         pending = _Pending()
+        # detach_() clears requires_grad in place: read the input's state before the call.
+        src_rg = args[0].requires_grad if op == "detach_" and args else None
         outer = self.active
         self.active = pending
         start = _perf_ns()
@@ -268,14 +277,16 @@ class Recorder:
             end = _perf_ns()
             self.active = outer
             try:
-                self._record_api(op, args, kwargs, None, pending, start, end, type(err).__name__)
+                self._record_api(
+                    op, args, kwargs, None, pending, start, end, type(err).__name__, src_rg
+                )
             except Exception as inner:
                 self.note_error(inner)
             raise
         end = _perf_ns()
         self.active = outer
         try:
-            self._record_api(op, args, kwargs, result, pending, start, end, None)
+            self._record_api(op, args, kwargs, result, pending, start, end, None, src_rg)
         except Exception as err:
             self.note_error(err)
         return result
@@ -290,9 +301,11 @@ class Recorder:
         start: int,
         end: int,
         error: str | None,
+        src_requires_grad: bool | None = None,
     ) -> None:
-        if op == "copy_" or op == "data_set":
-            # dst.copy_(src) writes into dst; dst.data = src rebinds dst to src's storage.
+        if op == "copy_" or op == "data_set" or op == "swap_tensors":
+            # dst.copy_(src) writes into dst; dst.data = src rebinds dst to src's storage;
+            # swap_tensors(dst, src) exchanges their payloads (src now holds dst's old one).
             if len(args) < 2:
                 return
             dst, src = args[0], args[1]
@@ -316,7 +329,8 @@ class Recorder:
         ev.end_ns = end
         ev.src_dtype = _dtype_name(src.dtype)
         ev.src_device = _device_str(src.device)
-        ev.src_requires_grad = src.requires_grad
+        src_rg = src.requires_grad if src_requires_grad is None else src_requires_grad
+        ev.src_requires_grad = src_rg
         ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
         if error is not None or op == "numpy":
             # Failed call, or an ndarray view of the tensor's memory (an alias).
@@ -324,9 +338,9 @@ class Recorder:
             ev.dtype = ev.src_dtype
             ev.dst_device = ev.src_device
             ev.bytes_logical = src.numel() * src.element_size()
-            ev.alias = op == "numpy"
+            ev.alias = op == "numpy" and error is None
             ev.requires_grad = False
-            ev.graph = "detached" if src.requires_grad and op == "numpy" else "none"
+            ev.graph = "detached" if src_rg and ev.alias else "none"
         else:
             ev.shape = tuple(out.shape)
             ev.dtype = _dtype_name(out.dtype)
@@ -341,6 +355,8 @@ class Recorder:
                 ev.bytes_allocated = 0
             elif out is src:
                 ev.noop = ev.alias = True
+            elif op in _ALWAYS_ALIAS:
+                ev.alias = True
             else:
                 ptr = _storage_ptr(out)
                 ev.alias = ptr is not None and ptr == _storage_ptr(src)
@@ -359,14 +375,14 @@ class Recorder:
                     ev.bytes_allocated = nbytes
             if grad_fn is not None or (ev.noop and out.requires_grad):
                 ev.graph = "attached"
-            elif src.requires_grad:
+            elif src_rg:
                 ev.graph = "detached"
             else:
                 ev.graph = "none"
         ev.transfer = _transfer(ev.src_device, ev.dst_device)
         self._context(ev)
         group = self.group
-        if group is not None:
+        if group is not None and error is None:
             group.bytes += ev.bytes_allocated
             group.tensors += 1
         self._append(ev)
@@ -533,6 +549,8 @@ def warm_up() -> None:
 
 # --- patches installed while a trace is active ----------------------------------------------
 _ORIG_DEEPCOPY = copy.deepcopy
+_ORIG_COPY = copy.copy
+_ORIG_SWAP = torch.utils.swap_tensors
 _ORIG_PARAM_DEEPCOPY = torch.nn.Parameter.__deepcopy__
 
 
@@ -541,6 +559,24 @@ def _traced_deepcopy(x, memo=None, _nil=[]):  # noqa: B006 - same signature as c
     if rec is None or rec.group is not None or rec.active is not None or isinstance(x, _Tensor):
         return _ORIG_DEEPCOPY(x, memo, _nil)
     return rec.deepcopy_group(_ORIG_DEEPCOPY, x, memo, _nil)
+
+
+def _traced_copy(x):
+    # Tensor has no __copy__: copy.copy rebuilds a new tensor on the same storage through
+    # __reduce_ex__ (an alias), which neither mode sees as one call.
+    rec = _ACTIVE
+    if rec is None or rec.active is not None or not isinstance(x, _Tensor):
+        return _ORIG_COPY(x)
+    return rec.api_call("copy", _ORIG_COPY, (x,), {})
+
+
+def _traced_swap_tensors(t1, t2):
+    # nn.Module._apply's swap path (torch.__future__.set_swap_module_params_on_conversion)
+    # rebinds parameters with torch.utils.swap_tensors, which neither mode sees.
+    rec = _ACTIVE
+    if rec is None or rec.active is not None:
+        return _ORIG_SWAP(t1, t2)
+    return rec.api_call("swap_tensors", _ORIG_SWAP, (t1, t2), {})
 
 
 def _traced_param_deepcopy(self, memo):
@@ -554,11 +590,17 @@ def _traced_param_deepcopy(self, memo):
 
 def install_patches() -> None:
     copy.deepcopy = _traced_deepcopy
+    copy.copy = _traced_copy
+    torch.utils.swap_tensors = _traced_swap_tensors
     torch.nn.Parameter.__deepcopy__ = _traced_param_deepcopy
 
 
 def remove_patches() -> None:
     if copy.deepcopy is _traced_deepcopy:
         copy.deepcopy = _ORIG_DEEPCOPY
+    if copy.copy is _traced_copy:
+        copy.copy = _ORIG_COPY
+    if torch.utils.swap_tensors is _traced_swap_tensors:
+        torch.utils.swap_tensors = _ORIG_SWAP
     if torch.nn.Parameter.__dict__.get("__deepcopy__") is _traced_param_deepcopy:
         torch.nn.Parameter.__deepcopy__ = _ORIG_PARAM_DEEPCOPY
