@@ -1,0 +1,184 @@
+"""Overhead of copytrace next to the floor of its design and torch.profiler.
+
+Runs real CPU training steps for four workloads and, for each, times the variants
+interleaved (plain, the floor, torch.profiler twice, copytrace) so that noise on a shared
+machine hits all of them alike. Prints the median step time of the plain run and each
+variant's median ratio to it.
+
+    python benchmarks/overhead.py               # all workloads
+    python benchmarks/overhead.py --rounds 5 --workloads W1 W2
+
+Variants:
+    floor      an empty TorchFunctionMode + TorchDispatchMode (what this design costs at least)
+    prof_cpu   torch.profiler with CPU activity
+    prof_full  torch.profiler with profile_memory, record_shapes, with_stack
+    copytrace  copytrace.trace() with default settings (no file written)
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import statistics
+import time
+
+import torch
+import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import copytrace
+
+
+class _EmptyFunction(TorchFunctionMode):
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+class _EmptyDispatch(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def floor():
+    with _EmptyFunction(), _EmptyDispatch():
+        yield
+
+
+def prof_cpu():
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU])
+
+
+def prof_full():
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(
+        activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True
+    )
+
+
+def traced():
+    return copytrace.trace(write=False)
+
+
+VARIANTS = {
+    "plain": contextlib.nullcontext,
+    "floor": floor,
+    "prof_cpu": prof_cpu,
+    "prof_full": prof_full,
+    "copytrace": traced,
+}
+
+
+def mlp(width: int, batch: int):
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(4):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    model = nn.Sequential(*layers)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(batch, width)
+
+    def step():
+        loss = model(x).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    return step
+
+
+def transformer():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=256, batch_first=True)
+    model = nn.Sequential(
+        nn.Embedding(100, 64), nn.TransformerEncoder(layer, 2), nn.Linear(64, 100)
+    )
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randint(0, 100, (16, 64))
+    y = torch.randint(0, 100, (16, 64))
+
+    def step():
+        logits = model(x.to("cpu"))
+        loss = nn.functional.cross_entropy(logits.view(-1, 100), y.view(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
+def copy_heavy():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(64, 128)
+    history = []
+
+    def step():
+        loss = model(x.to("cpu").contiguous()).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        ema = copy.deepcopy(model)  # the costly way to refresh an EMA copy
+        snap = {k: v.clone() for k, v in model.state_dict().items()}
+        history.append(loss.detach().clone())
+        del history[:-4]
+        return ema, snap
+
+    return step
+
+
+WORKLOADS = {
+    "W1": ("4xLinear(64) MLP, batch 32", lambda: mlp(64, 32), 200),
+    "W2": ("4xLinear(512) MLP, batch 128", lambda: mlp(512, 128), 20),
+    "W3": ("2-layer transformer LM, 16x64 tokens", transformer, 10),
+    "W4": ("copy-heavy loop: deepcopy EMA, clones", copy_heavy, 50),
+}
+
+
+def time_variant(step, make_ctx, steps: int) -> float:
+    """Median seconds per step over ``steps`` steps inside one context."""
+    times = []
+    with make_ctx():
+        step()  # warm-up inside the context
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per workload")
+    parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    args = parser.parse_args(argv)
+
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, rounds={args.rounds}")
+    header = f"{'workload':4s} {'plain ms':>9s} " + " ".join(f"{v:>10s}" for v in args.variants)
+    print(header)
+    for name in args.workloads:
+        desc, make, steps = WORKLOADS[name]
+        step = make()
+        samples: dict[str, list[float]] = {v: [] for v in args.variants}
+        for _ in range(args.rounds):
+            for variant in args.variants:
+                samples[variant].append(time_variant(step, VARIANTS[variant], steps))
+        plain = statistics.median(samples["plain"]) if "plain" in samples else float("nan")
+        ratios = [statistics.median(samples[v]) / plain for v in args.variants]
+        print(
+            f"{name:4s} {plain * 1e3:9.3f} " + " ".join(f"{r:9.2f}x" for r in ratios) + f"  {desc}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
