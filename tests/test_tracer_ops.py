@@ -373,3 +373,20 @@ def test_explicit_steps_override_optimizer_auto_steps():
             t.step()  # ... but the user's marks win, from the first one on
     assert [e.step for e in t.events if e.op == "to"] == [0, 1, 2]
     assert t.stats["steps"] == 4
+
+
+def test_compiled_function_runs_eagerly_with_same_results_under_tracing():
+    @torch.compile(backend="eager")
+    def fn(x):
+        y = x.clone() * 2
+        return y.sin() + x.t().contiguous().t()
+
+    x = torch.randn(4, 4)
+    expected = fn(x)  # compiled outside the trace
+    with copytrace.trace(write=False) as t:
+        for _ in range(3):
+            got = fn(x)
+    assert torch.equal(expected, got)
+    # The dispatch mode makes the compiled region run eagerly, so its copies are seen:
+    # per call one clone (4x4 float32 = 64 B) and one contiguous of the transpose (64 B).
+    assert [(e.op, e.bytes_allocated) for e in t.events] == [("clone", 64), ("contiguous", 64)] * 3

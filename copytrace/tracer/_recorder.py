@@ -198,9 +198,9 @@ class Recorder:
         self.group: _Group | None = None
         self.in_optimizer = 0
         self.module_stack: list[str] = []
-        self._module_names: weakref.WeakKeyDictionary[torch.nn.Module, str] = (
-            weakref.WeakKeyDictionary()
-        )
+        # id(module) -> (weakref to module, path); the weakref guards against id reuse and
+        # is cheaper per forward call than a WeakKeyDictionary lookup.
+        self._module_names: dict[int, tuple[weakref.ref, str]] = {}
         self._root_counts: dict[str, int] = {}
         self.api_table = _api_table()
         self.aten_table = _aten_table()
@@ -226,19 +226,20 @@ class Recorder:
 
     def module_name(self, module: torch.nn.Module) -> str:
         """Path of ``module``: ``Root.child.grandchild``, the root named by its class."""
-        name = self._module_names.get(module)
-        if name is None:
-            root = type(module).__name__
-            n = self._root_counts.get(root, 0) + 1
-            self._root_counts[root] = n
-            if n > 1:
-                root = f"{root}#{n}"
-            names = self._module_names
-            for sub_name, sub in module.named_modules():
-                if sub not in names:
-                    names[sub] = f"{root}.{sub_name}" if sub_name else root
-            name = names[module]
-        return name
+        entry = self._module_names.get(id(module))
+        if entry is not None and entry[0]() is module:
+            return entry[1]
+        root = type(module).__name__
+        n = self._root_counts.get(root, 0) + 1
+        self._root_counts[root] = n
+        if n > 1:
+            root = f"{root}#{n}"
+        names = self._module_names
+        for sub_name, sub in module.named_modules():
+            known = names.get(id(sub))
+            if known is None or known[0]() is not sub:
+                names[id(sub)] = (weakref.ref(sub), f"{root}.{sub_name}" if sub_name else root)
+        return names[id(module)][1]
 
     def _append(self, ev: CopyEvent) -> None:
         if len(self.events) < self.max_events:
@@ -501,6 +502,13 @@ class DispatchMode(TorchDispatchMode):
     """aten-level interception: folds copies into the API call in progress, or records them
     as implicit copies; counts autograd's own detaches."""
 
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps every mode's handler in torch._disable_dynamo (two extra Python calls
+        # per aten op). warm_up() instead tells dynamo to skip the handler's code object,
+        # which keeps compiled code from tracing it at no per-op cost.
+        return False
+
     def __init__(self, rec: Recorder) -> None:
         super().__init__()
         self._rec = rec
@@ -540,11 +548,25 @@ _WARM = [False]
 
 def warm_up() -> None:
     """Pay torch's one-time cost of the first op under a dispatch mode (it imports
-    ``torch._dynamo``, ~1 s) before tracing starts, so it is not timed as a user copy."""
-    if not _WARM[0]:
-        _WARM[0] = True
-        with _NullDispatch():
-            torch.empty(1).clone()
+    ``torch._dynamo``, ~1 s) before tracing starts, so it is not timed as a user copy; and
+    keep dynamo out of the dispatch handler (see ``DispatchMode._should_skip_dynamo``)."""
+    if _WARM[0]:
+        return
+    _WARM[0] = True
+    with _NullDispatch():
+        torch.empty(1).clone()
+    raw = DispatchMode.__dict__["__torch_dispatch__"]
+    try:
+        from torch._dynamo.eval_frame import (
+            FrameAction,
+            FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+
+        # SKIP the handler's frame and, recursively, every frame it calls (the recorder).
+        set_code_exec_strategy(raw.__code__, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    except Exception:  # a torch without this private API: fall back to torch's own wrapper
+        DispatchMode.__torch_dispatch__ = torch._disable_dynamo(raw, recursive=True)
 
 
 # --- patches installed while a trace is active ----------------------------------------------
