@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 _DEEPCOPY = copy.deepcopy
 _COPY = copy.copy
 _SWAP = torch.utils.swap_tensors
+_FROM_NUMPY = torch.from_numpy
 _PARAM_DEEPCOPY = torch.nn.Parameter.__deepcopy__
 
 
@@ -23,6 +24,7 @@ def _no_tracer_left_behind():
     assert copy.deepcopy is _DEEPCOPY, "copy.deepcopy was left patched"
     assert copy.copy is _COPY, "copy.copy was left patched"
     assert torch.utils.swap_tensors is _SWAP, "torch.utils.swap_tensors was left patched"
+    assert torch.from_numpy is _FROM_NUMPY, "torch.from_numpy was left patched"
     assert torch.nn.Parameter.__deepcopy__ is _PARAM_DEEPCOPY, "Parameter.__deepcopy__ left patched"
     from copytrace.tracer import _recorder, _session
 

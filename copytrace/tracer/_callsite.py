@@ -36,32 +36,43 @@ def _library_prefixes() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 _PREFIXES: tuple[tuple[str, ...], tuple[str, ...]] | None = None
-_SKIP: dict[CodeType, bool] = {}
+_USER, _TORCH, _OTHER = 0, 1, 2
+_KIND: dict[CodeType, int] = {}
 # site-packages lives below the stdlib dir on some layouts; third-party code there is user code.
 _SITE_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 
-def is_library_file(filename: str) -> bool:
-    """True when ``filename`` belongs to copytrace, torch or the standard library."""
+def _kind(filename: str) -> int:
     global _PREFIXES
     if _PREFIXES is None:
         _PREFIXES = _library_prefixes()
     if filename.startswith("<"):
         # <frozen runpy> is stdlib; <string>, <stdin>, <ipython-input-..> are user code.
-        return filename.startswith("<frozen")
+        return _OTHER if filename.startswith("<frozen") else _USER
     path = os.path.realpath(filename)
     own, stdlib = _PREFIXES
-    if path.startswith(own):
-        return True
+    if path.startswith(own[0]) if own else False:
+        return _OTHER  # copytrace itself
+    if path.startswith(own[1:]):
+        return _TORCH
     for prefix in stdlib:
         if path.startswith(prefix):
             rest = os.sep + path[len(prefix) :]
-            return not any(marker in rest for marker in _SITE_MARKERS)
-    return False
+            return _USER if any(marker in rest for marker in _SITE_MARKERS) else _OTHER
+    return _USER
 
 
-def user_frame(frame: FrameType | None = None) -> tuple[str, int, str] | None:
-    """Return ``(file, line, function)`` of the innermost frame that is user code.
+def is_library_file(filename: str) -> bool:
+    """True when ``filename`` belongs to copytrace, torch or the standard library."""
+    return _kind(filename) != _USER
+
+
+def user_frame(frame: FrameType | None = None) -> tuple[str, int, str, str | None] | None:
+    """Return ``(file, line, function, via)`` of the innermost frame that is user code.
+
+    ``via`` is the qualified name of the innermost torch function between the user's frame
+    and copytrace (``clip_grad_norm_``, ``Module._save_to_state_dict``), or ``None`` when the
+    user called the copying API directly.
 
     Args:
         frame: where to start walking outwards; default: the caller's caller.
@@ -72,13 +83,16 @@ def user_frame(frame: FrameType | None = None) -> tuple[str, int, str] | None:
     """
     if frame is None:
         frame = sys._getframe(2)
-    skip = _SKIP
+    kinds = _KIND
+    via = None
     while frame is not None:
         code = frame.f_code
-        lib = skip.get(code)
-        if lib is None:
-            lib = skip[code] = is_library_file(code.co_filename)
-        if not lib:
-            return code.co_filename, frame.f_lineno, code.co_name
+        kind = kinds.get(code)
+        if kind is None:
+            kind = kinds[code] = _kind(code.co_filename)
+        if kind == _USER:
+            return code.co_filename, frame.f_lineno, code.co_name, via
+        if kind == _TORCH and via is None:
+            via = getattr(code, "co_qualname", code.co_name)
         frame = frame.f_back
     return None

@@ -51,6 +51,12 @@ class CopyEvent:
         object_type: on a group, the deep-copied object's type.
         tensors: on a group, how many tensors were copied; 1 otherwise.
         error: exception type name when the op raised, else ``None``.
+        via: the torch function through which the user's line reached the copy
+            (``clip_grad_norm_``, ``Module._save_to_state_dict``), or for a backward copy the
+            autograd node that made it (``ToCopyBackward0``); ``None`` for a direct call.
+        origin: for a backward copy, ``file:line`` of the forward call whose ``grad_fn`` made
+            it (known for copies whose forward was recorded by copytrace).
+        pinned: for a host-to-device copy, whether the source is in pinned memory.
     """
 
     __slots__ = (
@@ -58,7 +64,7 @@ class CopyEvent:
         "dtype", "src_dtype", "src_device", "dst_device", "transfer", "non_blocking",
         "requires_grad", "src_requires_grad", "grad_fn", "is_leaf", "graph", "phase", "step",
         "module", "file", "line", "function", "thread_id", "thread_name", "start_ns", "end_ns",
-        "parent", "group", "object_type", "tensors", "error",
+        "parent", "group", "object_type", "tensors", "error", "via", "origin", "pinned",
     )  # fmt: skip
 
     def __init__(self, **fields: Any) -> None:
@@ -102,4 +108,5 @@ _DEFAULTS: dict[str, Any] = {
     "parent": -1,
     "group": False,
     "tensors": 1,
+    "pinned": False,
 }

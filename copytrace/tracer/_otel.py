@@ -220,7 +220,7 @@ _STR_FIELDS = (
     ("graph", "copytrace.graph"), ("phase", "copytrace.phase"), ("module", "copytrace.module"),
     ("object_type", "copytrace.object_type"), ("error", "copytrace.error"),
     ("file", "code.file.path"), ("function", "code.function.name"),
-    ("thread_name", "thread.name"),
+    ("thread_name", "thread.name"), ("via", "copytrace.via"), ("origin", "copytrace.origin"),
 )  # fmt: skip
 _SCALAR_FIELDS = (
     ("bytes_allocated", "copytrace.bytes_allocated"), ("bytes_logical", "copytrace.bytes_logical"),
@@ -228,6 +228,7 @@ _SCALAR_FIELDS = (
     ("non_blocking", "copytrace.non_blocking"), ("requires_grad", "copytrace.requires_grad"),
     ("src_requires_grad", "copytrace.src_requires_grad"), ("is_leaf", "copytrace.is_leaf"),
     ("step", "copytrace.step"), ("line", "code.line.number"), ("thread_id", "thread.id"),
+    ("pinned", "copytrace.pinned"),
 )  # fmt: skip
 
 

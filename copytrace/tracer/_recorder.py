@@ -40,6 +40,8 @@ __all__ = ["Recorder", "active_recorder"]
 _perf_ns = time.perf_counter_ns
 _Tensor = torch.Tensor
 _graph_task_id = torch._C._current_graph_task_id
+_current_node = torch._C._current_autograd_node
+_TAG = "copytrace"  # key in grad_fn.metadata: (module path, "file:line") of the forward call
 
 # --- API-level table: function-mode callable -> op name ----------------------------------
 _CONVERSIONS = (
@@ -73,23 +75,58 @@ def _api_table() -> dict[Any, str]:
 
 
 # --- aten-level table: OpOverloadPacket -> kind -------------------------------------------
-_ALIAS, _COPY = 1, 2
+_ALIAS, _COPY, _COPY_INTO = 1, 2, 3
+
+
+def _is_copy_op(base: str) -> bool:
+    """aten op names that copy an input, from torch's own naming scheme: ``clone``,
+    ``_to_copy``, ``copy_``, the ``*_copy`` out-of-place variants of every view op
+    (``view_copy``, ``t_copy``, ... used by functionalization), ``_foreach_copy_``,
+    ``lift_fresh_copy``, ``_copy_from*``."""
+    if base == "clone" or base.startswith("_copy_from"):
+        return True
+    if base in ("_has_compatible_shallow_copy_type",) or base.startswith("copysign"):
+        return False
+    return base.rstrip("_").endswith("copy")
 
 
 def _aten_table() -> dict[Any, int]:
-    """OpOverload -> kind, for every overload of the aten copy and alias ops."""
+    """OpOverload -> kind for every overload of the aten alias and copy ops.
+
+    The copy ops are found by name among all registered operators
+    (``torch._C._dispatch_get_all_op_names()``), so new ``*_copy`` ops are covered without a
+    hand-kept list. In-place (``copy_``, ``index_copy_``) and ``out=`` overloads write into an
+    existing tensor: kind ``_COPY_INTO`` (0 bytes allocated).
+    """
     aten = torch.ops.aten
-    kinds = {"detach": _ALIAS, "alias": _ALIAS, "lift_fresh": _ALIAS}
-    for name in ("clone", "_to_copy", "copy_", "lift_fresh_copy", "_copy_from",
-                 "_copy_from_and_resize", "copy"):  # fmt: skip
-        kinds[name] = _COPY
+    kinds: dict[str, int] = {"detach": _ALIAS, "alias": _ALIAS}
+    try:
+        names = torch._C._dispatch_get_all_op_names()
+    except Exception:  # pragma: no cover - very old torch
+        names = ["aten::clone", "aten::_to_copy", "aten::copy_", "aten::lift_fresh_copy"]
+    for full in names:
+        ns, _, rest = full.partition("::")
+        base = rest.partition(".")[0]
+        if ns == "aten" and _is_copy_op(base):
+            kinds[base] = _COPY
     table: dict[Any, int] = {}
     for name, kind in kinds.items():
-        packet = getattr(aten, name, None)
-        if packet is None:
+        try:
+            packet = getattr(aten, name)
+            overloads = packet.overloads()
+        except Exception:
             continue
-        for overload in packet.overloads():
-            table[getattr(packet, overload)] = kind
+        for overload in overloads:
+            try:
+                op = getattr(packet, overload)
+            except Exception:
+                continue
+            if kind == _COPY and (
+                name.endswith("_") or "out" in overload or name.startswith("_copy_from")
+            ):
+                table[op] = _COPY_INTO
+            else:
+                table[op] = kind
     return table
 
 
@@ -210,15 +247,6 @@ class Recorder:
         self.errors += 1
         self.last_error = f"{type(err).__name__}: {err}"
 
-    def phase(self) -> str:
-        if _graph_task_id() >= 0:
-            return "backward"
-        if self.in_optimizer:
-            return "optimizer"
-        if self.module_stack:
-            return "forward"
-        return "other"
-
     def step(self, now_ns: int | None = None) -> int:
         self.step_index += 1
         self.step_starts.append(_perf_ns() if now_ns is None else now_ns)
@@ -250,10 +278,25 @@ class Recorder:
     def _context(self, ev: CopyEvent) -> None:
         site = user_frame(sys._getframe(2))
         if site is not None:
-            ev.file, ev.line, ev.function = site
-        ev.phase = self.phase()
+            ev.file, ev.line, ev.function, ev.via = site
         ev.step = self.step_index
         ev.module = self.module_stack[-1] if self.module_stack else None
+        if _graph_task_id() >= 0:
+            ev.phase = "backward"
+            node = _current_node()
+            if node is not None:
+                # The node running now is the forward output's grad_fn; copytrace tagged it
+                # when it recorded that forward call (see _tag_grad_fn).
+                ev.via = type(node).__name__
+                tag = node.metadata.get(_TAG)
+                if tag is not None:
+                    ev.module, ev.origin = tag
+        elif self.in_optimizer:
+            ev.phase = "optimizer"
+        elif self.module_stack:
+            ev.phase = "forward"
+        else:
+            ev.phase = "other"
         thread = threading.current_thread()
         ev.thread_id = thread.ident
         ev.thread_name = thread.name
@@ -381,7 +424,11 @@ class Recorder:
             else:
                 ev.graph = "none"
         ev.transfer = _transfer(ev.src_device, ev.dst_device)
+        if ev.transfer == "h2d":
+            ev.pinned = src.is_pinned()
         self._context(ev)
+        if ev.grad_fn is not None and ev.phase != "backward":
+            _tag_grad_fn(out, ev)
         group = self.group
         if group is not None and error is None:
             group.bytes += ev.bytes_allocated
@@ -390,36 +437,78 @@ class Recorder:
 
     # -- aten-level events ------------------------------------------------------------------
     def implicit(
-        self, func: Any, args: tuple, kwargs: dict, out: Any, start: int, end: int
+        self, func: Any, kind: int, args: tuple, kwargs: dict, out: Any, start: int, end: int
     ) -> None:
         """Record an aten copy that no API call explains."""
-        src = None
-        for a in args:
-            if isinstance(a, _Tensor):
-                src = a
-                break
-        if src is None or not isinstance(out, _Tensor):
-            return
-        name = _aten_name(func)
-        ev = CopyEvent(op="implicit", aten=(name,))
+        tensors = [a for a in args if isinstance(a, _Tensor)]
+        if kind == _COPY_INTO:
+            # copy_(dst, src), index_copy_(dst, dim, index, source), foo_copy(..., out=dst)
+            if not tensors and args and isinstance(args[0], (list, tuple)):
+                return self._implicit_foreach(func, args, start, end)
+            dst = kwargs.get("out") if kwargs else None
+            if not isinstance(dst, _Tensor):
+                dst = tensors[0] if tensors else None
+            src = tensors[-1] if len(tensors) > 1 else dst
+            if _aten_name(func).startswith("aten::_copy_from") and len(tensors) > 1:
+                src, dst = tensors[0], tensors[1]  # _copy_from(self=src, dst)
+            allocated = 0
+        else:
+            dst = out if isinstance(out, _Tensor) else None
+            src = tensors[0] if tensors else None
+            allocated = _storage_nbytes(dst) if dst is not None else 0
+        if src is None or dst is None:
+            return None
+        ev = CopyEvent(op="implicit", aten=(_aten_name(func),))
         ev.seq = len(self.events) + self.dropped
         ev.start_ns = start
         ev.end_ns = end
-        if name == "aten::copy_" and len(args) > 1 and isinstance(args[1], _Tensor):
-            src = args[1]  # copy_(self=dst, src)
-            ev.bytes_allocated = 0
-        else:
-            ev.bytes_allocated = _storage_nbytes(out)
+        ev.bytes_allocated = allocated
         ev.src_dtype = _dtype_name(src.dtype)
         ev.src_device = _device_str(src.device)
         ev.src_requires_grad = src.requires_grad
-        ev.shape = tuple(out.shape)
-        ev.dtype = _dtype_name(out.dtype)
-        ev.dst_device = _device_str(out.device)
+        ev.shape = tuple(dst.shape)
+        ev.dtype = _dtype_name(dst.dtype)
+        ev.dst_device = _device_str(dst.device)
         ev.transfer = _transfer(ev.src_device, ev.dst_device)
-        ev.bytes_logical = out.numel() * out.element_size()
+        ev.bytes_logical = dst.numel() * dst.element_size()
         ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
         # Dispatch-level tensors carry no autograd metadata: graph facts stay unknown ("none").
+        self._context(ev)
+        self._append(ev)
+        return None
+
+    def _implicit_foreach(self, func: Any, args: tuple, start: int, end: int) -> None:
+        """``_foreach_copy_(dsts, srcs)``: one event for the whole list (0 bytes allocated)."""
+        dsts = [t for t in args[0] if isinstance(t, _Tensor)]
+        srcs = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else dsts
+        if not dsts:
+            return
+        first, src = dsts[0], srcs[0] if srcs else dsts[0]
+        ev = CopyEvent(op="implicit", aten=(_aten_name(func),))
+        ev.seq = len(self.events) + self.dropped
+        ev.start_ns = start
+        ev.end_ns = end
+        ev.tensors = len(dsts)
+        ev.bytes_logical = sum(t.numel() * t.element_size() for t in dsts)
+        ev.shape = tuple(first.shape)
+        ev.dtype = _dtype_name(first.dtype)
+        ev.src_dtype = _dtype_name(src.dtype)
+        ev.src_device = _device_str(src.device)
+        ev.dst_device = _device_str(first.device)
+        ev.transfer = _transfer(ev.src_device, ev.dst_device)
+        self._context(ev)
+        self._append(ev)
+
+    def from_numpy(self, out: torch.Tensor, start: int, end: int) -> None:
+        """Record ``torch.from_numpy(array)``: a tensor over the array's memory (an alias)."""
+        ev = CopyEvent(op="from_numpy", aten=(), alias=True)
+        ev.seq = len(self.events) + self.dropped
+        ev.start_ns = start
+        ev.end_ns = end
+        ev.shape = tuple(out.shape)
+        ev.dtype = ev.src_dtype = _dtype_name(out.dtype)
+        ev.src_device = ev.dst_device = "cpu"
+        ev.bytes_logical = out.numel() * out.element_size()
         self._context(ev)
         self._append(ev)
 
@@ -463,6 +552,16 @@ class Recorder:
         ev.src_device = ev.dst_device = ""
         self._context(ev)
         ev.parent = -1
+
+
+def _tag_grad_fn(out: torch.Tensor, ev: CopyEvent) -> None:
+    """Tag the copy's grad_fn so that the copy its backward makes names this forward call."""
+    if ev.file is None:
+        return
+    try:
+        out.grad_fn.metadata[_TAG] = (ev.module, f"{ev.file}:{ev.line}")
+    except Exception:  # nodes without metadata (custom C++ functions)
+        pass
 
 
 _ACTIVE: Recorder | None = None
@@ -532,7 +631,7 @@ class DispatchMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         end = _perf_ns()
         try:
-            rec.implicit(func, args, kwargs, out, start, end)
+            rec.implicit(func, kind, args, kwargs, out, start, end)
         except Exception as err:
             rec.note_error(err)
         return out
@@ -573,6 +672,7 @@ def warm_up() -> None:
 _ORIG_DEEPCOPY = copy.deepcopy
 _ORIG_COPY = copy.copy
 _ORIG_SWAP = torch.utils.swap_tensors
+_ORIG_FROM_NUMPY = torch.from_numpy
 _ORIG_PARAM_DEEPCOPY = torch.nn.Parameter.__deepcopy__
 
 
@@ -590,6 +690,22 @@ def _traced_copy(x):
     if rec is None or rec.active is not None or not isinstance(x, _Tensor):
         return _ORIG_COPY(x)
     return rec.api_call("copy", _ORIG_COPY, (x,), {})
+
+
+def _traced_from_numpy(array):
+    # torch.from_numpy reaches neither mode as itself (only an aten::lift_fresh): record it
+    # as an alias of the array's memory.
+    rec = _ACTIVE
+    if rec is None or rec.active is not None:
+        return _ORIG_FROM_NUMPY(array)
+    start = _perf_ns()
+    out = _ORIG_FROM_NUMPY(array)
+    end = _perf_ns()
+    try:
+        rec.from_numpy(out, start, end)
+    except Exception as err:
+        rec.note_error(err)
+    return out
 
 
 def _traced_swap_tensors(t1, t2):
@@ -614,6 +730,7 @@ def install_patches() -> None:
     copy.deepcopy = _traced_deepcopy
     copy.copy = _traced_copy
     torch.utils.swap_tensors = _traced_swap_tensors
+    torch.from_numpy = _traced_from_numpy
     torch.nn.Parameter.__deepcopy__ = _traced_param_deepcopy
 
 
@@ -624,5 +741,7 @@ def remove_patches() -> None:
         copy.copy = _ORIG_COPY
     if torch.utils.swap_tensors is _traced_swap_tensors:
         torch.utils.swap_tensors = _ORIG_SWAP
+    if torch.from_numpy is _traced_from_numpy:
+        torch.from_numpy = _ORIG_FROM_NUMPY
     if torch.nn.Parameter.__dict__.get("__deepcopy__") is _traced_param_deepcopy:
         torch.nn.Parameter.__deepcopy__ = _ORIG_PARAM_DEEPCOPY
