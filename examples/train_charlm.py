@@ -6,7 +6,8 @@ torch: the corpus is the English text of ``pydoc_data.topics.topics`` (the topic
 it is written the way people write training loops, including the usual tensor copy and
 alias idioms (``.to(device)``, ``loss.detach()``, ``.item()``, ``copy.deepcopy`` of the
 state dict and of the model, an in-place EMA update, ``.clone()``, ``.cpu()``), so that
-copytrace has something realistic to trace.
+copytrace has something realistic to trace. One hazard is deliberate and marked as such
+(``torch.tensor(loss)`` every step), so that ``copytrace.analysis`` has one to report.
 
 Run it plainly::
 
@@ -161,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     best_val = math.inf
     best_state: dict[str, torch.Tensor] | None = None
     running: list[torch.Tensor] = []
+    loss_curve: list[torch.Tensor] = []  # one loss per step, e.g. for a plot
     train_loss = val_loss = math.nan
     t0 = time.perf_counter()
 
@@ -179,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         # Idiom: keep a detached loss for the running average, so that the autograd
         # graph of this step is not kept alive.
         running.append(loss.detach())
+        # DELIBERATE HAZARD, kept on purpose so that the copytrace report has one to show
+        # (tensor-ctor-copy, see docs/hazards.md): torch.tensor(loss) copies the loss every
+        # step, and torch warns about it; loss.detach() above is the cheap form.
+        loss_curve.append(torch.tensor(loss))
 
         # Idiom: in-place EMA refresh under no_grad (copy_ for buffers, lerp_ for weights).
         with torch.no_grad():

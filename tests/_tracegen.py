@@ -15,7 +15,13 @@ The trace written by :func:`write_trace` (times relative to ``T0``, ms):
   ``contiguous`` at 70 ms, 4 ms, 16000 B / 16000 B, module ``encoder``, backward,
   ``train.py:11 forward``.
 
+The h2d ``to`` carries a ``copytrace.hazard`` span event (code ``CT-TEST``); the run span
+carries ``copytrace.overhead_ns`` = 1.5 ms.
+
 Spans are spread over three lines (events, steps, run), as a batching exporter writes them.
+
+:func:`write_many` writes a larger trace (``n`` events over ``n // 100`` steps) for the
+sampling tests.
 """
 
 from __future__ import annotations
@@ -40,6 +46,18 @@ def _value(v: Any) -> dict[str, Any]:
     if isinstance(v, (list, tuple)):
         return {"arrayValue": {"values": [_value(x) for x in v]}}
     return {"stringValue": str(v)}
+
+
+HAZARD_EVENT = {
+    "timeUnixNano": str(T0 + 34 * MS),
+    "name": "copytrace.hazard",
+    "attributes": [
+        {"key": "copytrace.hazard.code", "value": {"stringValue": "CT-TEST"}},
+        {"key": "copytrace.hazard.severity", "value": {"stringValue": "warning"}},
+        {"key": "copytrace.hazard.message", "value": {"stringValue": "h2d copy <every> step"}},
+        {"key": "copytrace.hazard.fix", "value": {"stringValue": "move it out of the loop"}},
+    ],
+}
 
 
 def _span(
@@ -274,6 +292,7 @@ def trace_lines(pid: int = 4242, trace_id: str | None = None) -> list[str]:
             ),
         ),
     ]
+    spans_events[2]["events"] = [HAZARD_EVENT]
     spans_steps = [
         _span(tid, step_ids[i], run_id, "copytrace.step", a, b, {"copytrace.step": i})
         for i, (a, b) in enumerate(((0, 30), (30, 60), (60, 100)))
@@ -295,6 +314,7 @@ def trace_lines(pid: int = 4242, trace_id: str | None = None) -> list[str]:
                 "copytrace.errors": 0,
                 "copytrace.internal_detaches": 5,
                 "copytrace.steps": 3,
+                "copytrace.overhead_ns": 1_500_000,
             },
         )
     ]
@@ -352,4 +372,55 @@ def write_trace(
     else:
         path = directory / name
         path.write_text(text, encoding="utf-8")
+    return path
+
+
+def write_many(
+    directory: Path, n: int, *, pid: int = 5151, large_every: int = 500, hazard_every: int = 250
+) -> Path:
+    """Write a trace of ``n`` events over ``n // 100`` steps of 10 ms and return its path.
+
+    Events cycle through: ``to`` no-op (``loop.py:5 main``), ``detach`` alias
+    (``loop.py:6 main``), ``clone`` copy of 4000 B (``model.py:20 forward``, module ``net``)
+    and, every ``large_every``-th event instead, a 4 MiB ``clone`` (``loop.py:9 main``). Every
+    ``hazard_every``-th event carries a ``copytrace.hazard`` span event.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    tid = f"{pid:032x}"
+    n_steps = max(1, n // 100)
+    spans = []
+    for i in range(n):
+        step = min(i // 100, n_steps - 1)
+        t = step * 10 + (i % 100) * 0.09 + 0.01
+        if i % large_every == large_every - 1:
+            ev = _event("clone", step, 4 << 20, 4 << 20, module=None, phase="other", line=9,
+                        func="main", aten=("aten::clone",))  # fmt: skip
+            ev["code.file.path"] = "loop.py"
+        elif i % 3 == 0:
+            ev = _event("to", step, 0, 400, module=None, phase="other", line=5, func="main",
+                        alias=True, noop=True)  # fmt: skip
+            ev["code.file.path"] = "loop.py"
+        elif i % 3 == 1:
+            ev = _event("detach", step, 0, 400, module=None, phase="other", line=6, func="main",
+                        alias=True)  # fmt: skip
+            ev["code.file.path"] = "loop.py"
+        else:
+            ev = _event("clone", step, 4000, 4000, module="net", phase="forward", line=20,
+                        func="forward", aten=("aten::clone",))  # fmt: skip
+            ev["code.file.path"] = "model.py"
+        span = _span(tid, 1000 + i, 100 + step, f"copytrace.{ev['copytrace.op']}", t, t + 0.05, ev)
+        if i % hazard_every == 0:
+            span["events"] = [HAZARD_EVENT]
+        spans.append(span)
+    spans += [
+        _span(tid, 100 + s, 1, "copytrace.step", s * 10, (s + 1) * 10, {"copytrace.step": s})
+        for s in range(n_steps)
+    ]
+    spans.append(
+        _span(tid, 1, None, "copytrace.run", 0, n_steps * 10, {"copytrace.steps": n_steps})
+    )
+    resource = {"attributes": [{"key": "process.pid", "value": {"intValue": str(pid)}}]}
+    doc = {"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": spans}]}]}
+    path = directory / f"copytrace-many-{pid}.otlp.jsonl"
+    path.write_text(json.dumps(doc, separators=(",", ":")) + "\n", encoding="utf-8")
     return path

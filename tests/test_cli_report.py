@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from _tracegen import SCRIPT_MODULE, write_trace
+from _tracegen import SCRIPT_MODULE, write_many, write_trace
 
 from copytrace.cli import main
 
@@ -33,7 +35,7 @@ def test_report_directory_default_output(tmp_path: Path, capsys: pytest.CaptureF
     assert out == f"copytrace: report written to {expected} (7 events, 31000 bytes copied)\n"
     assert err == ""
     page = expected.read_text(encoding="utf-8")
-    assert "Plotly.newPlot" in page and SCRIPT_MODULE not in page
+    assert 'id="ct-data"' in page and "* plotly.js v" in page and SCRIPT_MODULE not in page
 
 
 def test_report_file_default_and_explicit_output(
@@ -59,26 +61,67 @@ def test_report_truncated_line_warns(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert err.startswith("copytrace: warning: skipped 1 unreadable line(s)")
 
 
+def test_report_cdn_and_max_points(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    write_many(tmp_path / "t", 2000)
+    out_html = tmp_path / "r.html"
+    assert main(["report", str(tmp_path / "t"), "-o", str(out_html), "--cdn",
+                 "--max-points", "50"]) == 0  # fmt: skip
+    out, err = capsys.readouterr()
+    # 4 clones of 4 MiB (every 500th event) + 665 clones of 4000 B
+    assert out.endswith(f"(2000 events, {4 * (4 << 20) + 665 * 4000} bytes copied)\n")
+    assert err == ""
+    page = out_html.read_text(encoding="utf-8")
+    assert '<script src="https://cdn.plot.ly/' in page and out_html.stat().st_size < 200_000
+    data = json.loads(page.split('id="ct-data">')[1].split("</script>")[0])
+    assert data["sample"]["total"] == 2000 and data["sample"]["shown"] <= 50 + 8 + 4
+
+    assert main(["report", str(tmp_path / "t"), "--max-points", "-1"]) == 2
+    assert "--max-points must be >= 0" in _error_line(capsys.readouterr().err)
+
+
+def test_progress_lines_only_when_slow(monkeypatch: pytest.MonkeyPatch) -> None:
+    from copytrace.dashboards import _progress
+
+    stream = io.StringIO()
+    with _progress.Progress("reading trace", 1000, "B", stream=stream) as bar:
+        bar.update(500)
+    assert stream.getvalue() == ""  # fast: nothing printed
+    monkeypatch.setattr(_progress, "_PLAIN_DELAY_S", 0.0)
+    monkeypatch.setattr(_progress, "_PLAIN_EVERY_S", 0.0)
+    stream = io.StringIO()
+    with _progress.Progress("aggregating", 4, "events", stream=stream) as bar:
+        bar.set_done(2)
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "copytrace: aggregating: 2 events of 4 events (50%)"
+    assert lines[-1].startswith("copytrace: aggregating: done in ")
+
+
 def test_summary(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     write_trace(tmp_path)
-    assert main(["summary", str(tmp_path), "--top", "2"]) == 0
+    assert main(["summary", str(tmp_path), "--top", "2", "--no-analysis"]) == 0
     out, err = capsys.readouterr()
     assert err == ""
     lines = out.splitlines()
     assert "command: train.py --epochs 1" in out
-    # totals row: events copies aliases no-ops bytes-allocated bytes-logical copy-time groups
-    totals = lines[lines.index("totals (non-group events):") + 3].split()
-    assert totals == ["7", "5", "2", "1", "31000", "(30.3", "KiB)", "36000", "(35.2", "KiB)",
-                      "11.60", "ms", "1"]  # fmt: skip
-    top_sites = lines[lines.index("top call sites by bytes allocated:") + 3 :][:3]
-    assert top_sites[0].split()[0] == "16000" and top_sites[0].endswith("train.py:11 forward")
-    assert top_sites[1].split()[0] == "8000" and top_sites[1].endswith("train.py:20 main")
-    assert top_sites[2] == ""  # --top 2
-    assert "top modules by time:" in out
+    assert "devices cpu, cuda:0" in out
+    assert "tracer overhead 1.50 ms" in out
+    assert "copy time share of a step (steady state, 1 steps): 16.7% (median 16.7%); " in out
+    assert "events: 7 = 5 copies + 1 aliases + 1 no-ops (1 deepcopy groups)" in out
+    assert "bytes copied 30.3 KiB (31000 B)" in out
+    assert "cross-device 7.8 KiB in 1 events" in out
+    top = lines[lines.index("top call sites by bytes copied:") + 3 :][:3]
+    assert top[0].split()[:4] == ["1", "15.6", "KiB", "51.6%"]
+    assert top[0].endswith("train.py:11 forward")
+    assert top[1].split()[:3] == ["2", "7.8", "KiB"] and top[1].endswith("train.py:20 main")
+    assert top[2] == ""  # --top 2
+    assert "top modules by copy time:" in out
     assert SCRIPT_MODULE not in out  # third module by bytes: cut by --top 2
     by_op = lines[lines.index("by op:") + 3 :]
-    assert by_op[0].split() == ["contiguous", "1", "1", "0", "0", "16000", "16000", "4.00", "ms"]
+    assert by_op[0].split() == ["contiguous", "1", "1", "0", "0", "15.6", "KiB", "15.6", "KiB",
+                                "4.00", "ms"]  # fmt: skip
     assert "cpu -> cuda:0" in out
+    hz = lines[lines.index("hazards:") + 3]
+    assert hz.split()[:3] == ["warning", "CT-TEST", "1"] and "h2d copy <every> step" in hz
 
     assert main(["summary", str(tmp_path)]) == 0  # default --top 10
     assert SCRIPT_MODULE in capsys.readouterr().out  # plain text: not escaped

@@ -3,6 +3,7 @@ each in a real subprocess on the example training script."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -25,10 +26,11 @@ def _env(**extra):
 
 
 def _ops(trace_dir):
-    files = sorted(Path(trace_dir).glob("*.otlp.jsonl"))
+    files = sorted(Path(trace_dir).glob("*.otlp.jsonl*"))
     assert len(files) == 1, files
     ops = []
-    for line in files[0].read_text().splitlines():
+    opener = gzip.open if files[0].suffix == ".gz" else open  # gzip is the default
+    for line in opener(files[0], "rt").read().splitlines():
         for rs in json.loads(line)["resourceSpans"]:
             for ss in rs["scopeSpans"]:
                 for span in ss["spans"]:

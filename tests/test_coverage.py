@@ -109,3 +109,39 @@ def test_copies_on_other_threads_are_not_seen():
         torch.ones(3).clone()
     assert len(results) == 1
     assert [(e.op, e.thread_name) for e in t.events] == [("clone", threading.current_thread().name)]
+
+
+def test_phases_and_modules_on_a_transformer_training_step():
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(
+        d_model=16, nhead=2, dim_feedforward=32, batch_first=True, dropout=0.0
+    )
+    model = nn.Sequential(layer, nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(2, 5, 16)
+    with copytrace.trace(write=False) as t:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        out.float().pow(2).mean().backward()
+        opt.step()
+    by_phase: dict[str, list] = {}
+    for e in t.events:
+        by_phase.setdefault(e.phase, []).append(e)
+    # forward: autocast's bfloat16 casts of weights and inputs, inside the modules that made them
+    fwd = by_phase["forward"]
+    assert fwd and all(e.op == "implicit" and e.module.startswith("Sequential.") for e in fwd)
+    assert {e.module for e in fwd if e.aten == ("aten::_to_copy",)} >= {
+        "Sequential.0.linear1",
+        "Sequential.0.linear2",
+        "Sequential.1",
+    }
+    # backward: ToCopyBackward0 casts gradients back to float32, named by forward module
+    bwd = by_phase["backward"]
+    casts = [e for e in bwd if e.via == "ToCopyBackward0" and e.module is not None]
+    assert {e.module for e in casts} >= {"Sequential.0.linear1", "Sequential.1"}
+    assert all(e.dtype == "float32" for e in casts)
+    # optimizer: SGD's momentum buffers start as torch.clone(grad).detach(), one per parameter
+    opt_clones = [e for e in by_phase["optimizer"] if e.op == "clone"]
+    n_params = len(list(model.parameters()))
+    assert len(opt_clones) == n_params and {e.via for e in opt_clones} == {"_single_tensor_sgd"}
+    assert by_phase["other"][0].op == "float"  # out.float() outside any module

@@ -5,20 +5,30 @@ The synthetic trace comes from ``tests/_tracegen.py``; its module docstring list
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import os
 import re
+import sys
+import types
 from pathlib import Path
 
 import pytest
-from _tracegen import MS, SCRIPT_MODULE, T0, trace_lines, write_trace
+from _tracegen import MS, SCRIPT_MODULE, T0, trace_lines, write_many, write_trace
 
 from copytrace._errors import TraceFileError
-from copytrace.dashboards import build_model, load_trace, render_html, write_report
+from copytrace.dashboards import (
+    SampleInfo,
+    build_model,
+    load_trace,
+    render_html,
+    run_analysis,
+    sample_events,
+    write_report,
+)
 from copytrace.dashboards._load import decode_value
-
-ESCAPED_MODULE = "&lt;script&gt;alert(1)&lt;/script&gt;"
+from copytrace.dashboards._payload import build_payload, dump_payload
 
 # Expected values for one synthetic run (see tests/_tracegen.py). Non-group events:
 #   clone 4000/4000 B 2 ms, detach (alias) 0/4000 B 0.5 ms, to h2d 8000/8000 B 3 ms,
@@ -27,10 +37,11 @@ ESCAPED_MODULE = "&lt;script&gt;alert(1)&lt;/script&gt;"
 EVENTS = 7  # the deepcopy group span (3000 B, 6 ms) is not counted
 BYTES_ALLOCATED = 4000 + 0 + 8000 + 2000 + 1000 + 0 + 16000  # 31000
 BYTES_LOGICAL = 4000 + 4000 + 8000 + 2000 + 1000 + 1000 + 16000  # 36000
+BYTES_COPIED = 4000 + 8000 + 2000 + 1000 + 16000  # logical bytes of the real copies: 31000
 COPY_TIME_NS = (2 + 0.5 + 3 + 1 + 1 + 0.1 + 4) * MS  # 11.6 ms
-ALIASES = 2  # detach, no-op to
+ALIASES = 1  # detach (kinds are exclusive: the no-op to counts as a no-op only)
 NOOPS = 1
-COPIES = EVENTS - ALIASES  # 5 (the no-op is also an alias)
+COPIES = EVENTS - ALIASES - NOOPS  # 5
 
 
 @pytest.fixture()
@@ -91,10 +102,14 @@ def test_totals_do_not_double_count_groups(trace_file: Path) -> None:
     assert t.events == EVENTS == 7
     assert t.bytes_allocated == BYTES_ALLOCATED == 31000  # 34000 if the group were counted
     assert t.bytes_logical == BYTES_LOGICAL == 36000
+    assert t.bytes_copied == BYTES_COPIED == 31000
     assert t.copy_time_ns == COPY_TIME_NS == 11_600_000
-    assert (t.alias_count, t.copy_count, t.noop_count) == (ALIASES, COPIES, NOOPS)
+    assert (t.copy_count, t.alias_count, t.noop_count) == (COPIES, ALIASES, NOOPS) == (5, 1, 1)
+    assert t.time_by_kind_ns == {"copy": 11_000_000, "alias": 500_000, "noop": 100_000}
     assert t.group_count == 1
     assert t.error_count == 0
+    assert (t.cross_device_count, t.cross_device_bytes) == (1, 8000)
+    assert t.hazard_count == 1  # the copytrace.hazard span event
 
 
 def test_run_metadata(trace_file: Path) -> None:
@@ -108,74 +123,101 @@ def test_run_metadata(trace_file: Path) -> None:
     assert run.duration_ns == 100 * MS
     assert (run.events_recorded, run.events_loaded) == (8, 8)
     assert (run.events_dropped, run.errors, run.internal_detaches, run.steps) == (0, 0, 5, 3)
+    assert run.overhead_ns == 1_500_000
+    assert run.devices == ["cpu", "cuda:0"]
     assert run.complete
     assert model.bad_lines == 0
 
 
-def test_per_step_rows(trace_file: Path) -> None:
-    steps = build_model(load_trace(trace_file)).steps
+def test_per_step_rows_and_stages(trace_file: Path) -> None:
+    model = build_model(load_trace(trace_file))
     got = [
-        (s.step, s.duration_ns, s.copy_count, s.alias_count, s.bytes_allocated, s.copy_time_ns)
-        for s in steps
-    ]
+        (s.step, s.stage, s.duration_ns, s.copy_count, s.alias_count, s.noop_count,
+         s.bytes_copied, s.bytes_allocated, s.copy_time_ns)
+        for s in model.steps
+    ]  # fmt: skip
     assert got == [
-        # step 0: clone (2 ms) + detach alias (0.5 ms) in a 30 ms step
-        (0, 30 * MS, 1, 1, 4000, 2_500_000),
+        # step 0: clone (2 ms) + detach alias (0.5 ms) in a 30 ms step; step 0 is warm-up
+        (0, "warmup", 30 * MS, 1, 1, 0, 4000, 4000, 2_500_000),
         # step 1: to h2d (3 ms) + 2 deepcopy children (1 ms each); the group is not counted
-        (1, 30 * MS, 3, 0, 11000, 5_000_000),
-        # step 2: no-op to (0.1 ms, alias) + contiguous (4 ms) in a 40 ms step
-        (2, 40 * MS, 1, 1, 16000, 4_100_000),
+        (1, "steady", 30 * MS, 3, 0, 0, 11000, 11000, 5_000_000),
+        # step 2, the last (ends when tracing stops): no-op to (0.1 ms) + contiguous (4 ms)
+        (2, "tail", 40 * MS, 1, 0, 1, 16000, 16000, 4_100_000),
     ]
-    shares = [s.copy_time_share_pct for s in steps]
+    shares = [s.copy_time_share_pct for s in model.steps]
     assert shares == pytest.approx([2.5 / 30 * 100, 5 / 30 * 100, 4.1 / 40 * 100])
-    assert shares == pytest.approx([8.3333333, 16.6666667, 10.25])
+    assert [(s.start_ms, s.end_ms) for s in model.steps] == [(0, 30), (30, 60), (60, 100)]
+    st = model.stages
+    assert (st["steady"].steps, st["steady"].share_pct) == (1, pytest.approx(100 * 5 / 30))
+    assert st["steady"].bytes_per_step == 11000
+    assert st["warmup"].share_pct == pytest.approx(100 * 2.5 / 30)
+    assert st["tail"].median_share_pct == pytest.approx(10.25)
+
+
+def _steps(durations_ms: list[float]) -> list[str]:
+    from copytrace.dashboards._model import StepRow, _assign_stages
+
+    rows = [StepRow("r", i, int(d * MS)) for i, d in enumerate(durations_ms)]
+    _assign_stages(rows)
+    return [r.stage for r in rows]
+
+
+def test_warmup_detection() -> None:
+    assert _steps([10, 10]) == ["steady", "steady"]  # too few steps to tell
+    assert _steps([50, 10, 10, 10, 5]) == ["warmup", "steady", "steady", "steady", "tail"]
+    # slow leading steps (> 2x the steady median) are warm-up too: at most 10% of the steps
+    durations = [500, 90, 40] + [10] * 27
+    assert _steps(durations)[:4] == ["warmup", "warmup", "warmup", "steady"]
+    assert _steps([500, 90, 40, 30] + [10] * 6)[:3] == ["warmup", "warmup", "steady"]
+    assert _steps([500, 15, 90] + [10] * 27)[:3] == ["warmup", "steady", "steady"]
 
 
 def test_call_sites_modules_ops_transfers(trace_file: Path) -> None:
     model = build_model(load_trace(trace_file))
-    by_bytes = [
-        (r.key, r.bytes_allocated, r.count) for r in model.top_call_sites("bytes_allocated")
-    ]
+    by_bytes = [(r.key, r.bytes_copied, r.count) for r in model.top_call_sites("bytes_copied")]
     assert by_bytes == [
-        ("train.py:11 forward", 16000, 2),  # detach (0 B) + contiguous (16000 B)
+        ("train.py:11 forward", 16000, 2),  # detach (alias, 0 B) + contiguous (16000 B)
         ("train.py:20 main", 8000, 1),
         ("train.py:10 forward", 4000, 1),
         ("train.py:30 main", 3000, 2),  # the deepcopy children, not the group
         ("train.py:40 main", 0, 1),
     ]
+    assert model.call_sites[0].label == "train.py:11 forward"
+    assert model.call_sites[0].others == {"encoder": 2}
+    assert model.call_sites[0].ops == {"contiguous": 1, "detach": 1}
     by_time = [(r.key, r.time_ns) for r in model.top_call_sites("time_ns", 3)]
     assert by_time == [
         ("train.py:11 forward", 4_500_000),
         ("train.py:20 main", 3_000_000),
         ("train.py:10 forward", 2_000_000),  # ties with :30 main; broken by key
     ]
-    assert [r.key for r in model.top_call_sites("count", 2)] == [
-        "train.py:11 forward",
-        "train.py:30 main",
-    ]
-    modules = [(r.key, r.bytes_allocated, r.count, r.alias_count) for r in model.modules]
+    modules = [(r.key, r.bytes_copied, r.count, r.alias_count, r.noop_count)
+               for r in model.modules]  # fmt: skip
     assert modules == [
-        ("encoder", 16000, 2, 1),
-        ("(no module)", 11000, 4, 1),  # to h2d 8000 + children 3000 + no-op 0
-        (SCRIPT_MODULE, 4000, 1, 0),
+        ("encoder", 16000, 2, 1, 0),
+        ("(no module)", 11000, 4, 0, 1),  # to h2d 8000 + children 3000 + no-op 0
+        (SCRIPT_MODULE, 4000, 1, 0, 0),
     ]
-    ops = {o.op: (o.count, o.copy_count, o.alias_count, o.noop_count, o.bytes_allocated)
+    ops = {o.op: (o.count, o.copy_count, o.alias_count, o.noop_count, o.bytes_copied)
            for o in model.ops}  # fmt: skip
     assert ops == {
         "contiguous": (1, 1, 0, 0, 16000),
-        "to": (2, 1, 1, 1, 8000),
+        "to": (2, 1, 0, 1, 8000),
         "clone": (1, 1, 0, 0, 4000),
         "deepcopy": (2, 2, 0, 0, 3000),
         "detach": (1, 0, 1, 0, 0),
     }
+    assert {o.op: o.graph for o in model.ops}["clone"] == {"attached": 1}
     transfers = [
-        (t.src_device, t.dst_device, t.transfer, t.count, t.bytes_allocated, t.bytes_logical)
+        (t.src_device, t.dst_device, t.transfer, t.count, t.copy_count, t.bytes_logical,
+         t.non_blocking_count, t.cross_device)
         for t in model.transfers
-    ]
+    ]  # fmt: skip
     assert transfers == [
-        ("cpu", "cpu", "none", 6, 23000, 28000),
-        ("cpu", "cuda:0", "h2d", 1, 8000, 8000),
+        ("cpu", "cpu", "none", 6, 4, 28000, 0, False),
+        ("cpu", "cuda:0", "h2d", 1, 1, 8000, 1, True),
     ]
+    assert [(run, t.dst_device) for run, t in model.transfers_by_run] == [(0, "cpu"), (0, "cuda:0")]
     (group,) = model.groups
     assert (group.object_type, group.tensors, group.children, group.bytes_allocated) == (
         "torch.nn.modules.linear.Linear",
@@ -186,26 +228,183 @@ def test_call_sites_modules_ops_transfers(trace_file: Path) -> None:
     assert (group.step, group.duration_ns, group.call_site) == (1, 6 * MS, "train.py:30 main")
 
 
-def test_timeline_points(trace_file: Path) -> None:
+def test_cube_sums_to_totals(trace_file: Path) -> None:
     model = build_model(load_trace(trace_file))
-    points = model.timeline
-    assert [(p.t_ms, p.op) for p in points] == [
-        (1.0, "clone"),
-        (5.0, "detach"),
-        (31.0, "to"),
-        (41.0, "deepcopy"),
-        (43.0, "deepcopy"),
-        (61.0, "to"),
-        (70.0, "contiguous"),
+    t = model.totals
+    assert sum(c.count for c in model.cube) == t.events
+    assert sum(c.bytes_copied for c in model.cube) == t.bytes_copied
+    assert sum(c.bytes_allocated for c in model.cube) == t.bytes_allocated
+    assert sum(c.time_ns for c in model.cube) == t.copy_time_ns
+    kinds = {(c.call_site, c.op): c.kind for c in model.cube}
+    assert kinds[("train.py:40 main", "to")] == "noop"
+    assert kinds[("train.py:11 forward", "detach")] == "alias"
+
+
+def test_event_columns(trace_file: Path) -> None:
+    model = build_model(load_trace(trace_file))
+    assert model.n_events == EVENTS
+    events = [model.event(i) for i in range(model.n_events)]
+    assert [(e["t_ms"], e["op"], e["kind"]) for e in events] == [
+        (1.0, "clone", "copy"),
+        (5.0, "detach", "alias"),
+        (31.0, "to", "copy"),
+        (41.0, "deepcopy", "copy"),
+        (43.0, "deepcopy", "copy"),
+        (61.0, "to", "noop"),
+        (70.0, "contiguous", "copy"),
     ]
-    h2d = points[2]
-    assert (h2d.src_device, h2d.dst_device, h2d.transfer) == ("cpu", "cuda:0", "h2d")
-    assert h2d.aten == ["aten::_to_copy", "aten::copy_"]
-    assert (h2d.duration_ns, h2d.bytes_allocated, h2d.step, h2d.phase) == (3 * MS, 8000, 1, "other")
-    assert points[3].group == "torch.nn.modules.linear.Linear"
-    assert points[0].graph == "attached" and points[0].module == SCRIPT_MODULE
-    assert points[5].noop and points[5].alias
-    assert model.step_bounds_ms == {"pid 4242": [(0, 0.0, 30.0), (1, 30.0, 60.0), (2, 60.0, 100.0)]}
+    h2d = events[2]
+    assert (h2d["src_device"], h2d["dst_device"], h2d["transfer"]) == ("cpu", "cuda:0", "h2d")
+    assert h2d["aten"] == ("aten::_to_copy", "aten::copy_")
+    assert (h2d["duration_ns"], h2d["bytes_allocated"], h2d["step"]) == (3 * MS, 8000, 1)
+    assert h2d["non_blocking"] is True and h2d["hazard"] == 0
+    assert events[3]["group"] == "torch.nn.modules.linear.Linear"
+    assert events[0]["graph"] == "attached" and events[0]["module"] == SCRIPT_MODULE
+    assert events[0]["shape"] == (10, 100) and events[0]["hazard"] is None
+    assert len(model.templates) == 7  # all differ (the deepcopy children in their bytes)
+
+
+def test_hazards_from_span_events(trace_file: Path) -> None:
+    model = build_model(load_trace(trace_file))
+    (h,) = model.hazards
+    assert (h.code, h.severity, h.source) == ("CT-TEST", "warning", "trace")
+    assert (h.message, h.fix) == ("h2d copy <every> step", "move it out of the loop")
+    assert h.call_sites == ["train.py:20 main"]
+    assert h.steps == [1]
+    assert h.event_ids == [f"{12:016x}"]
+    assert model.analysis == "skipped"
+
+
+@dataclasses.dataclass
+class _Finding:
+    code: str
+    severity: str
+    message: str
+    fix: str
+    call_sites: list
+    bytes: int
+    steps: list
+    event_ids: list
+
+
+def test_hazards_from_findings(trace_file: Path) -> None:
+    data = load_trace(trace_file)
+    clone_id, contiguous_id = f"{10:016x}", f"{17:016x}"
+    findings = [
+        _Finding("CT-INFO", "info", "fyi", "none", [], 0, [], [clone_id]),
+        {"code": "CT-BIG", "severity": "error", "message": "m", "fix": "f",
+         "call_site": "train.py:11 forward", "bytes": 16000, "step": 2,
+         "event_ids": [contiguous_id]},
+    ]  # fmt: skip
+    model = build_model(data, findings=findings)
+    assert model.analysis == "ran"
+    codes = [h.code for h in model.hazards]
+    assert codes == ["CT-BIG", "CT-TEST", "CT-INFO"]  # error, warning, info
+    big, _, info = model.hazards
+    assert (big.call_sites, big.bytes, big.steps, big.source) == (
+        ["train.py:11 forward"], 16000, [2], "analysis")  # fmt: skip
+    assert info.call_sites == ["train.py:10 forward"]  # filled in from its event
+    assert info.steps == [0]
+    hz = {model.event(i)["op"]: model.event(i)["hazard"] for i in range(model.n_events)}
+    assert (hz["contiguous"], hz["clone"]) == (0, 2)
+
+
+def test_run_analysis(monkeypatch: pytest.MonkeyPatch, trace_file: Path) -> None:
+    data = load_trace(trace_file)
+    monkeypatch.setitem(sys.modules, "copytrace.analysis", None)  # import fails
+    assert run_analysis(data) == (None, "not installed")
+
+    fake = types.ModuleType("copytrace.analysis")
+    fake.analyze = lambda trace: [{"code": "X1", "severity": "warning", "message": "m",  # type: ignore[attr-defined]
+                                   "fix": "f", "event_ids": [trace.events[0].span_id]}]  # fmt: skip
+    monkeypatch.setitem(sys.modules, "copytrace.analysis", fake)
+    findings, status = run_analysis(data)
+    assert status == "ran" and len(findings or []) == 1
+    model = build_model(data, analyze=True)
+    assert [h.code for h in model.hazards] == ["CT-TEST", "X1"]  # same severity: by code
+
+    def boom(trace: object) -> list:
+        raise RuntimeError("bad <input>")
+
+    fake.analyze = boom  # type: ignore[attr-defined]
+    model = build_model(data, analyze=True)
+    assert model.analysis == "failed: RuntimeError: bad <input>"
+    assert [h.code for h in model.hazards] == ["CT-TEST"]
+
+
+def test_sample_events_keeps_hazards_and_large_copies(tmp_path: Path) -> None:
+    model = build_model(load_trace(write_many(tmp_path, 3000)))
+    assert model.n_events == 3000
+    assert model.totals.hazard_count == 3  # one per call site: repeats are merged
+    chosen = sample_events(model, 300)
+    assert chosen == sorted(set(chosen))
+    events = [model.event(i) for i in chosen]
+    hazards = [i for i in range(model.n_events) if model.ev_hazard[i] >= 0]
+    large = [i for i in range(model.n_events) if model.event(i)["bytes_logical"] == 4 << 20]
+    assert len(hazards) == 12 and len(large) == 6
+    assert set(hazards) <= set(chosen) and set(large) <= set(chosen)
+    assert len(chosen) <= 300
+    # every (call site, op, kind) group is represented, spread over the run
+    groups = {(e["call_site"], e["op"], e["kind"]) for e in events}
+    assert len(groups) == 4
+    clones = [e["t_ms"] for e in events if e["call_site"] == "model.py:20 forward"]
+    assert min(clones) < 3000 * 0.1 * 0.2 and max(clones) > 3000 * 0.1 * 0.8
+    assert sample_events(model, 10**6) == list(range(3000))
+    # a budget smaller than the must-keep set keeps the hazards and the largest copies
+    assert set(hazards) <= set(sample_events(model, 5))
+
+
+def test_sample_events_raises_the_large_threshold_to_stay_bounded(tmp_path: Path) -> None:
+    model = build_model(load_trace(write_many(tmp_path, 3000, large_every=10)))
+    info = SampleInfo()
+    chosen = sample_events(model, 300, info=info)
+    assert len(chosen) <= 300 + 12  # the 12 hazard events may come on top
+    # 300 copies of 4 MiB do not fit in half the budget: they are sampled like the rest
+    assert info.large_bytes == (4 << 20) + 1 and info.per_hazard == 20
+    sites = {model.event(i)["call_site"] for i in chosen}
+    assert sites == {"loop.py:5 main", "loop.py:6 main", "loop.py:9 main", "model.py:20 forward"}
+    big = [
+        model.event(i)["t_ms"] for i in chosen if model.event(i)["call_site"] == "loop.py:9 main"
+    ]
+    assert 10 < len(big) < 300 and min(big) < 60 and max(big) > 240  # spread over the run
+
+
+def test_source_lines_only_from_unchanged_files(tmp_path: Path) -> None:
+    src = tmp_path / "train.py"
+    src.write_text("\n".join(f"x{i} = {i}  # line {i}" for i in range(1, 50)) + "\n")
+    lines = [line.replace('"train.py"', json.dumps(str(src))) for line in trace_lines()]
+    path = tmp_path / "t.otlp.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    before = T0 - 10**9  # the file is older than the run: its lines are shown
+    os.utime(src, ns=(before, before))
+    model = build_model(load_trace(path))
+    site = next(r for r in model.call_sites if r.key.endswith(":20 main"))
+    assert (site.label, site.source) == ("train.py:20 main", "x20 = 20  # line 20")
+    os.utime(src, ns=(T0 + 10**9, T0 + 10**9))  # changed after the run started: not shown
+    model = build_model(load_trace(path))
+    assert all(r.source == "" for r in model.call_sites)
+    assert build_model(load_trace(path), read_sources=False).site_sources[site.key] == ""
+
+
+def test_payload_is_compact_json(trace_file: Path) -> None:
+    model = build_model(load_trace(trace_file))
+    payload = build_payload(model, title="t <x>", max_points=100)
+    text = dump_payload(payload)
+    assert "<" not in text and ">" not in text and "&" not in text
+    back = json.loads(text)
+    S = back["S"]
+    assert SCRIPT_MODULE in S and back["title"] == "t <x>"
+    assert back["pts"]["t"] == [1, 5, 31, 41, 43, 61, 70]
+    assert back["sample"] == {"shown": 7, "total": 7, "max_points": 100, "large": "at least 1.0 MiB",
+                              "per_hazard": 0}  # fmt: skip
+    assert [S[i] for i in back["tpl"]["op"]] == ["clone", "detach", "to", "deepcopy", "deepcopy",
+                                                  "to", "contiguous"]  # fmt: skip
+    assert sum(back["cube"]["n"]) == EVENTS and sum(back["cube"]["bc"]) == BYTES_COPIED
+    assert [S[back["hazards"][0]["code"]]] == ["CT-TEST"]
+    assert back["pts"]["hz"] == [-1, -1, 0, -1, -1, -1, -1]
+    assert back["steps"]["stage"] == [0, 1, 2] and back["stages"] == ["warmup", "steady", "tail"]
+    assert back["runs"][0]["overhead_ns"] == 1_500_000
+    assert len(text) < 20_000
 
 
 def test_truncated_last_line_is_skipped_and_counted(tmp_path: Path) -> None:
@@ -247,10 +446,11 @@ def test_directory_with_two_processes_and_gzip(tmp_path: Path) -> None:
     assert model.totals.events == 2 * EVENTS
     assert model.totals.bytes_allocated == 2 * BYTES_ALLOCATED
     assert len(model.steps) == 6
-    assert model.top_call_sites("bytes_allocated", 1)[0].bytes_allocated == 2 * 16000
-    page = render_html(model, tmp_path / "r.html").read_text(encoding="utf-8")
-    assert "<td>pid 1</td>" in page and "<td>pid 2</td>" in page  # per-run metadata table
-    assert page.count("Plotly.newPlot") == 6
+    assert model.top_call_sites("bytes_copied", 1)[0].bytes_copied == 2 * 16000
+    payload = build_payload(model, title="t")
+    assert [payload["S"][r["label"]] for r in payload["runs"]] == ["pid 1", "pid 2"]
+    assert sorted(set(payload["cube"]["run"])) == [0, 1]
+    assert payload["steps"]["run"] == [0, 0, 0, 1, 1, 1]
 
 
 def test_duplicate_spans_are_kept_once(tmp_path: Path) -> None:
@@ -304,26 +504,21 @@ def test_render_html(trace_file: Path, tmp_path: Path) -> None:
     assert out == tmp_path / "sub" / "r.html"
     page = out.read_text(encoding="utf-8")
     assert page.startswith("<!DOCTYPE html>")
-    # figures: timeline, per step, call sites, modules, ops, transfers
-    assert page.count("Plotly.newPlot") == 6
-    assert page.count('class="plotly-graph-div"') == 6
-    for fid in ("timeline", "steps", "sites", "modules"):
-        assert f'id="copytrace-{fid}"' in page
+    for fig in ("steps", "treemap", "timeline", "kinds", "transfers"):
+        assert f'data-fig="{fig}"' in page
     # self-contained: plotly.js inlined exactly once, nothing loaded from the network
     assert len(re.findall(r"\* plotly\.js v\d", page)) == 1
-    assert '<script src="http' not in page
     assert not re.search(r"<script[^>]*\ssrc=", page)
-    # trace strings are escaped: as text in the tables, as entities in plotly's JSON
+    assert "https://" not in page.split('id="ct-data"')[1].split("</script>")[0]
+    assert page.count("<script") == 3  # plotly.js, the data, the report script
+    # trace strings only as escaped JSON data: never as markup
     assert SCRIPT_MODULE not in page
-    assert ESCAPED_MODULE in page
-    assert "&lt;script&gt;alert(1)&lt;\\u002fscript&gt;" in page  # hover text / tick label
-    # header: metadata and totals
-    assert "train.py --epochs 1" in page
-    assert "2.13.0+cpu" in page
-    assert "31,000 B" in page and "36,000 B" in page and "11.60 ms" in page
-    assert "train.py:11 forward" in page
-    assert "torch.nn.modules.linear.Linear" in page
-    assert "step 2" in page
+    assert "\\u003cscript\\u003ealert(1)\\u003c/script\\u003e" in page
+    # header: title from the command
+    assert "<title>copytrace report: train.py --epochs 1</title>" in page
+    data = json.loads(page.split('id="ct-data">')[1].split("</script>")[0])
+    assert data["totals"]["bc"] == BYTES_COPIED and data["totals"]["events"] == EVENTS
+    assert "train.py:11 forward" in data["S"]
 
 
 def test_render_html_escapes_title_and_cdn_mode(trace_file: Path, tmp_path: Path) -> None:
@@ -331,11 +526,25 @@ def test_render_html_escapes_title_and_cdn_mode(trace_file: Path, tmp_path: Path
     out = render_html(model, tmp_path / "r.html", title="<b>t</b>", offline=False)
     page = out.read_text(encoding="utf-8")
     assert "<title>&lt;b&gt;t&lt;/b&gt;</title>" in page
-    assert len(re.findall(r'<script[^>]*\ssrc="https://cdn\.plot\.ly/', page)) == 1
-    assert len(page) < 500_000
+    assert (
+        len(re.findall(r'<script[^>]*\ssrc="https://cdn\.plot\.ly/plotly-[\d.]+\.min\.js"', page))
+        == 1
+    )
+    assert "* plotly.js v" not in page
+    assert len(page) < 200_000
 
 
 def test_truncated_trace_report_warns_in_page(tmp_path: Path) -> None:
     path = write_trace(tmp_path, truncated=True)
     page = write_report(path, tmp_path / "r.html").read_text(encoding="utf-8")
     assert "1 unreadable line(s) were skipped" in page
+
+
+def test_report_size_is_bounded(tmp_path: Path) -> None:
+    model = build_model(load_trace(write_many(tmp_path, 4000)))
+    small = render_html(model, tmp_path / "small.html", offline=False, max_points=200)
+    big = render_html(model, tmp_path / "big.html", offline=False, max_points=10_000)
+    assert small.stat().st_size < big.stat().st_size < 200_000
+    data = json.loads(small.read_text().split('id="ct-data">')[1].split("</script>")[0])
+    assert data["sample"]["total"] == 4000 and data["sample"]["shown"] <= 200 + 16
+    assert sum(data["cube"]["n"]) == 4000  # aggregates still count every event

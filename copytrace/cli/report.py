@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["register", "default_output", "handle"]
+if TYPE_CHECKING:
+    from copytrace.dashboards import ReportModel
+
+__all__ = ["register", "default_output", "handle", "build"]
 
 _SUFFIXES = (".otlp.jsonl.gz", ".otlp.jsonl", ".jsonl.gz", ".jsonl", ".gz")
 
@@ -31,25 +35,47 @@ def default_output(path: Path) -> Path:
     return path.with_name(f"{name}.report.html")
 
 
-def handle(args: argparse.Namespace) -> int:
-    """Load the trace, write the report and print one line saying where it is.
+def build(
+    path: Path,
+    out: Path,
+    *,
+    offline: bool = True,
+    max_points: int | None = None,
+    analyze: bool = True,
+    progress: bool = True,
+) -> tuple[Path, ReportModel]:
+    """Load a trace, aggregate it and write the report, showing progress on stderr.
 
     Args:
-        args: Parsed arguments with ``path`` and ``output`` (None for the default).
+        path: A trace file or directory.
+        out: The HTML file to write.
+        offline: Inline plotly.js (True) or load it from the plotly CDN (False).
+        max_points: Timeline point budget (default
+            :data:`~copytrace.dashboards.MAX_TIMELINE_POINTS`).
+        analyze: Run the hazard analyser when installed.
+        progress: Show progress on stderr (a bar on a terminal, lines in a log, only for
+            stages that take long).
 
     Returns:
-        0 on success.
+        The file written and the report model.
 
     Raises:
         TraceFileError: If the trace path is missing, empty or unreadable.
         CopytraceError: If the report file cannot be written.
     """
     from copytrace._errors import CopytraceError
-    from copytrace.dashboards import build_model, load_trace, render_html
+    from copytrace.dashboards import MAX_TIMELINE_POINTS, build_model, load_trace, render_html
+    from copytrace.dashboards._load import TRACE_GLOBS
+    from copytrace.dashboards._progress import Progress
 
-    path = Path(args.path)
-    trace = load_trace(path)
-    out = Path(args.output) if args.output else default_output(path)
+    files = (
+        [f for pattern in TRACE_GLOBS for f in path.glob(pattern) if f.is_file()]
+        if path.is_dir()
+        else [path]
+    )
+    total = sum(f.stat().st_size for f in files if f.exists())
+    with Progress("reading trace", total, "B", enabled=progress) as bar:
+        trace = load_trace(path, progress=bar.update)
     if trace.bad_lines:
         print(
             f"copytrace: warning: skipped {trace.bad_lines} unreadable line(s) in {path}",
@@ -57,15 +83,53 @@ def handle(args: argparse.Namespace) -> int:
         )
     for empty in trace.empty_files:
         print(f"copytrace: warning: no copytrace spans in {empty}", file=sys.stderr)
-    model = build_model(trace)
-    try:
-        written = render_html(model, out)
-    except OSError as err:
-        raise CopytraceError(f"cannot write report {out}: {err.strerror or err}") from err
+    n_events = sum(len(run.events) for run in trace.runs)
+    with Progress("aggregating", n_events, "events", enabled=progress) as bar:
+        model = build_model(trace, analyze=analyze, progress=bar.set_done)
+    del trace
+    with Progress("writing report", None, "B", enabled=progress):
+        try:
+            written = render_html(
+                model,
+                out,
+                offline=offline,
+                max_points=MAX_TIMELINE_POINTS if max_points is None else max_points,
+            )
+        except OSError as err:
+            raise CopytraceError(f"cannot write report {out}: {err.strerror or err}") from err
+    return written, model
+
+
+def handle(args: argparse.Namespace) -> int:
+    """Load the trace, write the report and print one line saying where it is.
+
+    Args:
+        args: Parsed arguments with ``path``, ``output`` (None for the default), ``cdn``,
+            ``max_points`` and ``no_analysis``.
+
+    Returns:
+        0 on success.
+
+    Raises:
+        TraceFileError: If the trace path is missing, empty or unreadable.
+        CopytraceError: If the report file cannot be written or ``--max-points`` < 0.
+    """
+    from copytrace._errors import CopytraceError
+
+    if args.max_points is not None and args.max_points < 0:
+        raise CopytraceError(f"--max-points must be >= 0, got {args.max_points}")
+    path = Path(args.path)
+    out = Path(args.output) if args.output else default_output(path)
+    written, model = build(
+        path,
+        out,
+        offline=not args.cdn,
+        max_points=args.max_points,
+        analyze=not args.no_analysis,
+    )
     t = model.totals
     print(
-        f"copytrace: report written to {written} "
-        f"({t.events} events, {t.bytes_allocated} bytes copied)"
+        f"copytrace: report written to {written} ({t.events} events, {t.bytes_copied} bytes copied)"
     )
     return 0
 
@@ -94,6 +158,25 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=None,
         help="report file (default: PATH/report.html for a directory, "
         "<name>.report.html next to a file)",
+    )
+    parser.add_argument(
+        "--cdn",
+        action="store_true",
+        help="load plotly.js from the plotly CDN instead of inlining it "
+        "(a smaller file that needs network access to open)",
+    )
+    parser.add_argument(
+        "--max-points",
+        type=int,
+        default=None,
+        metavar="N",
+        help="most events drawn on the timeline (default: 30000); every hazard and every "
+        "large copy is kept, totals always count every event",
+    )
+    parser.add_argument(
+        "--no-analysis",
+        action="store_true",
+        help="do not run the hazard analyser (copytrace.analysis) even if it is installed",
     )
     parser.set_defaults(handler=handle)
     return parser

@@ -1,21 +1,44 @@
 """Run a Python script or module traced, then write the trace and the HTML report.
 
-Usage: ``copytrace run [-o DIR] [--no-report] script.py [args...]`` or
-``copytrace run [-o DIR] -m package.module [args...]``. The program sees its own
-``sys.argv``; its exit status is passed through.
+Usage::
+
+    copytrace run [options] [--] script.py [args...]
+    copytrace run [options] [--] -m package.module [args...]
+
+Everything after the script (or ``-m module``) belongs to the program, including a ``--``;
+a ``--`` before it ends copytrace's own options. The program sees its own ``sys.argv``, and
+its exit status is copytrace's.
+
+Processes the program starts (``multiprocessing`` children, DataLoader workers,
+subprocesses) are traced too, each into its own trace file in the same directory, and the
+report merges them. A launcher such as ``copytrace run -m torch.distributed.run
+--nproc_per_node=2 train.py`` is not traced itself; its ranks are.
+
+With ``--py-spy``, py-spy also samples the program (native frames on) and its profile is
+written beside the traces (``*.speedscope.json`` or, with ``--py-spy-format raw``,
+``*.pyspy.txt``); the report then adds py-spy's sampled share of time in copies next to the
+traced one, and an icicle of the samples. Where py-spy cannot attach (no ptrace
+permission), one line says so and the program runs without it.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import runpy
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 from copytrace import _env
 from copytrace._errors import CopytraceError
+
+_USAGE = (
+    "copytrace run [-h] [-o DIR] [--no-report] [--py-spy] [--py-spy-format {speedscope,raw}]\n"
+    "                     [--py-spy-rate HZ] [--] (script.py | -m module) [args ...]"
+)
 
 
 def register(sub: Any) -> None:
@@ -23,71 +46,209 @@ def register(sub: Any) -> None:
         "run",
         help="run a script (or -m module) traced and write the trace and report",
         description=__doc__,
+        usage=_USAGE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
-        "-o", "--output", default=None,
+        "-o", "--output", default=None, metavar="DIR",
         help=f"output directory (default: ${_env.COPYTRACE_OUTPUT} or ./{_env.DEFAULT_OUTPUT_DIR})",
     )  # fmt: skip
-    parser.add_argument("--no-report", action="store_true", help="write the trace only")
+    parser.add_argument("--no-report", action="store_true", help="write the traces only")
     parser.add_argument(
-        "-m", dest="module", action="store_true", help="run a module, like python -m"
-    )
-    parser.add_argument("target", help="the script to run (or the module, with -m)")
-    parser.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program")
+        "--py-spy", action="store_true",
+        help="also sample the program with py-spy (native frames) and add its view to the report",
+    )  # fmt: skip
+    parser.add_argument(
+        "--py-spy-format", choices=("speedscope", "raw"), default="speedscope",
+        help="py-spy output: speedscope JSON (default) or raw collapsed stacks",
+    )  # fmt: skip
+    parser.add_argument(
+        "--py-spy-rate", type=int, default=100, metavar="HZ",
+        help="py-spy samples per second (default: 100)",
+    )  # fmt: skip
+    # ``-m`` takes the rest of the line, like python's: everything after the module name is
+    # the program's, even when it looks like one of copytrace's options.
+    parser.add_argument(
+        "-m", dest="module", nargs=argparse.REMAINDER, default=None, metavar="module",
+        help="run a library module as a script, like python -m",
+    )  # fmt: skip
+    parser.add_argument(
+        "command", nargs=argparse.REMAINDER, metavar="script.py [args ...]",
+        help="the script to run and its arguments",
+    )  # fmt: skip
     parser.set_defaults(handler=run)
 
 
-def run(args: argparse.Namespace) -> int:
-    from copytrace.tracer import Trace
+def _split_command(args: argparse.Namespace) -> tuple[str, bool, list[str]]:
+    """``(target, is_module, program args)`` from the parsed ``-m`` / command."""
+    command = list(args.command or [])
+    module = args.module
+    if module is None and command and command[0] == "--":
+        command = command[1:]
+    if module is None and command and command[0] == "-m":
+        module = command[1:]
+    if module is not None:
+        if not module:
+            raise CopytraceError("-m needs a module name: copytrace run -m package.module [args]")
+        return module[0], True, module[1:]
+    if not command:
+        raise CopytraceError("nothing to run: copytrace run [options] script.py [args ...]")
+    if command[0].startswith("-"):
+        raise CopytraceError(
+            f"unknown option {command[0]!r} (put the script first, or use -- before it)"
+        )
+    return command[0], False, command[1:]
 
-    out_dir = Path(args.output or _env.output_dir())
-    target = args.target
-    if not args.module:
-        script = Path(target)
-        if not script.is_file():
-            raise CopytraceError(f"no such script: {target}")
-    argv = [target, *args.args]
-    saved_argv, saved_path0 = sys.argv[:], sys.path[0] if sys.path else None
-    sys.argv = argv
-    if args.module:
+
+_LAUNCHER_MODULES = ("torch.distributed.run", "torch.distributed.launch")
+
+
+def _is_launcher(target: str, is_module: bool) -> bool:
+    if is_module:
+        return target in _LAUNCHER_MODULES
+    path = target.replace("\\", "/")
+    return os.path.basename(path) == "torchrun" or path.endswith(
+        ("torch/distributed/run.py", "torch/distributed/launch.py")
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from copytrace import _bootstrap
+
+    target, is_module, prog_args = _split_command(args)
+    if not is_module and not Path(target).is_file():
+        raise CopytraceError(f"no such script: {target}")
+    if is_module:
+        import importlib.util
+
         sys.path.insert(0, os.getcwd())
-    else:
-        sys.path.insert(0, str(Path(target).resolve().parent))
-    status = 0
-    session = Trace(out_dir)
+        try:
+            found = importlib.util.find_spec(target) is not None
+        except (ImportError, ValueError):
+            found = False
+        finally:
+            sys.path.pop(0)
+        if not found:
+            raise CopytraceError(f"no module named {target}")
+    out_dir = Path(args.output or _env.output_dir()).absolute()
+    launcher = _is_launcher(target, is_module)
+
+    _bootstrap.activate(
+        output=out_dir, report=not args.no_report, root=True, quiet=True, reconfigure=True
+    )
     try:
-        with session:
-            try:
-                if args.module:
-                    runpy.run_module(target, run_name="__main__", alter_sys=True)
-                else:
-                    runpy.run_path(target, run_name="__main__")
-            except SystemExit as exc:
-                status = _exit_status(exc.code)
-    except ImportError as err:
-        if args.module and getattr(err, "name", None) == target:
-            raise CopytraceError(f"no module named {target}") from None
-        raise
+        return _run_traced(args, target, is_module, prog_args, out_dir, launcher)
+    finally:
+        _bootstrap.finish()  # no-op when already finished; never raises
+        _bootstrap.reset()
+
+
+def _run_traced(
+    args: argparse.Namespace,
+    target: str,
+    is_module: bool,
+    prog_args: list[str],
+    out_dir: Path,
+    launcher: bool,
+) -> int:
+    from copytrace import _bootstrap, _pyspy
+
+    spy = None
+    if args.py_spy:
+        if not launcher:
+            # Pay torch's one-time warm-up before py-spy samples, so that it samples the
+            # program, not copytrace's start-up.
+            from copytrace.tracer import _recorder
+
+            _recorder.warm_up()
+        spy = _pyspy.start(out_dir, fmt=args.py_spy_format, rate=args.py_spy_rate)
+    session = None if launcher else _bootstrap.start_session(force=True)
+    status = _run_program(target, is_module, prog_args)
+    gc.collect()  # the program's leftovers (a DataLoader iterator...) let their workers go
+    profile = spy.stop() if spy is not None else None
+    if spy is not None and profile is None:
+        print("copytrace: py-spy wrote no profile", file=sys.stderr)
+    result = _bootstrap.finish()
+    trace_path, stats = result["trace"], result["stats"]
+    if session is not None:
+        if trace_path is None:
+            print("copytrace: no trace written", file=sys.stderr)
+        elif stats is not None:
+            print(
+                f"copytrace: {stats['events']} events in {stats['steps']} steps -> {trace_path}",
+                file=sys.stderr,
+            )
+    if result["report"] is not None:
+        print(f"copytrace: report written to {result['report']}", file=sys.stderr)
+    elif not args.no_report and session is None:
+        print(f"copytrace: no trace files of this run in {out_dir}", file=sys.stderr)
+    if profile is not None:
+        _print_pyspy_summary(profile, trace_path, out_dir)
+    if session is not None and trace_path is None and status == 0:
+        return 1
+    return status
+
+
+def _print_pyspy_summary(profile: Path, trace_path: Path | None, out_dir: Path) -> None:
+    """One line comparing py-spy's sampled shares with the traced ones."""
+    from copytrace import _pyspy
+
+    try:
+        scope: Any = os.getpid()
+        traced = None
+        try:
+            from copytrace.dashboards import build_model, load_trace
+
+            # This process's trace; for a launcher (not traced itself), its workers'.
+            model = build_model(load_trace(trace_path if trace_path is not None else out_dir))
+            if trace_path is None:
+                scope = [r.pid for r in model.runs if r.pid is not None] or None
+            traced = _pyspy.traced_numbers(model, scope)
+        except Exception:  # no trace to compare with: the sampled shares alone
+            pass
+        stats = _pyspy.analyze(_pyspy.load_profile(profile), main_pid=scope)
+        print(f"copytrace: {_pyspy.summary_line(stats, traced)}", file=sys.stderr)
+        print(f"copytrace: py-spy profile {profile}", file=sys.stderr)
+    except Exception as err:  # the profile is still there for other tools
+        print(f"copytrace: py-spy profile {profile} (not analysed: {err})", file=sys.stderr)
+
+
+def _run_program(target: str, is_module: bool, prog_args: list[str]) -> int:
+    """Run the program in this process like ``python`` would; return its exit status."""
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [target, *prog_args]
+    sys.path.insert(0, os.getcwd() if is_module else str(Path(target).resolve().parent))
+    try:
+        if is_module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        return _exit_status(exc.code)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        return 130
+    except BaseException:  # the program's own error: show it as python would, exit 1
+        _print_program_traceback()
+        return 1
     finally:
         sys.argv = saved_argv
-        if sys.path and saved_path0 is not None and sys.path[0] != saved_path0:
-            sys.path.pop(0)
-    trace_path = session.trace_path
-    if trace_path is None:
-        print("copytrace: no trace written", file=sys.stderr)
-        return status or 1
-    stats = session.stats
-    print(
-        f"copytrace: {stats['events']} events in {stats['steps']} steps -> {trace_path}",
-        file=sys.stderr,
-    )
-    if not args.no_report:
-        from copytrace.dashboards import write_report
+        sys.path[:] = saved_path
+    return 0
 
-        report = write_report(out_dir, out_dir / "report.html")
-        print(f"copytrace: report written to {report}", file=sys.stderr)
-    return status
+
+def _print_program_traceback() -> None:
+    import copytrace
+
+    etype, value, tb = sys.exc_info()
+    package = os.path.dirname(os.path.abspath(copytrace.__file__)) + os.sep
+    # Drop copytrace's and runpy's frames above the program's first frame.
+    while tb is not None and (
+        os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(package)
+        or tb.tb_frame.f_code.co_filename.endswith(("runpy.py", "<frozen runpy>"))
+    ):
+        tb = tb.tb_next
+    traceback.print_exception(etype, value, tb)
 
 
 def _exit_status(code: Any) -> int:

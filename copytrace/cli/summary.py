@@ -1,4 +1,4 @@
-"""Print a plain-text summary of a trace: totals, top call sites and modules, ops."""
+"""Print a terminal summary of a trace: copy share per step, top call sites and modules, ops."""
 
 from __future__ import annotations
 
@@ -33,17 +33,28 @@ def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int
     return lines
 
 
+def _pct(part: float, whole: float) -> str:
+    return f"{part / whole * 100:.1f}%" if whole else "-"
+
+
+def _share(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.3g}%"
+
+
 def format_summary(model: ReportModel, top_n: int = 10) -> str:
-    """Format a report model as a plain-text summary.
+    """Format a report model as terminal text: headline numbers and top-N tables.
 
     Args:
         model: What :func:`copytrace.dashboards.build_model` returned.
         top_n: Rows per "top" table.
 
     Returns:
-        The summary text (bytes in bytes, times in ms), ending with a newline.
+        The summary text, ending with a newline. Bytes are shown in B/KiB/MiB/GiB, times
+        in ns/us/ms/s, shares in percent.
     """
-    from copytrace.dashboards._model import format_bytes, format_ns, top
+    from copytrace.dashboards._model import NO_MODULE, format_bytes, format_ns, top
 
     t = model.totals
     lines: list[str] = []
@@ -52,51 +63,77 @@ def format_summary(model: ReportModel, top_n: int = 10) -> str:
         lines.append(f"  command: {r.command or '(unknown)'}")
         lines.append(
             f"  torch {r.torch_version or '?'}, copytrace {r.copytrace_version or '?'}, "
-            f"duration {format_ns(r.duration_ns)}, {r.steps} steps"
+            f"duration {format_ns(r.duration_ns)}, {r.steps} steps, "
+            f"devices {', '.join(r.devices) or '?'}"
         )
         recorded = r.events_recorded if r.events_recorded is not None else r.events_loaded
+        overhead = (
+            f", tracer overhead {format_ns(r.overhead_ns)}" if r.overhead_ns is not None else ""
+        )
         lines.append(
             f"  events recorded {recorded}, dropped {r.events_dropped}, errors {r.errors}, "
-            f"internal detaches {r.internal_detaches}"
+            f"internal detaches {r.internal_detaches}{overhead}"
             + ("" if r.complete else " (no run span: trace incomplete)")
         )
     if model.bad_lines:
         lines.append(f"unreadable lines skipped: {model.bad_lines}")
     lines.append("")
-    lines.append("totals (non-group events):")
-    lines.extend(
-        _table(
-            ["events", "copies", "aliases", "no-ops", "bytes allocated", "bytes logical",
-             "copy time", "groups"],
-            [[str(t.events), str(t.copy_count), str(t.alias_count), str(t.noop_count),
-              f"{t.bytes_allocated} ({format_bytes(t.bytes_allocated)})",
-              f"{t.bytes_logical} ({format_bytes(t.bytes_logical)})",
-              format_ns(t.copy_time_ns), str(t.group_count)]],
-            right=set(range(8)),
+    st = model.stages
+    steady, warm, tail = st["steady"], st["warmup"], st["tail"]
+    if steady.steps and steady.step_time_ns:
+        extra = []
+        if warm.steps:
+            extra.append(f"warm-up {_share(warm.share_pct)}")
+        if tail.steps:
+            extra.append(f"last step {_share(tail.share_pct)}")
+        lines.append(
+            f"copy time share of a step (steady state, {steady.steps} steps): "
+            f"{_share(steady.share_pct)} (median {_share(steady.median_share_pct)})"
+            + (f"; {', '.join(extra)}" if extra else "")
         )
-    )  # fmt: skip
+    lines.append(
+        f"events: {t.events} = {t.copy_count} copies + {t.alias_count} aliases + "
+        f"{t.noop_count} no-ops ({t.group_count} deepcopy groups)"
+    )
+    lines.append(
+        f"bytes copied {format_bytes(t.bytes_copied)} ({t.bytes_copied} B), allocated "
+        f"{format_bytes(t.bytes_allocated)}, copy time {format_ns(t.copy_time_ns)}, "
+        f"cross-device {format_bytes(t.cross_device_bytes)} in {t.cross_device_count} events"
+    )
+    if model.hazards or model.analysis == "ran":
+        lines.append(f"hazards: {len(model.hazards)}")
 
-    def site_rows(rows: Sequence) -> list[list[str]]:
-        return [
-            [str(r.bytes_allocated), format_ns(r.time_ns), str(r.count), str(r.alias_count), r.key]
-            for r in rows
-        ]
+    def site_rows(rows: Sequence, is_site: bool) -> list[list[str]]:
+        out = []
+        for i, r in enumerate(rows, 1):
+            name = r.label if is_site else (r.key or NO_MODULE)
+            if is_site and r.source:
+                src = r.source if len(r.source) <= 60 else r.source[:57] + "..."
+                name = f"{name}  | {src}"
+            out.append(
+                [str(i), format_bytes(r.bytes_copied), _pct(r.bytes_copied, t.bytes_copied),
+                 format_ns(r.time_ns), _pct(r.time_ns, t.copy_time_ns), str(r.count),
+                 str(r.copy_count), str(r.alias_count), str(r.noop_count), name]
+            )  # fmt: skip
+        return out
 
-    headers = ["bytes alloc", "time", "events", "aliases"]
-    for what, rows_of in (("call sites", model.call_sites), ("modules", model.modules)):
-        for by, label in (("bytes_allocated", "bytes allocated"), ("time_ns", "time")):
+    headers = ["#", "bytes copied", "%", "time", "%", "events", "copies", "aliases", "no-ops"]
+    for what, rows_of, is_site in (
+        ("call sites", model.call_sites, True),
+        ("modules", model.modules, False),
+    ):
+        for by, label in (("bytes_copied", "bytes copied"), ("time_ns", "copy time")):
+            chosen = [r for r in top(rows_of, by, top_n) if getattr(r, by) > 0]
             lines.append("")
             lines.append(f"top {what} by {label}:")
-            lines.extend(
-                _table(headers + [what[:-1]], site_rows(top(rows_of, by, top_n)), {0, 1, 2, 3})
-            )
+            lines.extend(_table(headers + [what[:-1]], site_rows(chosen, is_site), set(range(9))))
     lines.append("")
     lines.append("by op:")
     lines.extend(
         _table(
-            ["op", "events", "copies", "aliases", "no-ops", "bytes alloc", "bytes logical", "time"],
+            ["op", "events", "copies", "aliases", "no-ops", "bytes copied", "allocated", "time"],
             [[o.op, str(o.count), str(o.copy_count), str(o.alias_count), str(o.noop_count),
-              str(o.bytes_allocated), str(o.bytes_logical), format_ns(o.time_ns)]
+              format_bytes(o.bytes_copied), format_bytes(o.bytes_allocated), format_ns(o.time_ns)]
              for o in model.ops],
             right=set(range(1, 8)),
         )
@@ -106,10 +143,22 @@ def format_summary(model: ReportModel, top_n: int = 10) -> str:
         lines.append("transfers:")
         lines.extend(
             _table(
-                ["src -> dst", "kind", "events", "bytes alloc", "bytes logical"],
+                ["src -> dst", "kind", "events", "copies", "bytes logical", "non_blocking"],
                 [[f"{x.src_device} -> {x.dst_device}", x.transfer, str(x.count),
-                  str(x.bytes_allocated), str(x.bytes_logical)] for x in model.transfers],
-                right={2, 3, 4},
+                  str(x.copy_count), format_bytes(x.bytes_logical),
+                  _pct(x.non_blocking_count, x.count)] for x in model.transfers],
+                right={2, 3, 4, 5},
+            )
+        )  # fmt: skip
+    if model.hazards:
+        lines.append("")
+        lines.append("hazards:")
+        lines.extend(
+            _table(
+                ["severity", "code", "events", "message", "fix"],
+                [[h.severity or "?", h.code, str(len(h.event_ids)), h.message, h.fix]
+                 for h in model.hazards[: max(top_n, 1) * 2]],
+                right={2},
             )
         )  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -119,7 +168,7 @@ def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Load the trace and print its summary to stdout.
 
     Args:
-        args: Parsed arguments with ``path`` and ``top``.
+        args: Parsed arguments with ``path``, ``top`` and ``no_analysis``.
         out: Stream to write to (default ``sys.stdout``).
 
     Returns:
@@ -141,7 +190,8 @@ def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
             f"copytrace: warning: skipped {trace.bad_lines} unreadable line(s) in {path}",
             file=sys.stderr,
         )
-    (out or sys.stdout).write(format_summary(build_model(trace), args.top))
+    model = build_model(trace, analyze=not args.no_analysis)
+    (out or sys.stdout).write(format_summary(model, args.top))
     return 0
 
 
@@ -164,6 +214,11 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--top", type=int, default=10, metavar="N", help="rows per top-N table (default: 10)"
+    )
+    parser.add_argument(
+        "--no-analysis",
+        action="store_true",
+        help="do not run the hazard analyser (copytrace.analysis) even if it is installed",
     )
     parser.set_defaults(handler=handle)
     return parser

@@ -6,45 +6,71 @@ Typical use::
     write_report("copytrace-out", "copytrace-out/report.html")
 
 or step by step with :func:`load_trace`, :func:`build_model` and :func:`render_html`.
-Only :func:`render_html` needs plotly, and imports it when called.
+Loading and aggregation are plain Python; only :func:`render_html` needs plotly (for the
+plotly.js bundle it inlines), and imports it when called.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from copytrace.dashboards._html import render_html
+from copytrace.dashboards._html import MAX_TIMELINE_POINTS, render_html
 from copytrace.dashboards._load import Event, Run, Step, TraceData, load_trace
-from copytrace.dashboards._model import ReportModel, Totals, build_model
+from copytrace.dashboards._model import (
+    HazardRow,
+    ReportModel,
+    SampleInfo,
+    Totals,
+    build_model,
+    run_analysis,
+    sample_events,
+)
 
 __all__ = [
+    "MAX_TIMELINE_POINTS",
     "Event",
+    "HazardRow",
     "ReportModel",
     "Run",
+    "SampleInfo",
     "Step",
     "Totals",
     "TraceData",
     "build_model",
     "load_trace",
     "render_html",
+    "run_analysis",
+    "sample_events",
     "write_report",
 ]
 
 
-def write_report(path: str | Path, out_html: str | Path) -> Path:
+def write_report(
+    path: str | Path,
+    out_html: str | Path,
+    *,
+    offline: bool = True,
+    max_points: int = MAX_TIMELINE_POINTS,
+    analyze: bool = True,
+) -> Path:
     """Load a trace, aggregate it and write the HTML report.
 
     Args:
-        path: A trace file (``*.otlp.jsonl`` or ``*.otlp.jsonl.gz``) or a directory of them.
+        path: A trace file (``*.otlp.jsonl`` or ``*.otlp.jsonl.gz``) or a directory of them
+            (one per process or rank).
         out_html: The HTML file to write; parent directories are created.
+        offline: Inline plotly.js (default) rather than loading it from the plotly CDN.
+        max_points: Most events drawn on the timeline (every hazard kept beyond it).
+        analyze: Run the hazard analyser (``copytrace.analysis``) when it is installed.
 
     Returns:
-        ``out_html`` as a :class:`~pathlib.Path`. The page shows bytes (allocated and
-        logical) and times (ns since each run's start, event and step durations in ns).
+        ``out_html`` as a :class:`~pathlib.Path`. The page shows bytes (copied, allocated,
+        logical) and times (ns since each run's start; event and step durations in ns).
 
     Raises:
         TraceFileError: If ``path`` is missing, a directory without trace files, or holds no
             readable copytrace spans.
         OSError: If the report cannot be written.
     """
-    return render_html(build_model(load_trace(path)), out_html)
+    model = build_model(load_trace(path), analyze=analyze)
+    return render_html(model, out_html, offline=offline, max_points=max_points)

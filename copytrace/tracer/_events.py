@@ -57,6 +57,23 @@ class CopyEvent:
         origin: for a backward copy, ``file:line`` of the forward call whose ``grad_fn`` made
             it (known for copies whose forward was recorded by copytrace).
         pinned: for a host-to-device copy, whether the source is in pinned memory.
+        src_storage, dst_storage: trace-unique ids of the input's / result's storage (ids,
+            not addresses: a storage allocated later at a reused address gets a new id).
+        src_offset, src_stride: the input's storage offset and strides (its view).
+        src_version, dst_version: the input's version counter at the call / the result's
+            right after it (in-place writes move a counter; ``.data`` writes do not).
+        inplace_writes: on a ``data_get`` of a tensor that requires grad, in-place writes
+            made through this ``.data`` alias or its views (``None`` when not watched).
+        saved_by: on a ``data_get`` / ``data_set``, the autograd nodes (``AddmmBackward0.mat2``)
+            that had saved the tensor before the write / rebinding and that a later backward
+            then ran: the gradient they computed used the changed values.
+        write_site: ``file:line function`` of that in-place write (or rebinding).
+        src_name: ``Module.path.param`` of the written tensor, when it is a parameter or
+            buffer of a module seen in forward.
+        retained_bytes: on an attached copy, bytes of saved tensors its autograd graph still
+            held when its step ended (no backward had run through it); ``None`` otherwise.
+        snapshot: a ``detach`` alias made by ``Module.state_dict()``.
+        stale: on a snapshot, its source was changed in place while the alias was kept.
     """
 
     __slots__ = (
@@ -65,6 +82,9 @@ class CopyEvent:
         "requires_grad", "src_requires_grad", "grad_fn", "is_leaf", "graph", "phase", "step",
         "module", "file", "line", "function", "thread_id", "thread_name", "start_ns", "end_ns",
         "parent", "group", "object_type", "tensors", "error", "via", "origin", "pinned",
+        "src_storage", "src_offset", "src_stride", "src_version", "dst_storage", "dst_version",
+        "inplace_writes", "saved_by", "write_site", "src_name", "retained_bytes", "snapshot",
+        "stale",
     )  # fmt: skip
 
     def __init__(self, **fields: Any) -> None:
@@ -109,4 +129,8 @@ _DEFAULTS: dict[str, Any] = {
     "group": False,
     "tensors": 1,
     "pinned": False,
+    "src_stride": (),
+    "saved_by": (),
+    "snapshot": False,
+    "stale": False,
 }

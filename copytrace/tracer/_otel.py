@@ -1,47 +1,100 @@
-"""Cold path: turn recorded events into OpenTelemetry spans and write them as OTLP/JSON lines.
+"""Cold path: recorded events become OpenTelemetry spans, off the hot path.
 
-Spans are built with the real OpenTelemetry SDK (a private ``TracerProvider``, never the
-global one) with explicit start and end times, after tracing has stopped, so the SDK costs
-nothing while the user's code runs. The span model and attributes are documented in
-``docs/trace-format.md``.
+The span model and the attributes are documented in ``docs/trace-format.md``. The torch
+modes only append :class:`~copytrace.tracer._events.CopyEvent` records. At step boundaries
+(every ``flush_events`` records or ``flush_seconds``) and when tracing stops, the session
+hands the buffered records to an :class:`ExportPipeline`, whose worker thread turns them into
+spans for each *sink*:
 
-The file exporter writes OTLP/JSON as the specification requires (and the Collector's
-``otlpjsonfile`` receiver reads): hex trace and span ids, 64-bit integers as strings,
-lowerCamelCase keys, one ``ExportTraceServiceRequest`` object per line.
+* :class:`FileSink` writes the trace file: OTLP/JSON lines, one ``ExportTraceServiceRequest``
+  per line and at most :data:`MAX_LINE_BYTES` per line (the Collector's ``otlpjsonfile``
+  receiver reads lines up to 1 MiB by default), gzip-compressed by default. It encodes events
+  straight to OTLP/JSON text with cached attribute fragments, without building SDK span
+  objects: 2.5 s per 100k events with gzip, against 7 s to build the SDK spans alone (and
+  about 20 s for the former path, SDK spans then a generic JSON encoder).
+* :class:`SdkSink` builds real SDK spans (explicit ids, parents and timestamps) with a
+  ``TracerProvider``: copytrace's private one, feeding SDK span exporters (OTLP over HTTP or
+  gRPC, console, any ``SpanExporter``), or a provider the user supplied (used as is: never
+  replaced, never shut down, only flushed).
+
+The worker plans each chunk once (:meth:`ExportPipeline._plan`: span ids, parents), so every
+sink writes the same span tree, with the same ids when copytrace's own provider is used.
+
+OTLP/JSON as the specification requires: hex trace and span ids (not base64), 64-bit
+integers as decimal strings, lowerCamelCase keys, enums as integers.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
+import math
 import os
 import socket
 import sys
+import threading
 import time
-from collections.abc import Sequence
+import zlib
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from opentelemetry.trace.status import Status, StatusCode
 
 if TYPE_CHECKING:
     from copytrace.tracer._events import CopyEvent
 
-__all__ = ["OtlpJsonFileExporter", "encode_spans", "export_events", "trace_file_name"]
+__all__ = [
+    "Chunk",
+    "ExportPipeline",
+    "FileSink",
+    "MAX_LINE_BYTES",
+    "OtlpJsonFileExporter",
+    "RunEnd",
+    "RunIds",
+    "SdkSink",
+    "TraceFile",
+    "encode_span_lines",
+    "encode_spans",
+    "event_attributes",
+    "export_events",
+    "exporters_from_env",
+    "make_resource",
+    "trace_file_name",
+]
 
 SCOPE_NAME = "copytrace"
+#: Longest line written (bytes of UTF-8 JSON): the OpenTelemetry Collector's ``otlpjsonfile``
+#: receiver reads lines up to ``max_log_size`` (1 MiB by default) and cuts longer ones.
+MAX_LINE_BYTES = 1_000_000
+_INT64 = (-(2**63), 2**63 - 1)
+_STATUS_ERROR = 2  # OTLP STATUS_CODE_ERROR
 
 
-# --- OTLP/JSON encoding ------------------------------------------------------------------------
+# --- OTLP/JSON encoding of SDK spans (generic) --------------------------------------------------
 def _any_value(value: Any) -> dict[str, Any]:
+    """One OTLP/JSON ``AnyValue`` as a dict."""
     if isinstance(value, bool):
         return {"boolValue": value}
     if isinstance(value, int):
-        return {"intValue": str(value)}
+        if _INT64[0] <= value <= _INT64[1]:
+            return {"intValue": str(value)}
+        return {"stringValue": str(value)}  # not representable as int64
     if isinstance(value, float):
-        return {"doubleValue": value}
+        if math.isfinite(value):
+            return {"doubleValue": value}
+        # proto3 JSON spells non-finite doubles as strings
+        return {
+            "doubleValue": "NaN" if value != value else ("Infinity" if value > 0 else "-Infinity")
+        }
     if isinstance(value, str):
         return {"stringValue": value}
     if isinstance(value, (list, tuple)):
@@ -64,11 +117,11 @@ def _span_json(span: ReadableSpan) -> dict[str, Any]:
         "kind": span.kind.value + 1,  # SDK INTERNAL=0 -> OTLP SPAN_KIND_INTERNAL=1
         "startTimeUnixNano": str(span.start_time),
         "endTimeUnixNano": str(span.end_time),
-        "attributes": _attributes(span.attributes),
-        "status": {},
     }
     if span.parent is not None:
         out["parentSpanId"] = format(span.parent.span_id, "016x")
+    if span.attributes:
+        out["attributes"] = _attributes(span.attributes)
     if span.events:
         out["events"] = [
             {
@@ -86,68 +139,209 @@ def _span_json(span: ReadableSpan) -> dict[str, Any]:
     return out
 
 
-def encode_spans(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
-    """Encode finished spans as one OTLP/JSON ``ExportTraceServiceRequest`` dict.
-
-    Spans are grouped by resource and instrumentation scope, as OTLP requires.
-    """
-    by_resource: dict[int, tuple[Resource, dict[tuple[str, str], list[dict[str, Any]]]]] = {}
+def _group_spans(
+    spans: Sequence[ReadableSpan],
+) -> list[tuple[Resource, list[tuple[tuple[str, str], list[ReadableSpan]]]]]:
+    by_resource: dict[int, tuple[Resource, dict[tuple[str, str], list[ReadableSpan]]]] = {}
     for span in spans:
         resource = span.resource
         entry = by_resource.setdefault(id(resource), (resource, {}))
         scope = span.instrumentation_scope
         key = (scope.name, scope.version or "") if scope is not None else (SCOPE_NAME, "")
-        entry[1].setdefault(key, []).append(_span_json(span))
-    resource_spans = []
-    for resource, scopes in by_resource.values():
-        resource_spans.append(
+        entry[1].setdefault(key, []).append(span)
+    return [(res, list(scopes.items())) for res, scopes in by_resource.values()]
+
+
+def encode_spans(spans: Sequence[ReadableSpan]) -> dict[str, Any]:
+    """Encode finished spans as one OTLP/JSON ``ExportTraceServiceRequest`` dict.
+
+    Spans are grouped by resource and instrumentation scope, as OTLP requires.
+    """
+    return {
+        "resourceSpans": [
             {
                 "resource": {"attributes": _attributes(resource.attributes)},
                 "scopeSpans": [
-                    {"scope": {"name": name, "version": version}, "spans": items}
-                    for (name, version), items in scopes.items()
+                    {
+                        "scope": {"name": name, "version": version},
+                        "spans": [_span_json(s) for s in items],
+                    }
+                    for (name, version), items in scopes
                 ],
             }
-        )
-    return {"resourceSpans": resource_spans}
+            for resource, scopes in _group_spans(spans)
+        ]
+    }
+
+
+def _dumps(obj: Any) -> str:
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def _request_frame(resource_attrs: Any, scope: str, version: str) -> tuple[str, str]:
+    """Head and tail of one ``ExportTraceServiceRequest`` line around its spans."""
+    head = (
+        '{"resourceSpans":[{"resource":{"attributes":'
+        + _dumps(_attributes(resource_attrs))
+        + '},"scopeSpans":[{"scope":'
+        + _dumps({"name": scope, "version": version})
+        + ',"spans":['
+    )
+    return head, "]}]}]}"
+
+
+def iter_lines(
+    head: str, tail: str, spans: Iterable[str], max_bytes: int = MAX_LINE_BYTES
+) -> Iterator[str]:
+    """Join encoded spans into request lines of at most ``max_bytes`` characters each (the
+    encoding is ASCII: characters are bytes; a single span longer than that gets a line of
+    its own). Lazy: memory is one line, whatever the number of spans."""
+    room = max_bytes - len(head) - len(tail)
+    batch: list[str] = []
+    size = 0
+    for s in spans:
+        n = len(s) + 1
+        if batch and size + n > room:
+            yield head + ",".join(batch) + tail
+            batch, size = [], 0
+        batch.append(s)
+        size += n
+    if batch:
+        yield head + ",".join(batch) + tail
+
+
+def pack_lines(
+    head: str, tail: str, spans: Iterable[str], max_bytes: int = MAX_LINE_BYTES
+) -> list[str]:
+    """:func:`iter_lines` as a list."""
+    return list(iter_lines(head, tail, spans, max_bytes))
+
+
+def encode_span_lines(spans: Sequence[ReadableSpan], max_bytes: int = MAX_LINE_BYTES) -> list[str]:
+    """Encode finished SDK spans as OTLP/JSON request lines of at most ``max_bytes``."""
+    lines: list[str] = []
+    for resource, scopes in _group_spans(spans):
+        for (name, version), items in scopes:
+            head, tail = _request_frame(resource.attributes, name, version)
+            lines.extend(pack_lines(head, tail, (_dumps(_span_json(s)) for s in items), max_bytes))
+    return lines
+
+
+# --- the trace file ------------------------------------------------------------------------------
+class TraceFile:
+    """An OTLP/JSON-lines file, plain or gzip, written in whole lines.
+
+    Args:
+        path: the file (created with its parent directory when first written; an existing
+            file is replaced).
+        compression: ``"gzip"`` or ``None``.
+        level: gzip compression level (1 = fastest ... 9 = smallest).
+
+    After each :meth:`flush` every line written so far is readable, also if the process is
+    killed right after: a gzip stream is sync-flushed (``Z_SYNC_FLUSH``), so a reader that
+    reaches the cut end has decoded every earlier line.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], compression: str | None = "gzip", level: int = 6
+    ) -> None:
+        self.path = Path(path)
+        self.compression = compression
+        self.level = level
+        self._raw: IO[bytes] | None = None
+        self._gz: gzip.GzipFile | None = None
+        self.lines = 0
+        self.bytes_uncompressed = 0
+        self._closed = False
+
+    def _open(self) -> IO[bytes]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._raw = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        if self.compression == "gzip":
+            self._gz = gzip.GzipFile(
+                filename="", mode="wb", fileobj=self._raw, compresslevel=self.level, mtime=0
+            )
+            return self._gz
+        return self._raw
+
+    def write_lines(self, lines: Sequence[str]) -> None:
+        if not lines or self._closed:
+            return
+        fh = self._gz or self._raw or self._open()
+        data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
+        fh.write(data)
+        self.lines += len(lines)
+        self.bytes_uncompressed += len(data)
+
+    def flush(self) -> None:
+        if self._gz is not None:
+            self._gz.flush(zlib.Z_SYNC_FLUSH)
+        if self._raw is not None:
+            self._raw.flush()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._gz is not None:
+                self._gz.close()
+        finally:
+            if self._raw is not None:
+                self._raw.close()
+
+    @property
+    def bytes_on_disk(self) -> int:
+        try:
+            return self.path.stat().st_size
+        except OSError:
+            return 0
+
+    def abandon(self) -> None:
+        """In a forked child: never write to (or close into) the parent's file again."""
+        self._closed = True
+        raw = self._raw
+        if raw is None:
+            return
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, raw.fileno())  # the child's copy of the descriptor only
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
 
 
 class OtlpJsonFileExporter(SpanExporter):
-    """A span exporter that appends one OTLP/JSON line per exported batch to a file.
+    """An SDK span exporter that writes OTLP/JSON lines (for any ``TracerProvider``).
 
     Args:
-        path: the file to write (created with its parent directory; appended to).
+        path: the file to write (replaced if present).
+        compression: ``None`` (default) or ``"gzip"``.
 
-    Each line is flushed as it is written, so a process killed mid-run leaves every
-    earlier batch readable.
+    Each export is written as whole lines of at most :data:`MAX_LINE_BYTES` and flushed, so a
+    process killed mid-run leaves every earlier batch readable.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(self, path: str | os.PathLike[str], compression: str | None = None) -> None:
         self.path = Path(path)
-        self._fh: IO[str] | None = None
+        self._file = TraceFile(self.path, compression)
 
     def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
         if not spans:
             return SpanExportResult.SUCCESS
         try:
-            if self._fh is None:
-                self.path.parent.mkdir(parents=True, exist_ok=True)
-                self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115
-            self._fh.write(json.dumps(encode_spans(spans), separators=(",", ":")) + "\n")
-            self._fh.flush()
+            self._file.write_lines(encode_span_lines(spans))
+            self._file.flush()
         except OSError as err:
             print(f"copytrace: cannot write {self.path}: {err}", file=sys.stderr)
             return SpanExportResult.FAILURE
         return SpanExportResult.SUCCESS
 
     def shutdown(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        self._file.close()
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
-        if self._fh is not None:
-            self._fh.flush()
+        self._file.flush()
         return True
 
 
@@ -156,13 +350,20 @@ class _BatchingProcessor(SpanProcessor):
 
     The SDK's BatchSpanProcessor drops spans when its queue fills faster than its worker
     drains it, which is exactly what building thousands of spans in a loop does; this one
-    never drops.
+    never drops (it runs on copytrace's export thread, never on the traced one). An exporter
+    that keeps failing is given up after ``max_failures`` batches in a row; the spans it did
+    not take are counted in ``lost``.
     """
 
-    def __init__(self, exporter: SpanExporter, batch: int = 4096) -> None:
+    def __init__(self, exporter: SpanExporter, batch: int = 512, max_failures: int = 3) -> None:
         self._exporter = exporter
-        self._batch = batch
+        self._batch = max(1, batch)
         self._spans: list[ReadableSpan] = []
+        self._failures = 0
+        self._max_failures = max_failures
+        self.exported = 0
+        self.lost = 0
+        self.gave_up = False
 
     def on_end(self, span: ReadableSpan) -> None:
         self._spans.append(span)
@@ -171,48 +372,96 @@ class _BatchingProcessor(SpanProcessor):
 
     def force_flush(self, timeout_millis: int = 30000) -> bool:
         spans, self._spans = self._spans, []
-        if spans:
-            self._exporter.export(spans)
-        return True
+        if not spans:
+            return True
+        if self.gave_up:
+            self.lost += len(spans)
+            return False
+        try:
+            ok = self._exporter.export(spans) == SpanExportResult.SUCCESS
+        except Exception as err:  # an exporter must not break the export thread
+            print(f"copytrace: {type(self._exporter).__name__} failed: {err}", file=sys.stderr)
+            ok = False
+        if ok:
+            self._failures = 0
+            self.exported += len(spans)
+            return True
+        self.lost += len(spans)
+        self._failures += 1
+        if self._failures >= self._max_failures:
+            self.gave_up = True
+            print(
+                f"copytrace: giving up on {type(self._exporter).__name__} after "
+                f"{self._failures} failed exports in a row; the trace file is not affected",
+                file=sys.stderr,
+            )
+        return False
 
     def shutdown(self) -> None:
         self.force_flush()
-        self._exporter.shutdown()
+        try:
+            self._exporter.shutdown()
+        except Exception as err:
+            print(f"copytrace: {type(self._exporter).__name__} shutdown: {err}", file=sys.stderr)
 
 
-# --- building spans ------------------------------------------------------------------------------
-def trace_file_name(pid: int | None = None) -> str:
-    """``copytrace-<host>-<pid>[-rank<N>].otlp.jsonl`` for this process."""
+# --- file name and resource ------------------------------------------------------------------------
+def trace_file_name(pid: int | None = None, compression: str | None = None) -> str:
+    """``copytrace-<host>-<pid>[-rank<N>].otlp.jsonl[.gz]`` for this process."""
     pid = os.getpid() if pid is None else pid
     rank = os.environ.get("RANK")
     suffix = f"-rank{rank}" if rank is not None and rank.isdigit() else ""
     host = socket.gethostname() or "host"
-    return f"copytrace-{host}-{pid}{suffix}.otlp.jsonl"
+    ext = ".otlp.jsonl.gz" if compression == "gzip" else ".otlp.jsonl"
+    return f"copytrace-{host}-{pid}{suffix}{ext}"
+
+
+#: torchrun / torch.distributed variables -> resource attributes (no semantic convention
+#: exists for them).
+_DIST_ENV = (
+    ("RANK", "copytrace.rank"),
+    ("LOCAL_RANK", "copytrace.local_rank"),
+    ("WORLD_SIZE", "copytrace.world_size"),
+    ("LOCAL_WORLD_SIZE", "copytrace.local_world_size"),
+    ("GROUP_RANK", "copytrace.group_rank"),
+)
 
 
 def make_resource(extra: dict[str, Any] | None = None) -> Resource:
-    """The process's resource: service name, pid, host, rank; merged with ``OTEL_*``.
+    """The process's resource: service, process, host, rank; merged with ``OTEL_*``.
+
+    ``OTEL_RESOURCE_ATTRIBUTES`` and ``OTEL_SERVICE_NAME`` are applied by the SDK
+    (``OTEL_SERVICE_NAME`` wins over everything; copytrace's own values win over
+    ``OTEL_RESOURCE_ATTRIBUTES``, except ``service.name``, which copytrace only defaults).
 
     Build it while the interpreter is running normally: the SDK's resource detectors use a
     thread pool, which refuses work during interpreter shutdown (``atexit``).
     """
     attrs: dict[str, Any] = {
-        "service.name": os.environ.get("OTEL_SERVICE_NAME", "copytrace"),
         "process.pid": os.getpid(),
+        "process.executable.path": sys.executable,
+        "process.command_args": [str(a) for a in getattr(sys, "orig_argv", sys.argv)],
         "process.runtime.name": sys.implementation.name,
         "process.runtime.version": sys.version.split()[0],
         "host.name": socket.gethostname(),
     }
-    for env, key in (("RANK", "copytrace.rank"), ("LOCAL_RANK", "copytrace.local_rank"),
-                     ("WORLD_SIZE", "copytrace.world_size")):  # fmt: skip
+    for env, key in _DIST_ENV:
         value = os.environ.get(env)
         if value is not None and value.isdigit():
             attrs[key] = int(value)
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id:
+        attrs["copytrace.torchelastic_run_id"] = run_id
     attrs.update(extra or {})
-    # Resource.create merges OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME from the environment.
-    return Resource.create(attrs)
+    resource = Resource.create(attrs)
+    if "service.name" not in (extra or {}) and not os.environ.get("OTEL_SERVICE_NAME"):
+        name = resource.attributes.get("service.name")
+        if not name or str(name).startswith("unknown_service"):
+            resource = resource.merge(Resource({"service.name": "copytrace"}))
+    return resource
 
 
+# --- event attributes ------------------------------------------------------------------------------
 _STR_FIELDS = (
     ("op", "copytrace.op"), ("dtype", "copytrace.dtype"), ("src_dtype", "copytrace.src_dtype"),
     ("src_device", "copytrace.src_device"), ("dst_device", "copytrace.dst_device"),
@@ -230,27 +479,706 @@ _SCALAR_FIELDS = (
     ("step", "copytrace.step"), ("line", "code.line.number"), ("thread_id", "thread.id"),
     ("pinned", "copytrace.pinned"),
 )  # fmt: skip
+# Facts for copytrace.analysis (hazards); exported only when set (not None, False or empty).
+_ANALYSIS_FIELDS = (
+    ("src_storage", "copytrace.src_storage"), ("src_offset", "copytrace.src_offset"),
+    ("src_stride", "copytrace.src_stride"), ("src_version", "copytrace.src_version"),
+    ("dst_storage", "copytrace.dst_storage"), ("dst_version", "copytrace.dst_version"),
+    ("inplace_writes", "copytrace.inplace_writes"), ("saved_by", "copytrace.saved_by"),
+    ("write_site", "copytrace.write_site"), ("src_name", "copytrace.src_name"),
+    ("retained_bytes", "copytrace.retained_bytes"), ("snapshot", "copytrace.snapshot"),
+    ("stale", "copytrace.stale"),
+)  # fmt: skip
+
+
+#: Attributes left out when they hold this value (a reader takes absent as this value):
+#: false flags, zero new bytes and no transfer, the most common values, which cost ~50 bytes
+#: each uncompressed. ``copytrace.pinned`` is written on host-to-device copies only.
+_OMITTED_DEFAULTS: dict[str, Any] = {
+    "copytrace.alias": False,
+    "copytrace.noop": False,
+    "copytrace.non_blocking": False,
+    "copytrace.requires_grad": False,
+    "copytrace.src_requires_grad": False,
+    "copytrace.bytes_allocated": 0,
+    "copytrace.transfer": "none",
+}
+_KEEP = object()
 
 
 def event_attributes(ev: CopyEvent) -> dict[str, Any]:
-    """Span attributes of one event (absent values are left out)."""
+    """Span attributes of one event (absent values, empty lists and the values in
+    ``_OMITTED_DEFAULTS`` are left out)."""
     attrs: dict[str, Any] = {}
     for field, key in _STR_FIELDS:
         value = getattr(ev, field)
-        if value:
+        if value and value != _OMITTED_DEFAULTS.get(key, _KEEP):
             attrs[key] = value
     for field, key in _SCALAR_FIELDS:
         value = getattr(ev, field)
         if value is not None:
-            attrs[key] = value
-    attrs["copytrace.aten"] = list(ev.aten)
-    attrs["copytrace.shape"] = list(ev.shape)
+            default = _OMITTED_DEFAULTS.get(key, _KEEP)
+            if value != default or type(value) is not type(default):
+                attrs[key] = value
+    for field, key in _ANALYSIS_FIELDS:
+        value = getattr(ev, field, None)
+        if value is not None and value is not False and value != ():
+            attrs[key] = list(value) if isinstance(value, tuple) else value
+    if ev.transfer != "h2d":
+        attrs.pop("copytrace.pinned", None)
+    if ev.aten:
+        attrs["copytrace.aten"] = list(ev.aten)
+    if ev.shape:
+        attrs["copytrace.shape"] = list(ev.shape)
     if ev.group:
         attrs["copytrace.group"] = True
         attrs["copytrace.tensors"] = ev.tensors
     return attrs
 
 
+# --- the span plan ---------------------------------------------------------------------------------
+class RunIds:
+    """Identity and clock of one traced run (one OTLP trace).
+
+    Args:
+        start_ns: ``perf_counter_ns`` when tracing started.
+        epoch_offset_ns: add to a ``perf_counter_ns`` value to get ns since the Unix epoch.
+        resource: the OpenTelemetry resource.
+    """
+
+    def __init__(self, start_ns: int, epoch_offset_ns: int, resource: Resource) -> None:
+        gen = RandomIdGenerator()
+        self.trace_id = gen.generate_trace_id()
+        self.span_id = gen.generate_span_id()
+        self.start_ns = start_ns
+        self.offset = epoch_offset_ns
+        self.resource = resource
+
+    @property
+    def trace_hex(self) -> str:
+        return format(self.trace_id, "032x")
+
+    @property
+    def span_hex(self) -> str:
+        return format(self.span_id, "016x")
+
+
+class RunEnd:
+    """How the run ended: the ``copytrace.run`` span's end, attributes and status."""
+
+    def __init__(self, end_ns: int, attributes: dict[str, Any], error: str | None = None) -> None:
+        self.end_ns = end_ns
+        self.attributes = attributes
+        self.error = error
+
+
+class Chunk:
+    """Records handed from the traced thread to the export thread.
+
+    Attributes:
+        events: events to export, oldest first (a deepcopy group before its children).
+        steps: ``(number, start_ns, end_ns)`` of finished steps to export (``perf_counter_ns``).
+        held: ``id()`` of events in ``events`` whose facts may still change (watched by the
+            analysis): their span ids and parents are fixed now, they are written later.
+        late: events held back by an earlier chunk, to write now.
+        final: set on the last chunk of the run.
+    """
+
+    __slots__ = ("events", "steps", "held", "late", "final", "submitted")
+
+    def __init__(
+        self,
+        events: Sequence[CopyEvent] = (),
+        steps: Sequence[tuple[int, int, int]] = (),
+        *,
+        held: set[int] | None = None,
+        late: Sequence[CopyEvent] = (),
+        final: RunEnd | None = None,
+    ) -> None:
+        self.events = events
+        self.steps = steps
+        self.held = held or set()
+        self.late = late
+        self.final = final
+        self.submitted = False
+
+
+#: One planned span: (span id hex, parent span id hex, event or None, step tuple or None).
+PlanItem = tuple[str, str, "CopyEvent | None", "tuple[int, int, int] | None"]
+
+
+def _times(ev: CopyEvent, fallback: int) -> tuple[int, int]:
+    start = ev.start_ns if ev.start_ns is not None else fallback
+    end = ev.end_ns if ev.end_ns is not None else max(start, fallback)
+    return start, max(start, end)
+
+
+# --- the file sink: events -> OTLP/JSON text, no SDK objects ----------------------------------------
+class _Encoder:
+    """Encodes spans to OTLP/JSON text with cached attribute fragments."""
+
+    _LIMIT = 65536
+
+    def __init__(self) -> None:
+        self._frags: dict[tuple[str, type, Any], str] = {}
+        self._keys: dict[str, str] = {}
+        self._names: dict[str, str] = {}
+
+    def _key(self, key: str) -> str:
+        prefix = self._keys.get(key)
+        if prefix is None:
+            prefix = self._keys[key] = '{"key":' + json.dumps(key) + ',"value":'
+        return prefix
+
+    def attr(self, key: str, value: Any) -> str:
+        t = type(value)
+        if t is int:
+            if _INT64[0] <= value <= _INT64[1]:
+                return self._key(key) + '{"intValue":"' + str(value) + '"}}'
+            return self._key(key) + '{"stringValue":"' + str(value) + '"}}'
+        ck = (key, t, tuple(value) if t is list else value)
+        try:
+            frag = self._frags.get(ck)
+        except TypeError:  # unhashable value
+            return self._key(key) + _dumps(_any_value(value)) + "}"
+        if frag is None:
+            if len(self._frags) >= self._LIMIT:
+                self._frags.clear()
+            frag = self._frags[ck] = self._key(key) + _dumps(_any_value(value)) + "}"
+        return frag
+
+    def attrs(self, attrs: dict[str, Any]) -> str:
+        attr = self.attr
+        return ",".join([attr(k, v) for k, v in attrs.items()])
+
+    def name(self, name: str) -> str:
+        out = self._names.get(name)
+        if out is None:
+            out = self._names[name] = json.dumps(name)
+        return out
+
+    def span(
+        self,
+        trace: str,
+        span_id: str,
+        parent: str | None,
+        name: str,
+        start: int,
+        end: int,
+        attrs: dict[str, Any],
+        error: str | None = None,
+    ) -> str:
+        parts = ['{"traceId":"', trace, '","spanId":"', span_id]
+        if parent:
+            parts += ['","parentSpanId":"', parent]
+        parts += ['","name":', self.name(name), ',"kind":1,"startTimeUnixNano":"', str(start),
+                  '","endTimeUnixNano":"', str(end), '"']  # fmt: skip
+        if attrs:
+            parts += [',"attributes":[', self.attrs(attrs), "]"]
+        if error:
+            parts += [',"status":{"code":2,"message":', json.dumps(error), "}"]
+        parts.append("}")
+        return "".join(parts)
+
+
+class FileSink:
+    """Writes the trace file (see :class:`TraceFile`); spans encoded straight from events.
+
+    Args:
+        path: the trace file.
+        compression: ``"gzip"`` or ``None``.
+        level: gzip level.
+        max_line_bytes: longest request line.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        compression: str | None = "gzip",
+        level: int = 6,
+        max_line_bytes: int = MAX_LINE_BYTES,
+    ) -> None:
+        self.file = TraceFile(path, compression, level)
+        self._max = max_line_bytes
+        self._enc = _Encoder()
+        self._run: RunIds | None = None
+        self._frame = ("", "")
+        self.spans = 0
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
+
+    def begin(self, run: RunIds) -> None:
+        self._run = run
+        self._frame = _request_frame(run.resource.attributes, SCOPE_NAME, _version())
+
+    def write(self, items: Iterable[PlanItem], chunk: Chunk, keep: Callable[[], set[str]]) -> None:
+        write = self.file.write_lines
+        for line in iter_lines(*self._frame, self._encode(items, chunk), self._max):
+            write((line,))
+        self.file.flush()
+
+    def _encode(self, items: Sequence[PlanItem], chunk: Chunk) -> Iterator[str]:
+        run = self._run
+        assert run is not None
+        enc, trace, off = self._enc, run.trace_hex, run.offset
+        for span_id, parent, ev, step in items:
+            self.spans += 1
+            if ev is not None:
+                start, end = _times(ev, run.start_ns)
+                yield enc.span(trace, span_id, parent, "copytrace." + ev.op, start + off,
+                               end + off, event_attributes(ev), ev.error)  # fmt: skip
+            elif step is not None:
+                yield enc.span(trace, span_id, parent, "copytrace.step", step[1] + off,
+                               step[2] + off, {"copytrace.step": step[0]})  # fmt: skip
+        final = chunk.final
+        if final is not None:
+            self.spans += 1
+            yield enc.span(trace, run.span_hex, None, "copytrace.run", run.start_ns + off,
+                           final.end_ns + off, final.attributes, final.error)  # fmt: skip
+
+    def close(self) -> None:
+        self.file.close()
+
+    def abandon(self) -> None:
+        self.file.abandon()
+
+
+# --- the SDK sink: real SDK spans for SDK exporters or the user's TracerProvider -------------------
+class _PlannedIds(IdGenerator):
+    """Hands the SDK the ids copytrace planned (random ids when none is set)."""
+
+    def __init__(self) -> None:
+        self._random = RandomIdGenerator()
+        self.trace_id = 0
+        self.next_span = 0
+
+    def generate_span_id(self) -> int:
+        span_id, self.next_span = self.next_span, 0
+        return span_id or self._random.generate_span_id()
+
+    def generate_trace_id(self) -> int:
+        return self.trace_id or self._random.generate_trace_id()
+
+
+class SdkSink:
+    """Builds real OpenTelemetry SDK spans with explicit ids, parents and timestamps.
+
+    Args:
+        exporters: SDK span exporters fed through copytrace's private ``TracerProvider``
+            (synchronous batches on the export thread; an exporter that keeps failing is
+            given up, not retried forever).
+        tracer_provider: a provider of the user's instead (``exporters`` is then ignored): its
+            processors, sampler and limits apply; it is flushed, never shut down or replaced.
+        batch_size: spans per export call (``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``, default 512).
+    """
+
+    def __init__(
+        self,
+        exporters: Sequence[SpanExporter] = (),
+        *,
+        tracer_provider: Any = None,
+        resource: Resource | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        if batch_size is None:
+            try:
+                batch_size = int(os.environ.get("OTEL_BSP_MAX_EXPORT_BATCH_SIZE") or 512)
+            except ValueError:
+                batch_size = 512
+        self._own = tracer_provider is None
+        self._ids: _PlannedIds | None = None
+        self.processors: list[_BatchingProcessor] = []
+        if self._own:
+            self._ids = _PlannedIds()
+            provider = TracerProvider(
+                resource=resource if resource is not None else make_resource(),
+                id_generator=self._ids,
+                shutdown_on_exit=False,
+            )
+            for exporter in exporters:
+                proc = _BatchingProcessor(exporter, batch_size)
+                self.processors.append(proc)
+                provider.add_span_processor(proc)
+            self.provider: Any = provider
+        else:
+            self.provider = tracer_provider
+        self._tracer = self.provider.get_tracer(SCOPE_NAME, _version())
+        self._run_span: Any = None
+        self._run: RunIds | None = None
+        self._ctx: dict[str, SpanContext] = {}  # planned id -> SDK context (user provider)
+        self._since_flush = 0
+        self.spans = 0
+
+    def begin(self, run: RunIds) -> None:
+        self._run = run
+        if self._ids is not None:
+            self._ids.trace_id = run.trace_id
+            self._ids.next_span = run.span_id
+        self._run_span = self._tracer.start_span(
+            "copytrace.run", context=otel_context.Context(), start_time=run.start_ns + run.offset
+        )
+        self._ctx[run.span_hex] = self._run_span.get_span_context()
+
+    @property
+    def run_context(self) -> SpanContext | None:
+        return self._run_span.get_span_context() if self._run_span is not None else None
+
+    def sampled(self) -> bool:
+        """Whether the provider's sampler kept the run span (the whole trace)."""
+        span = self._run_span
+        return span is not None and span.get_span_context().trace_flags.sampled
+
+    def _parent(self, planned: str) -> Any:
+        run = self._run
+        assert run is not None
+        if self._ids is not None:  # our ids are the SDK's ids
+            sc = SpanContext(run.trace_id, int(planned, 16), False, TraceFlags(TraceFlags.SAMPLED))
+        else:
+            sc = self._ctx.get(planned) or self._ctx[run.span_hex]
+        return otel_trace.set_span_in_context(NonRecordingSpan(sc))
+
+    def write(self, items: Iterable[PlanItem], chunk: Chunk, keep: Callable[[], set[str]]) -> None:
+        run = self._run
+        assert run is not None
+        tracer, ids, off = self._tracer, self._ids, run.offset
+        parents = self._ctx if ids is None else None
+        for span_id, parent, ev, step in items:
+            ctx = self._parent(parent)
+            if ids is not None:
+                ids.next_span = int(span_id, 16)
+            if ev is not None:
+                start, end = _times(ev, run.start_ns)
+                span = tracer.start_span("copytrace." + ev.op, context=ctx, start_time=start + off,
+                                         attributes=event_attributes(ev))  # fmt: skip
+                if ev.error:
+                    span.set_status(Status(StatusCode.ERROR, ev.error))
+                span.end(end_time=end + off)
+                if parents is not None and ev.group:
+                    parents[span_id] = span.get_span_context()
+            elif step is not None:
+                span = tracer.start_span("copytrace.step", context=ctx, start_time=step[1] + off,
+                                         attributes={"copytrace.step": step[0]})  # fmt: skip
+                span.end(end_time=step[2] + off)
+                if parents is not None:
+                    parents[span_id] = span.get_span_context()
+            self.spans += 1
+            self._since_flush += 1
+            if ids is None and self._since_flush >= 1024:
+                self._flush_user_provider()  # the SDK's BatchSpanProcessor drops when full
+        final = chunk.final
+        if final is not None and self._run_span is not None:
+            self._run_span.set_attributes(final.attributes)
+            if final.error:
+                self._run_span.set_status(Status(StatusCode.ERROR, final.error))
+            self._run_span.end(end_time=final.end_ns + off)
+            self.spans += 1
+        if parents is not None:  # keep the run, and the parents of held-back events
+            needed = keep()
+            self._ctx = {k: v for k, v in parents.items() if k in needed or k == run.span_hex}
+        self.flush()
+
+    def _flush_user_provider(self) -> None:
+        self._since_flush = 0
+        flush = getattr(self.provider, "force_flush", None)
+        if flush is not None:
+            try:
+                flush()
+            except Exception as err:
+                print(f"copytrace: tracer provider flush failed: {err}", file=sys.stderr)
+
+    def flush(self) -> None:
+        if self._own:
+            for proc in self.processors:
+                proc.force_flush()
+        else:
+            self._flush_user_provider()
+
+    def close(self) -> None:
+        if self._own:
+            self.provider.shutdown()
+        else:
+            self._flush_user_provider()
+
+    def abandon(self) -> None:
+        self.processors = []
+
+    @property
+    def lost(self) -> int:
+        return sum(p.lost for p in self.processors)
+
+
+# --- exporters named by OTEL_TRACES_EXPORTER --------------------------------------------------------
+def _console_line(span: ReadableSpan) -> str:
+    """One short line per span for the console exporter."""
+    a = span.attributes or {}
+    dur = ((span.end_time or 0) - (span.start_time or 0)) / 1e3
+    parts = [f"{span.name:<22}", f"{dur:9.1f} us"]
+    if "copytrace.bytes_logical" in a:
+        parts.append(f"{a.get('copytrace.bytes_allocated', 0):>10} B new")
+        parts.append(f"{a.get('copytrace.src_device', '')}->{a.get('copytrace.dst_device', '')}")
+        kind = (
+            "noop" if a.get("copytrace.noop") else "alias" if a.get("copytrace.alias") else "copy"
+        )
+        parts.append(kind)
+    if "copytrace.step" in a:
+        parts.append(f"step {a['copytrace.step']}")
+    if "code.file.path" in a:
+        parts.append(f"{a['code.file.path']}:{a.get('code.line.number', '?')}")
+    return "  ".join(str(p) for p in parts) + "\n"
+
+
+_PROTOCOLS = {"http/protobuf": "otlp_proto_http", "grpc": "otlp_proto_grpc"}
+_EXTRAS = {"otlp_proto_http": "otlp", "otlp_proto_grpc": "otlp-grpc"}
+
+
+def exporters_from_env(environ: Any = None) -> list[SpanExporter]:
+    """The span exporters ``OTEL_TRACES_EXPORTER`` names (comma-separated), built from the
+    ``opentelemetry_traces_exporter`` entry points as the SDK's auto-configuration does.
+
+    ``otlp`` picks the exporter by ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` /
+    ``OTEL_EXPORTER_OTLP_PROTOCOL`` (``http/protobuf``, the specification's default, or
+    ``grpc``); each exporter reads its own endpoint, headers, timeout and compression
+    variables. ``console`` prints one line per span; ``none`` or unset: no exporter (the trace
+    file is written either way). A name that cannot be loaded prints one warning.
+    """
+    env = os.environ if environ is None else environ
+    names = [n.strip() for n in (env.get("OTEL_TRACES_EXPORTER") or "").split(",") if n.strip()]
+    out: list[SpanExporter] = []
+    for name in names:
+        lname = name.lower()
+        if lname in ("none", ""):
+            continue
+        if lname == "console":
+            from opentelemetry.sdk.trace.export import ConsoleSpanExporter
+
+            out.append(ConsoleSpanExporter(out=sys.stdout, formatter=_console_line))
+            continue
+        entry = lname
+        if lname == "otlp":
+            protocol = (
+                env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
+                or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+                or "http/protobuf"
+            ).strip()
+            entry = _PROTOCOLS.get(protocol, "")
+            if not entry:
+                print(
+                    f"copytrace: OTLP protocol {protocol!r} is not supported "
+                    f"(use http/protobuf or grpc); no OTLP export",
+                    file=sys.stderr,
+                )
+                continue
+        try:
+            from opentelemetry.util._importlib_metadata import entry_points
+
+            eps = list(entry_points(group="opentelemetry_traces_exporter", name=entry))
+            if not eps:
+                extra = _EXTRAS.get(entry)
+                hint = f" (pip install 'copytrace[{extra}]')" if extra else ""
+                print(f"copytrace: trace exporter {name!r} is not installed{hint}", file=sys.stderr)
+                continue
+            out.append(eps[0].load()())
+        except Exception as err:
+            print(f"copytrace: cannot create trace exporter {name!r}: {err}", file=sys.stderr)
+    return out
+
+
+def env_sampler_keeps(run: RunIds) -> bool:
+    """Whether the sampler configured by ``OTEL_TRACES_SAMPLER`` keeps this run's trace."""
+    from opentelemetry.sdk.trace.sampling import _get_from_env_or_default
+
+    try:
+        sampler = _get_from_env_or_default()
+        result = sampler.should_sample(None, run.trace_id, "copytrace.run")
+    except Exception as err:
+        print(f"copytrace: sampler error, tracing anyway: {err}", file=sys.stderr)
+        return True
+    return result.decision.is_sampled()
+
+
+# --- the export thread ----------------------------------------------------------------------------
+class ExportPipeline:
+    """Plans chunks of records into span trees and writes them to the sinks, on one worker
+    thread (``copytrace-export``) or synchronously (:meth:`write_now`).
+
+    Args:
+        run: the run's ids and clock.
+        sinks: :class:`FileSink` / :class:`SdkSink` objects.
+        max_pending: chunks queued before :meth:`submit` waits for the worker (bounded
+            memory: the traced thread slows down rather than buffering without end).
+
+    A sink that raises is reported once on stderr and skipped from then on; the others go on.
+    """
+
+    def __init__(self, run: RunIds, sinks: Sequence[Any], *, max_pending: int = 2) -> None:
+        self.run = run
+        self.sinks = list(sinks)
+        self.max_pending = max(1, max_pending)
+        self._pending: deque[Chunk] = deque()
+        self._wake = threading.Event()
+        self._progress = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._held: dict[int, tuple[str, str]] = {}  # id(event) -> (span id, parent id)
+        self._failed: set[int] = set()
+        self.errors = 0
+        self.closed = False
+        self.export_seconds = 0.0
+        self.events_written = 0
+        self.waited_seconds = 0.0  # time the traced thread waited for the worker
+
+    def begin(self) -> None:
+        for i, sink in enumerate(self.sinks):
+            self._call(i, sink.begin, self.run)
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._work, name="copytrace-export", daemon=True)
+        self._thread.start()
+
+    # -- traced thread --------------------------------------------------------------------------
+    def submit(self, chunk: Chunk) -> None:
+        """Queue a chunk for the worker; wait while too many are queued."""
+        if self.closed or chunk.submitted:
+            return
+        chunk.submitted = True
+        thread = self._thread
+        if thread is None:
+            self.write_now(chunk)
+            return
+        self._pending.append(chunk)
+        self._wake.set()
+        if len(self._pending) > self.max_pending:
+            t0 = time.perf_counter()
+            while len(self._pending) > self.max_pending and thread.is_alive():
+                self._progress.wait(0.05)
+                self._progress.clear()
+            self.waited_seconds += time.perf_counter() - t0
+
+    def close(self, final: Chunk, timeout: float | None = 60.0) -> bool:
+        """Queue the final chunk, let the worker write everything and close the sinks.
+
+        Returns:
+            False when the worker did not finish within ``timeout`` seconds.
+        """
+        if self.closed:
+            return True
+        thread = self._thread
+        if thread is None or not thread.is_alive():
+            while self._pending:
+                self.write_now(self._pending.popleft())
+            self.write_now(final)
+            self._close_sinks()
+            return True
+        if not final.submitted:
+            final.submitted = True
+            self._pending.append(final)
+        self._wake.set()
+        thread.join(timeout)
+        return not thread.is_alive()
+
+    def abandon(self) -> None:
+        """In a forked child: drop everything, never touch the parent's files."""
+        self.closed = True
+        self._pending.clear()
+        self._thread = None
+        for sink in self.sinks:
+            abandon = getattr(sink, "abandon", None)
+            if abandon is not None:
+                abandon()
+
+    # -- worker -----------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            while self._pending:
+                chunk = self._pending.popleft()
+                try:
+                    self.write_now(chunk)
+                except Exception as err:  # never let the export thread die
+                    self.errors += 1
+                    print(f"copytrace: export failed: {type(err).__name__}: {err}", file=sys.stderr)
+                self._progress.set()
+                if chunk.final is not None:
+                    self._close_sinks()
+                    return
+
+    def write_now(self, chunk: Chunk) -> None:
+        """Plan ``chunk`` and write it to every sink, on the calling thread."""
+        if self.closed:
+            return
+        t0 = time.perf_counter()
+        live = [i for i in range(len(self.sinks)) if i not in self._failed]
+        items: Iterable[PlanItem] = self._plan(chunk)
+        if len(live) > 1:
+            items = list(items)  # one plan, the same ids in every sink
+        for i in live:
+            self._call(i, self.sinks[i].write, items, chunk, self._held_parents)
+        self.export_seconds += time.perf_counter() - t0
+
+    def _held_parents(self) -> set[str]:
+        """Parent span ids that held-back events will still need."""
+        return {parent for _, parent in self._held.values()}
+
+    def _plan(self, chunk: Chunk) -> Iterator[PlanItem]:
+        """Span ids and parents: steps under the run, events under their step or their
+        deepcopy group; held events are planned now and written when they come back.
+        Lazy, so that a big chunk costs no memory per event here."""
+        run_id = self.run.span_hex
+        step_ids: dict[int, str] = {}
+        for step in chunk.steps:
+            sid = os.urandom(8).hex()
+            step_ids[step[0]] = sid
+            yield (sid, run_id, None, step)
+        groups: dict[int, str] = {}
+        held = chunk.held
+        events = chunk.events
+        for base in range(0, len(events), 4096):
+            hexids = os.urandom(8 * 4096).hex()
+            k = 0
+            for ev in events[base : base + 4096]:
+                sid = hexids[k : k + 16]
+                k += 16
+                parent = groups.get(ev.parent) if ev.parent is not None and ev.parent >= 0 else None
+                if parent is None:
+                    parent = step_ids.get(ev.step, run_id)
+                if ev.group:
+                    groups[ev.seq] = sid
+                if held and id(ev) in held:
+                    self._held[id(ev)] = (sid, parent)
+                    continue
+                self.events_written += 1
+                yield (sid, parent, ev, None)
+        for ev in chunk.late:
+            planned = self._held.pop(id(ev), None)
+            if planned is not None:
+                self.events_written += 1
+                yield (planned[0], planned[1], ev, None)
+
+    def _call(self, i: int, fn: Callable[..., Any], *args: Any) -> None:
+        if i in self._failed:
+            return
+        try:
+            fn(*args)
+        except Exception as err:
+            self.errors += 1
+            self._failed.add(i)
+            name = type(self.sinks[i]).__name__
+            print(f"copytrace: export to {name} failed, stopped: {type(err).__name__}: {err}",
+                  file=sys.stderr)  # fmt: skip
+
+    def _close_sinks(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        for i, sink in enumerate(self.sinks):
+            self._call(i, sink.close)
+        self._progress.set()
+
+
+# --- one-shot export (all events at once) ------------------------------------------------------------
 def export_events(
     events: Sequence[CopyEvent],
     step_starts: Sequence[int],
@@ -262,61 +1190,29 @@ def export_events(
     epoch_offset_ns: int,
     resource: Resource | None = None,
 ) -> int:
-    """Build the run, step and event spans and hand them to ``exporter``.
+    """Build the run, step and event spans of a whole run and hand them to ``exporter``.
 
     Args:
         events: recorded events (times in ``perf_counter_ns``).
         step_starts: ``perf_counter_ns`` of each step boundary after step 0.
         start_ns, end_ns: ``perf_counter_ns`` when tracing started and stopped.
         run_attributes: attributes of the ``copytrace.run`` span.
-        exporter: where the spans go (the file exporter, or any SDK span exporter).
+        exporter: any SDK span exporter.
         epoch_offset_ns: add to a ``perf_counter_ns`` value to get ns since the Unix epoch.
         resource: the OpenTelemetry resource (default: :func:`make_resource`).
 
     Returns:
         The number of spans exported (run + steps + events).
     """
-    processor = _BatchingProcessor(exporter)
-    provider = TracerProvider(resource=resource if resource is not None else make_resource())
-    provider.add_span_processor(processor)
-    tracer = provider.get_tracer(SCOPE_NAME, _version())
-    off = epoch_offset_ns
-    run = tracer.start_span("copytrace.run", start_time=start_ns + off, attributes=run_attributes)
-    run_ctx = otel_trace.set_span_in_context(run)
+    res = resource if resource is not None else make_resource()
+    run = RunIds(start_ns, epoch_offset_ns, res)
+    sink = SdkSink([exporter], resource=res)
+    pipeline = ExportPipeline(run, [sink])
+    pipeline.begin()
     bounds = [start_ns, *step_starts, end_ns]
-    step_spans = []
-    for i in range(len(bounds) - 1):
-        span = tracer.start_span(
-            "copytrace.step", context=run_ctx, start_time=bounds[i] + off,
-            attributes={"copytrace.step": i},
-        )  # fmt: skip
-        step_spans.append((span, otel_trace.set_span_in_context(span)))
-    groups: dict[int, Any] = {}
-    pending_groups: list[tuple[Any, int]] = []
-    count = 1 + len(step_spans)
-    for ev in events:
-        step = min(max(ev.step, 0), len(step_spans) - 1)
-        if ev.parent >= 0 and ev.parent in groups:
-            ctx = groups[ev.parent]
-        else:
-            ctx = step_spans[step][1]
-        span = tracer.start_span(
-            "copytrace." + ev.op, context=ctx, start_time=ev.start_ns + off,
-            attributes=event_attributes(ev),
-        )  # fmt: skip
-        count += 1
-        if ev.group:
-            groups[ev.seq] = otel_trace.set_span_in_context(span)
-            pending_groups.append((span, ev.end_ns))
-        else:
-            span.end(end_time=ev.end_ns + off)
-    for span, end in pending_groups:
-        span.end(end_time=end + off)
-    for i, (span, _) in enumerate(step_spans):
-        span.end(end_time=bounds[i + 1] + off)
-    run.end(end_time=end_ns + off)
-    provider.shutdown()
-    return count
+    steps = [(i, bounds[i], bounds[i + 1]) for i in range(len(bounds) - 1)]
+    pipeline.close(Chunk(events, steps, final=RunEnd(end_ns, run_attributes)))
+    return sink.spans
 
 
 def _version() -> str:

@@ -21,6 +21,7 @@ the recording code is counted in ``Recorder.errors`` and never raised into the u
 
 from __future__ import annotations
 
+import bisect
 import copy
 import sys
 import threading
@@ -32,6 +33,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from copytrace.tracer import _watch
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._events import CopyEvent
 
@@ -41,6 +43,8 @@ _perf_ns = time.perf_counter_ns
 _Tensor = torch.Tensor
 _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
+_sequence_nr = torch._C._autograd._get_sequence_nr
+_MAX_SPANS = 200_000
 _TAG = "copytrace"  # key in grad_fn.metadata: (module path, "file:line") of the forward call
 
 # --- API-level table: function-mode callable -> op name ----------------------------------
@@ -235,12 +239,21 @@ class Recorder:
         self.group: _Group | None = None
         self.in_optimizer = 0
         self.module_stack: list[str] = []
+        # Module spans in autograd sequence numbers, to name the module of a backward copy:
+        # [first seq, end seq (None while running), path, parent index], in start order.
+        self._spans: list[list[Any]] = []
+        self._span_starts: list[int] = []
+        self._span_stack: list[int] = []
         # id(module) -> (weakref to module, path); the weakref guards against id reuse and
         # is cheaper per forward call than a WeakKeyDictionary lookup.
         self._module_names: dict[int, tuple[weakref.ref, str]] = {}
         self._root_counts: dict[str, int] = {}
         self.api_table = _api_table()
         self.aten_table = _aten_table()
+        # Runtime facts for copytrace.analysis (copytrace/tracer/_watch.py).
+        self.watch = _watch.Watch(self)
+        for fn in _watch.BACKWARD_FUNCTIONS:
+            self.api_table[fn] = "backward"
 
     # -- counters and attribution ---------------------------------------------------------
     def note_error(self, err: BaseException) -> None:
@@ -248,9 +261,52 @@ class Recorder:
         self.last_error = f"{type(err).__name__}: {err}"
 
     def step(self, now_ns: int | None = None) -> int:
+        self.watch.step_end()
         self.step_index += 1
         self.step_starts.append(_perf_ns() if now_ns is None else now_ns)
         return self.step_index
+
+    def enter_module(self, module: torch.nn.Module) -> None:
+        """Global forward pre-hook: push the module's path, open its sequence-number span."""
+        try:
+            path = self.module_name(module)
+        except Exception as err:
+            path = "?"
+            self.note_error(err)
+        self.module_stack.append(path)
+        spans = self._spans
+        if len(spans) >= _MAX_SPANS and not self._span_stack:
+            spans.clear()  # bound memory on long runs; only drops attribution of old graphs
+            self._span_starts.clear()
+        seq = _sequence_nr()
+        parent = self._span_stack[-1] if self._span_stack else -1
+        self._span_stack.append(len(spans))
+        spans.append([seq, None, path, parent])
+        self._span_starts.append(seq)
+
+    def exit_module(self) -> None:
+        """Global forward post-hook (also called when forward raises)."""
+        if self.module_stack:
+            self.module_stack.pop()
+        if self._span_stack:
+            idx = self._span_stack.pop()
+            if idx < len(self._spans):
+                self._spans[idx][1] = _sequence_nr()
+
+    def module_of_node(self, node: Any) -> str | None:
+        """The innermost module whose forward created autograd ``node`` (by sequence number)."""
+        try:
+            seq = node._sequence_nr()
+        except Exception:
+            return None
+        spans = self._spans
+        i = bisect.bisect_right(self._span_starts, seq) - 1
+        while i >= 0:
+            start, end, path, parent = spans[i]
+            if end is None or seq < end:
+                return path
+            i = parent
+        return None
 
     def module_name(self, module: torch.nn.Module) -> str:
         """Path of ``module``: ``Root.child.grandchild``, the root named by its class."""
@@ -291,6 +347,8 @@ class Recorder:
                 tag = node.metadata.get(_TAG)
                 if tag is not None:
                     ev.module, ev.origin = tag
+                else:
+                    ev.module = self.module_of_node(node)
         elif self.in_optimizer:
             ev.phase = "optimizer"
         elif self.module_stack:
@@ -307,6 +365,8 @@ class Recorder:
     # -- API-level events -------------------------------------------------------------------
     def api_call(self, op: str, func: Any, args: tuple, kwargs: dict) -> Any:
         """Run ``func(*args, **kwargs)`` as the user's API call ``op`` and record it."""
+        if op == "backward":
+            return self.watch.backward(func, args, kwargs)
         if op == "deepcopy" and len(args) > 1 and args[1] is not None and id(args[0]) in args[1]:
             return func(*args, **kwargs)  # memo hit: deepcopy returns an earlier copy
         pending = _Pending()
@@ -433,6 +493,7 @@ class Recorder:
         if group is not None and error is None:
             group.bytes += ev.bytes_allocated
             group.tensors += 1
+        self.watch.event(ev, op, src, out)
         self._append(ev)
 
     # -- aten-level events ------------------------------------------------------------------
@@ -474,6 +535,7 @@ class Recorder:
         ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
         # Dispatch-level tensors carry no autograd metadata: graph facts stay unknown ("none").
         self._context(ev)
+        self.watch.event(ev, "implicit", src, dst)
         self._append(ev)
         return None
 
@@ -573,8 +635,26 @@ def active_recorder() -> Recorder | None:
 
 
 def set_active(rec: Recorder | None) -> None:
-    global _ACTIVE
+    global _ACTIVE, _THREAD
+    if rec is None and _ACTIVE is not None:
+        _ACTIVE.watch.finish()  # last retention/snapshot checks, before the export
     _ACTIVE = rec
+    _THREAD = threading.get_ident() if rec is not None else None
+
+
+_THREAD: int | None = None
+
+
+def _here() -> Recorder | None:
+    """The active recorder when called on the traced thread, else None.
+
+    The patches below are process-wide, but torch's modes are thread-local: a deepcopy on
+    another thread (an exporter's worker, a data loader thread) must not be recorded.
+    """
+    rec = _ACTIVE
+    if rec is not None and threading.get_ident() == _THREAD:
+        return rec
+    return None
 
 
 class FunctionMode(TorchFunctionMode):
@@ -612,10 +692,13 @@ class DispatchMode(TorchDispatchMode):
         super().__init__()
         self._rec = rec
         self._table = rec.aten_table
+        self._watch = rec.watch
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
+        if self._watch.aliases:  # only while a `.data` alias of a grad tensor is alive
+            self._watch.before_op(func, args, kwargs)
         kind = self._table.get(func)
         if kind is None:
             return func(*args, **kwargs)
@@ -677,7 +760,7 @@ _ORIG_PARAM_DEEPCOPY = torch.nn.Parameter.__deepcopy__
 
 
 def _traced_deepcopy(x, memo=None, _nil=[]):  # noqa: B006 - same signature as copy.deepcopy
-    rec = _ACTIVE
+    rec = _here()
     if rec is None or rec.group is not None or rec.active is not None or isinstance(x, _Tensor):
         return _ORIG_DEEPCOPY(x, memo, _nil)
     return rec.deepcopy_group(_ORIG_DEEPCOPY, x, memo, _nil)
@@ -686,7 +769,7 @@ def _traced_deepcopy(x, memo=None, _nil=[]):  # noqa: B006 - same signature as c
 def _traced_copy(x):
     # Tensor has no __copy__: copy.copy rebuilds a new tensor on the same storage through
     # __reduce_ex__ (an alias), which neither mode sees as one call.
-    rec = _ACTIVE
+    rec = _here()
     if rec is None or rec.active is not None or not isinstance(x, _Tensor):
         return _ORIG_COPY(x)
     return rec.api_call("copy", _ORIG_COPY, (x,), {})
@@ -695,7 +778,7 @@ def _traced_copy(x):
 def _traced_from_numpy(array):
     # torch.from_numpy reaches neither mode as itself (only an aten::lift_fresh): record it
     # as an alias of the array's memory.
-    rec = _ACTIVE
+    rec = _here()
     if rec is None or rec.active is not None:
         return _ORIG_FROM_NUMPY(array)
     start = _perf_ns()
@@ -711,7 +794,7 @@ def _traced_from_numpy(array):
 def _traced_swap_tensors(t1, t2):
     # nn.Module._apply's swap path (torch.__future__.set_swap_module_params_on_conversion)
     # rebinds parameters with torch.utils.swap_tensors, which neither mode sees.
-    rec = _ACTIVE
+    rec = _here()
     if rec is None or rec.active is not None:
         return _ORIG_SWAP(t1, t2)
     return rec.api_call("swap_tensors", _ORIG_SWAP, (t1, t2), {})
@@ -720,7 +803,7 @@ def _traced_swap_tensors(t1, t2):
 def _traced_param_deepcopy(self, memo):
     # nn.Parameter.__deepcopy__ never reaches the function mode (its __torch_function__ is
     # disabled); it shows as `.data` + `clone`. Record it as one deepcopy of the parameter.
-    rec = _ACTIVE
+    rec = _here()
     if rec is None or rec.active is not None:
         return _ORIG_PARAM_DEEPCOPY(self, memo)
     return rec.api_call("deepcopy", _ORIG_PARAM_DEEPCOPY, (self, memo), {})

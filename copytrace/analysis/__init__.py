@@ -1,0 +1,175 @@
+"""Hazard analysis: turn a copytrace trace into findings, and check copy budgets.
+
+Typical use::
+
+    import copytrace
+    from copytrace.analysis import analyze
+
+    with copytrace.trace() as t:
+        train()
+    for finding in analyze(t.events):          # or analyze("copytrace-out")
+        print(finding.one_line())
+        print("  fix:", finding.fix)
+
+Each :class:`Finding` has a stable ``code`` (documented with a minimal example in
+``docs/hazards.md``), a severity, a message with the numbers, the fix in one sentence, the
+call sites, the bytes at stake, the steps and the events that show it. The rules only read
+facts the tracer recorded (``docs/trace-format.md``); this package never imports torch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from copytrace.analysis._budget import (
+    Budget,
+    StepTotal,
+    check_budget,
+    parse_bytes,
+    severity_codes,
+    step_totals,
+)
+from copytrace.analysis._findings import HAZARDS, SEVERITIES, Finding, Hazard, normalize_codes
+from copytrace.analysis._rules import RULES, format_bytes, is_hot
+from copytrace.analysis._view import Ev, runs_of
+
+__all__ = [
+    "HAZARDS",
+    "SEVERITIES",
+    "Budget",
+    "Finding",
+    "Hazard",
+    "StepTotal",
+    "analyze",
+    "check",
+    "format_findings",
+    "normalize_codes",
+    "parse_bytes",
+    "severity_codes",
+    "span_events",
+    "step_totals",
+]
+
+_ORDER = {code: i for i, code in enumerate(HAZARDS)}
+
+
+def _sort(findings: list[Finding]) -> list[Finding]:
+    return sorted(
+        findings,
+        key=lambda f: (
+            SEVERITIES.index(f.severity),
+            _ORDER.get(f.code, len(_ORDER)),
+            -f.bytes,
+            f.run,
+            f.event_seqs[:1],
+        ),
+    )
+
+
+def _analyze_runs(runs: list[list[Ev]], codes: Iterable[str] | None) -> list[Finding]:
+    wanted = set(normalize_codes(list(codes))) if codes is not None else None
+    findings: list[Finding] = []
+    for events in runs:
+        for rule in RULES:
+            for f in rule(events):
+                if wanted is None or f.code in wanted:
+                    findings.append(f)
+    return _sort(findings)
+
+
+def analyze(source: Any, *, codes: Iterable[str] | None = None) -> list[Finding]:
+    """Find the hazards in a trace.
+
+    Args:
+        source: the events of a trace (``t.events``, a list of :class:`copytrace.CopyEvent`),
+            a :class:`copytrace.Trace`, a loaded :class:`copytrace.dashboards.TraceData`, or a
+            trace file / directory path.
+        codes: only these hazard codes (default: all); see :func:`normalize_codes`.
+
+    Returns:
+        The findings, most severe first, then by code, then by bytes.
+
+    Raises:
+        TraceFileError: when ``source`` is a path that holds no readable trace.
+    """
+    return _analyze_runs(runs_of(source), codes)
+
+
+def check(
+    source: Any, budget: Budget, findings: list[Finding] | None = None
+) -> tuple[list[str], list[Finding]]:
+    """Check ``source`` against ``budget``.
+
+    Args:
+        source: as for :func:`analyze`.
+        budget: the limits and forbidden hazard codes.
+        findings: the findings of ``source`` when already computed.
+
+    Returns:
+        ``(violations, findings)``: one line per violated limit or forbidden finding (empty
+        when within budget), and all findings.
+    """
+    runs = runs_of(source)
+    if findings is None:
+        findings = _analyze_runs(runs, None)
+    return check_budget(runs, findings, budget), findings
+
+
+def span_events(events: Sequence[Any]) -> dict[int, list[tuple[str, dict[str, Any]]]]:
+    """Hazards as OpenTelemetry span events, for the exporter.
+
+    Args:
+        events: the recorded :class:`copytrace.CopyEvent` list.
+
+    Returns:
+        ``seq -> [("copytrace.hazard", attributes), ...]`` for every event that shows a
+        finding. Attributes: ``copytrace.hazard.code``, ``.severity``, ``.message``, ``.fix``
+        (strings). Never raises: on an internal error it returns what it has.
+    """
+    out: dict[int, list[tuple[str, dict[str, Any]]]] = {}
+    try:
+        for f in analyze(list(events)):
+            attrs = {
+                "copytrace.hazard.code": f.code,
+                "copytrace.hazard.severity": f.severity,
+                "copytrace.hazard.message": f.message,
+                "copytrace.hazard.fix": f.fix,
+            }
+            for seq in f.event_seqs:
+                out.setdefault(seq, []).append(("copytrace.hazard", attrs))
+    except Exception:  # hazards are advisory: never let them break the export
+        pass
+    return out
+
+
+def format_findings(findings: Sequence[Finding], limit: int | None = None) -> str:
+    """Findings as plain text for terminals and ``copytrace summary``.
+
+    Args:
+        findings: what :func:`analyze` returned.
+        limit: show at most this many findings (the rest are counted).
+
+    Returns:
+        The text, ending with a newline; ``"hazards: none found\\n"`` without findings.
+    """
+    if not findings:
+        return "hazards: none found\n"
+    counts = {s: sum(1 for f in findings if f.severity == s) for s in SEVERITIES}
+    head = ", ".join(f"{n} {s}{'s' if n != 1 and s != 'info' else ''}" for s, n in counts.items())
+    lines = [f"hazards: {head}"]
+    shown = findings if limit is None else findings[:limit]
+    for f in shown:
+        steps = f"{len(f.steps)} step{'s' if len(f.steps) != 1 else ''}"
+        lines.append(f"  {f.severity:<7} {f.code}: {f.message}")
+        where = "; ".join(f.call_sites[:3]) or "(unknown call site)"
+        lines.append(f"          at {where}; {format_bytes(f.bytes)}, {steps}")
+        lines.append(f"          fix: {f.fix}")
+    if len(shown) < len(findings):
+        lines.append(f"  ... and {len(findings) - len(shown)} more")
+    return "\n".join(lines) + "\n"
+
+
+# Re-exported helpers for the CLI and the pytest plugin.
+format_bytes = format_bytes
+is_hot = is_hot

@@ -1,0 +1,174 @@
+"""Copy budgets: per-step and total limits on bytes and copies, and forbidden hazards.
+
+Used by ``copytrace check`` and by the pytest plugin; each violation is one line naming the
+call sites responsible.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from copytrace.analysis._findings import SEVERITIES, Finding, normalize_codes
+from copytrace.analysis._rules import format_bytes
+from copytrace.analysis._view import Ev
+
+__all__ = ["Budget", "StepTotal", "step_totals", "check_budget", "parse_bytes"]
+
+
+@dataclass
+class StepTotal:
+    """Copies of one step of one run.
+
+    Attributes:
+        run: run index (0 in memory).
+        step: step number.
+        bytes: bytes of new storage allocated by copies (``bytes_allocated``, groups excluded).
+        copies: copy events (not aliases, not no-ops, not groups, not failed calls).
+        sites: ``call site -> [bytes, copies]``.
+    """
+
+    run: int
+    step: int
+    bytes: int = 0
+    copies: int = 0
+    sites: dict[str, list[int]] = field(default_factory=dict)
+
+    def top_sites(self, n: int = 3) -> str:
+        """The ``n`` call sites with the most bytes (then copies), formatted."""
+        rows = sorted(self.sites.items(), key=lambda kv: (-kv[1][0], -kv[1][1], kv[0]))[:n]
+        return ", ".join(f"{site} ({b} B, {_copies(c)})" for site, (b, c) in rows)
+
+
+@dataclass
+class Budget:
+    """Limits; ``None`` means unlimited.
+
+    Attributes:
+        max_bytes_per_step, max_copies_per_step: per step of each run.
+        max_bytes, max_copies: over the whole trace.
+        forbid: hazard codes that must not be found (see :func:`normalize_codes`).
+        warmup_steps: steps (from 0) left out of the per-step limits.
+    """
+
+    max_bytes_per_step: int | None = None
+    max_copies_per_step: int | None = None
+    max_bytes: int | None = None
+    max_copies: int | None = None
+    forbid: Sequence[str] = ()
+    warmup_steps: int = 0
+
+
+def _copies(n: int) -> str:
+    return f"{n} copy" if n == 1 else f"{n} copies"
+
+
+def _is_counted(e: Ev) -> bool:
+    return not e.group and not e.alias and not e.noop and e.error is None
+
+
+def step_totals(runs: list[list[Ev]]) -> list[StepTotal]:
+    """Per-step totals of every run, in (run, step) order (steps without copies omitted)."""
+    totals: dict[tuple[int, int], StepTotal] = {}
+    for events in runs:
+        for e in events:
+            if not _is_counted(e):
+                continue
+            key = (e.run or 0, e.step or 0)
+            total = totals.get(key)
+            if total is None:
+                total = totals[key] = StepTotal(run=key[0], step=key[1])
+            total.bytes += e.bytes_allocated
+            total.copies += 1
+            row = total.sites.setdefault(e.site or "(unknown call site)", [0, 0])
+            row[0] += e.bytes_allocated
+            row[1] += 1
+    return [totals[k] for k in sorted(totals)]
+
+
+def _label(t: StepTotal, many_runs: bool) -> str:
+    return f"run {t.run} step {t.step}" if many_runs else f"step {t.step}"
+
+
+def check_budget(runs: list[list[Ev]], findings: list[Finding], budget: Budget) -> list[str]:
+    """One line per violated limit or forbidden finding; empty when within budget."""
+    lines: list[str] = []
+    totals = step_totals(runs)
+    many = len(runs) > 1
+    per_step = [t for t in totals if t.step >= budget.warmup_steps]
+    for limit, attr, what, flag in (
+        (budget.max_bytes_per_step, "bytes", "bytes", "max-bytes-per-step"),
+        (budget.max_copies_per_step, "copies", "copies", "max-copies-per-step"),
+    ):
+        if limit is None:
+            continue
+        over = [t for t in per_step if getattr(t, attr) > limit]
+        if not over:
+            continue
+        worst = max(over, key=lambda t: (getattr(t, attr), -t.step))
+        shown = format_bytes(limit) if attr == "bytes" else str(limit)
+        lines.append(
+            f"{what} per step over {flag} {shown} in {len(over)} of {len(per_step)} step(s) "
+            f"with copies; worst {_label(worst, many)}: {format_bytes(worst.bytes)} in "
+            f"{_copies(worst.copies)}, top call sites: {worst.top_sites()}"
+        )
+    if budget.max_bytes is not None or budget.max_copies is not None:
+        whole = StepTotal(run=0, step=0)
+        for t in totals:
+            whole.bytes += t.bytes
+            whole.copies += t.copies
+            for site, (b, c) in t.sites.items():
+                row = whole.sites.setdefault(site, [0, 0])
+                row[0] += b
+                row[1] += c
+        if budget.max_bytes is not None and whole.bytes > budget.max_bytes:
+            lines.append(
+                f"bytes allocated {format_bytes(whole.bytes)} over max-bytes "
+                f"{format_bytes(budget.max_bytes)} ({_copies(whole.copies)}), top call sites: "
+                f"{whole.top_sites()}"
+            )
+        if budget.max_copies is not None and whole.copies > budget.max_copies:
+            lines.append(
+                f"copies {whole.copies} over max-copies {budget.max_copies} "
+                f"({format_bytes(whole.bytes)}), top call sites: {whole.top_sites()}"
+            )
+    forbidden = set(normalize_codes(budget.forbid))
+    for f in findings:
+        if f.code in forbidden:
+            sites = ", ".join(f.call_sites[:3]) or "(unknown call site)"
+            lines.append(f"forbidden hazard {f.code} ({f.severity}) at {sites}: {f.message}")
+    return lines
+
+
+_BYTES = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?i?b?)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 1000, "m": 1000**2, "g": 1000**3, "t": 1000**4}
+
+
+def parse_bytes(text: Any) -> int:
+    """``"4096"``, ``"4KiB"``, ``"1.5MB"``, ``"2G"`` -> bytes (``K``/``KB`` = 1000, ``KiB``
+    = 1024).
+
+    Raises:
+        ValueError: for anything else, or a negative value.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        if text < 0:
+            raise ValueError(f"byte count must be >= 0, got {text}")
+        return text
+    m = _BYTES.match(str(text))
+    if not m:
+        raise ValueError(f"not a byte count: {text!r} (e.g. 4096, 64KiB, 1.5MB)")
+    number, unit = float(m.group(1)), (m.group(2) or "").lower()
+    binary = "i" in unit
+    base = unit[:1] if unit[:1] in "kmgt" and unit else ""
+    scale = 1024 ** ("kmgt".index(base) + 1) if binary and base else _UNITS[base]
+    return int(number * scale)
+
+
+def severity_codes(level: str) -> list[str]:
+    """Codes at ``level`` or more severe (``warning`` -> error and warning codes)."""
+    if level not in SEVERITIES:
+        raise ValueError(f"unknown severity {level!r}; one of {', '.join(SEVERITIES)}")
+    return normalize_codes(SEVERITIES[: SEVERITIES.index(level) + 1])

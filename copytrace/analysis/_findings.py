@@ -1,0 +1,120 @@
+"""The :class:`Finding` record and the catalogue of hazard codes."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = ["Finding", "Hazard", "HAZARDS", "SEVERITIES", "normalize_codes"]
+
+#: Severities, most severe first.
+SEVERITIES = ("error", "warning", "info")
+
+
+@dataclass(frozen=True)
+class Hazard:
+    """One hazard code: what it means and how severe it is (see ``docs/hazards.md``)."""
+
+    code: str
+    severity: str
+    title: str
+
+
+#: Every hazard code, in report order. Codes are stable: CI configurations name them.
+HAZARDS: dict[str, Hazard] = {
+    h.code: h
+    for h in (
+        Hazard("data-inplace", "error",
+               "in-place write through `.data` (or `.data =`) to a tensor saved for backward"),
+        Hazard("graph-retaining-copy", "warning",
+               "attached copy outlives its step, keeping its autograd graph alive"),
+        Hazard("aliasing-snapshot", "warning",
+               "`state_dict()` kept as a snapshot without copying, then changed in place"),
+        Hazard("redundant-copy", "warning",
+               "the same unchanged data copied more than once in a step, or a copy of a copy"),
+        Hazard("round-trip", "warning",
+               "data copied host->device->host (or device->host->device) unchanged"),
+        Hazard("pageable-transfer", "warning",
+               "host-to-device copy from pageable memory without non_blocking, every step"),
+        Hazard("deepcopy-in-loop", "warning", "copy.deepcopy every step"),
+        Hazard("tensor-ctor-copy", "warning", "torch.tensor(t) / t.new_tensor(t) of a tensor"),
+        Hazard("clone-detach-order", "info", "clone().detach() instead of detach().clone()"),
+        Hazard("noop-conversion", "info",
+               "conversion that returns its input unchanged, every step"),
+    )
+}  # fmt: skip
+
+
+@dataclass
+class Finding:
+    """One hazard found in a trace, with its evidence.
+
+    Attributes:
+        code: stable hazard code, a key of :data:`HAZARDS` (``redundant-copy``...).
+        severity: ``error``, ``warning`` or ``info``.
+        message: what happened, in one or two sentences, with the numbers.
+        fix: the fix, in one sentence.
+        call_sites: ``file:line function`` of the code involved, most relevant first.
+        bytes: bytes at stake (copied, moved, written or kept alive; see ``docs/hazards.md``).
+        steps: steps in which it happened, sorted.
+        event_seqs: the events that show it: ``CopyEvent.seq`` for in-memory events, the
+            event's index in its run's ``events`` for a loaded trace.
+        run: index of the run (traced process) in a loaded trace; 0 in memory.
+        span_ids: span ids of those events in a loaded trace (empty in memory).
+    """
+
+    code: str
+    severity: str
+    message: str
+    fix: str
+    call_sites: list[str] = field(default_factory=list)
+    bytes: int = 0
+    steps: list[int] = field(default_factory=list)
+    event_seqs: list[int] = field(default_factory=list)
+    run: int = 0
+    span_ids: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """All fields as a plain dict (JSON-ready)."""
+        return asdict(self)
+
+    def one_line(self) -> str:
+        """``severity code at site: message`` on one line."""
+        where = f" at {self.call_sites[0]}" if self.call_sites else ""
+        return f"{self.severity} {self.code}{where}: {self.message}"
+
+    def __str__(self) -> str:
+        return self.one_line()
+
+
+def normalize_codes(codes: Any) -> list[str]:
+    """Turn ``"data_inplace,redundant-copy"`` or a list of codes into valid hazard codes.
+
+    Underscores are accepted for hyphens, case is ignored, ``all`` means every code and a
+    severity name (``error``, ``warning``, ``info``) means every code of that severity.
+
+    Raises:
+        ValueError: for an unknown code (the message lists the valid ones).
+    """
+    if codes is None:
+        return []
+    if isinstance(codes, str):
+        codes = codes.split(",")
+    out: list[str] = []
+    for raw in codes:
+        name = str(raw).strip().lower().replace("_", "-")
+        if not name:
+            continue
+        if name == "all":
+            picked = list(HAZARDS)
+        elif name in SEVERITIES:
+            picked = [c for c, h in HAZARDS.items() if h.severity == name]
+        elif name in HAZARDS:
+            picked = [name]
+        else:
+            raise ValueError(
+                f"unknown hazard code {raw!r}; valid codes: {', '.join(HAZARDS)} "
+                "(or all, error, warning, info)"
+            )
+        out.extend(c for c in picked if c not in out)
+    return out

@@ -1,0 +1,177 @@
+"""Check a trace against copy budgets and forbidden hazards; exit 1 on any violation."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import TextIO
+
+__all__ = ["register", "handle", "EXIT_VIOLATION"]
+
+#: Exit status when the trace breaks a budget or shows a forbidden hazard.
+EXIT_VIOLATION = 1
+
+
+def _bytes(text: str) -> int:
+    from copytrace.analysis import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Load the trace, analyse it and check the budget.
+
+    Prints one line per violation on stderr (``copytrace check: <reason>``) and a one-line
+    verdict on stdout; with ``--findings`` also every finding.
+
+    Returns:
+        0 within budget, :data:`EXIT_VIOLATION` (1) otherwise.
+
+    Raises:
+        TraceFileError: If the trace path is missing, empty or unreadable.
+        CopytraceError: For an unknown hazard code or severity.
+    """
+    from copytrace._errors import CopytraceError
+    from copytrace.analysis import (
+        Budget,
+        analyze,
+        check,
+        format_bytes,
+        format_findings,
+        normalize_codes,
+        severity_codes,
+    )
+    from copytrace.dashboards import load_trace
+
+    out = out or sys.stdout
+    err = err or sys.stderr
+    try:
+        forbid = normalize_codes(args.forbid)
+        if args.fail_on:
+            forbid += [c for c in severity_codes(args.fail_on) if c not in forbid]
+    except ValueError as e:
+        raise CopytraceError(str(e)) from None
+    path = Path(args.path)
+    trace = load_trace(path)
+    if trace.bad_lines:
+        print(
+            f"copytrace: warning: skipped {trace.bad_lines} unreadable line(s) in {path}",
+            file=err,
+        )
+    budget = Budget(
+        max_bytes_per_step=args.max_bytes_per_step,
+        max_copies_per_step=args.max_copies_per_step,
+        max_bytes=args.max_bytes,
+        max_copies=args.max_copies,
+        forbid=forbid,
+        warmup_steps=args.warmup_steps,
+    )
+    findings = analyze(trace)
+    violations, _ = check(trace, budget, findings)
+    if args.findings:
+        out.write(format_findings(findings))
+    for line in violations:
+        print(f"copytrace check: {line}", file=err)
+    from copytrace.analysis import step_totals
+    from copytrace.analysis._view import runs_of
+
+    totals = step_totals(runs_of(trace))
+    worst_bytes = max((t.bytes for t in totals), default=0)
+    worst_copies = max((t.copies for t in totals), default=0)
+    verdict = "FAILED" if violations else "OK"
+    print(
+        f"copytrace check: {verdict}: {len(violations)} violation(s); "
+        f"{len(findings)} finding(s); worst step {format_bytes(worst_bytes)}, "
+        f"{worst_copies} copies",
+        file=out,
+    )
+    return EXIT_VIOLATION if violations else 0
+
+
+def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the ``check`` subcommand to ``subparsers``.
+
+    Args:
+        subparsers: What ``ArgumentParser.add_subparsers()`` returned.
+
+    Returns:
+        The new subcommand parser.
+    """
+    doc = (__doc__ or "").strip()
+    short = doc[:1].lower() + doc[1:].rstrip(".")
+    parser = subparsers.add_parser(
+        "check",
+        help=short,
+        description=doc
+        + ". Byte counts take K/M/G (x1000) or KiB/MiB/GiB (x1024). Hazard codes are listed"
+        " in docs/hazards.md; underscores work for hyphens (data_inplace).",
+    )
+    parser.add_argument(
+        "path", metavar="PATH", help="trace file (*.otlp.jsonl[.gz]) or a directory of them"
+    )
+    parser.add_argument(
+        "--max-bytes-per-step",
+        type=_bytes,
+        metavar="N",
+        default=None,
+        help="fail when a step allocates more than N bytes in copies",
+    )
+    parser.add_argument(
+        "--max-copies-per-step",
+        type=_count,
+        metavar="N",
+        default=None,
+        help="fail when a step makes more than N copies",
+    )
+    parser.add_argument(
+        "--max-bytes",
+        type=_bytes,
+        metavar="N",
+        default=None,
+        help="fail when the whole trace allocates more than N bytes in copies",
+    )
+    parser.add_argument(
+        "--max-copies",
+        type=_count,
+        metavar="N",
+        default=None,
+        help="fail when the whole trace makes more than N copies",
+    )
+    parser.add_argument(
+        "--forbid",
+        metavar="CODES",
+        default="",
+        help="comma-separated hazard codes that fail the check "
+        "(e.g. data-inplace,graph-retaining-copy; 'all' for every code)",
+    )
+    parser.add_argument(
+        "--fail-on",
+        metavar="SEVERITY",
+        default=None,
+        choices=("error", "warning", "info"),
+        help="fail on any hazard of this severity or worse",
+    )
+    parser.add_argument(
+        "--warmup-steps",
+        type=_count,
+        metavar="N",
+        default=0,
+        help="leave steps 0..N-1 out of the per-step limits (default 0)",
+    )
+    parser.add_argument("--findings", action="store_true", help="also print every hazard found")
+    parser.set_defaults(handler=handle)
+    return parser

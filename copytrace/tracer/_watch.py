@@ -1,0 +1,492 @@
+"""Runtime facts for the hazard analyser that an event, once recorded, cannot carry by itself.
+
+The recorder owns one :class:`Watch` per trace and calls it at five points:
+
+* :meth:`Watch.event`, for every recorded event: storage identity as trace-unique ids (never
+  addresses, which the allocator reuses), the input's view (offset, strides) and version
+  counter, the result's storage id and version. It also starts the few watches below; every watch holds weak references only.
+* :meth:`Watch.before_op`, from the dispatch mode, **only while** a ``.data`` alias of a tensor
+  that requires grad is alive (``Watch.aliases`` non-empty): an in-place aten op whose written
+  tensor is that alias (or a view of it) is a write autograd cannot see, since ``.data`` has
+  its own version counter. The write's storage and the autograd sequence number at that
+  moment are kept as a *pending write*.
+* :meth:`Watch.backward`, for ``Tensor.backward``, ``torch.autograd.backward`` and
+  ``torch.autograd.grad``: when a pending write (or a ``.data =`` rebinding) exists, the graph
+  about to run is walked before it runs; a node created before the write (smaller sequence
+  number) whose saved tensor lives in the written storage computes a silently wrong gradient.
+  Saved tensors are read through ``SavedTensor.data``, which neither runs saved-tensor hooks
+  nor checks versions; hooked (checkpointed, offloaded) tensors are skipped.
+* :meth:`Watch.step_end`, at each step boundary, and :meth:`Watch.finish` when tracing
+  stops: attached copies of the step that are still alive with a graph that still holds saved
+  tensors (no backward ran through it), and ``state_dict()`` aliases whose source was changed
+  in place while they were kept.
+
+Nothing here reads tensor data or syncs a device: storages, offsets, strides, version
+counters, autograd node metadata only. Any error is counted by the recorder and swallowed.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from copytrace.tracer._callsite import user_frame
+
+if TYPE_CHECKING:
+    from copytrace.tracer._events import CopyEvent
+    from copytrace.tracer._recorder import Recorder
+
+__all__ = ["Watch", "BACKWARD_FUNCTIONS", "StorageIds"]
+
+_Tensor = torch.Tensor
+_seq_nr = torch._C._autograd._get_sequence_nr
+
+#: Entry points of a backward pass as the function mode sees them (``Tensor.backward`` calls
+#: ``torch.autograd.backward`` with the mode popped, so one backward is seen once).
+BACKWARD_FUNCTIONS = (_Tensor.backward, torch.autograd.backward, torch.autograd.grad)
+
+# Caps that keep the cold-path work bounded on huge graphs and long programs.
+_MAX_NODES = 200_000
+_MAX_ATTACHED = 100_000
+_MAX_SNAPSHOTS = 100_000
+
+
+def _site(frame: Any) -> str | None:
+    found = user_frame(frame)
+    if found is None:
+        return None
+    return f"{found[0]}:{found[1]} {found[2]}"
+
+
+class StorageIds:
+    """Trace-unique ids for storages, by identity (weak references; ids are never reused).
+
+    torch keeps one Python object per live storage, so identity is stable while the storage
+    lives; a storage allocated later at the same address gets a new id.
+    """
+
+    def __init__(self) -> None:
+        self._ids: dict[int, tuple[weakref.ref, int]] = {}
+        self._next = 1
+        self._limit = 4096
+
+    def of(self, t: Any) -> int | None:
+        try:
+            storage = t.untyped_storage()
+        except Exception:  # sparse, nested, some wrapper subclasses: no single storage
+            return None
+        key = id(storage)
+        entry = self._ids.get(key)
+        if entry is not None and entry[0]() is storage:
+            return entry[1]
+        uid = self._next
+        self._next += 1
+        if len(self._ids) >= self._limit:
+            self._ids = {k: v for k, v in self._ids.items() if v[0]() is not None}
+            self._limit = max(4096, 2 * len(self._ids))
+        self._ids[key] = (weakref.ref(storage), uid)
+        return uid
+
+
+class _Alias:
+    """A live ``.data`` alias of a tensor that requires grad."""
+
+    __slots__ = ("ref", "src", "ev")
+
+    def __init__(self, ref: weakref.ref, src: weakref.ref, ev: CopyEvent) -> None:
+        self.ref = ref
+        self.src = src
+        self.ev = ev
+
+
+class _Pending:
+    """An in-place write through a ``.data`` alias, or a ``.data =`` rebinding, not yet
+    checked against a backward pass."""
+
+    __slots__ = ("ref", "marker", "site", "alias")
+
+    def __init__(self, ref: weakref.ref, marker: int, site: str | None, alias: _Alias) -> None:
+        self.ref = ref  # the written storage (write) or the rebound tensor (rebind)
+        self.marker = marker  # autograd sequence number at the write: older nodes are < it
+        self.site = site
+        self.alias = alias
+
+
+class Watch:
+    """Runtime facts for :mod:`copytrace.analysis`; one per :class:`Recorder`."""
+
+    def __init__(self, rec: Recorder) -> None:
+        self.rec = rec
+        self.ids = StorageIds()
+        #: id(alias tensor) -> entry; the dispatch mode checks writes only while non-empty.
+        self.aliases: dict[int, _Alias] = {}
+        self.writes: dict[int, _Pending] = {}  # id(storage) -> pending write
+        self.rebinds: dict[int, _Pending] = {}  # id(tensor) -> pending `.data =` rebinding
+        self.attached: list[tuple[weakref.ref, CopyEvent]] = []  # this step's attached copies
+        self.snapshots: list[tuple[weakref.ref, int, CopyEvent]] = []
+        self._written: dict[Any, tuple[tuple[int, str], ...]] = {}
+
+    def live_events(self) -> list[CopyEvent]:
+        """Events whose facts a later check may still change (an exporter holds them back)."""
+        # copy() first: weakref callbacks (an alias dying during a GC) may change the dict
+        events = [entry.ev for entry in self.aliases.copy().values()]
+        for table in (self.writes, self.rebinds):
+            events.extend(p.alias.ev for p in table.values())
+        events.extend(ev for _, ev in self.attached)
+        events.extend(ev for _, _, ev in self.snapshots)
+        return events
+
+    # -- every event ----------------------------------------------------------------------
+    def event(self, ev: CopyEvent, op: str, src: Any, out: Any) -> None:
+        """Add storage facts to ``ev`` and start the watches it calls for. Never raises."""
+        try:
+            self._event(ev, op, src, out)
+        except Exception as err:
+            self.rec.note_error(err)
+
+    def _event(self, ev: CopyEvent, op: str, src: Any, out: Any) -> None:
+        ids = self.ids
+        ev.src_storage = sid = ids.of(src)
+        if sid is not None:
+            ev.src_offset = src.storage_offset()
+            ev.src_stride = tuple(src.stride())
+            ev.src_version = _version(src)
+        if ev.error is not None:
+            return
+        if isinstance(out, _Tensor):
+            ev.dst_storage = sid if out is src else ids.of(out)
+            ev.dst_version = _version(out)
+        elif ev.alias:
+            ev.dst_storage = sid  # numpy(): an ndarray on the same memory
+        if not isinstance(out, _Tensor):
+            return
+        if op == "data_get":
+            if ev.src_requires_grad and out is not src:
+                self._watch_alias(out, src, ev)
+        elif op == "data_set":
+            self._watch_rebind(out, ev)
+        elif op == "detach" and _from_state_dict(ev):
+            ev.snapshot = True
+            if len(self.snapshots) < _MAX_SNAPSHOTS:
+                self.snapshots.append((weakref.ref(out), _version(out), ev))
+        if ev.graph == "attached" and not ev.alias and len(self.attached) < _MAX_ATTACHED:
+            self.attached.append((weakref.ref(out), ev))
+
+    def _watch_alias(self, alias: torch.Tensor, src: torch.Tensor, ev: CopyEvent) -> None:
+        key = id(alias)
+        aliases = self.aliases
+
+        def gone(ref: weakref.ref, key: int = key) -> None:
+            entry = aliases.get(key)
+            if entry is not None and entry.ref is ref:
+                del aliases[key]
+
+        ev.inplace_writes = 0
+        aliases[key] = _Alias(weakref.ref(alias, gone), weakref.ref(src), ev)
+
+    def _watch_rebind(self, dst: torch.Tensor, ev: CopyEvent) -> None:
+        site = f"{ev.file}:{ev.line} {ev.function}" if ev.file else None
+        entry = _Alias(weakref.ref(dst), weakref.ref(dst), ev)
+        self.rebinds[id(dst)] = _Pending(entry.ref, _seq_nr(), site, entry)
+
+    # -- dispatch mode, only while a `.data` alias is alive --------------------------------
+    def before_op(self, func: Any, args: tuple, kwargs: dict) -> None:
+        """Note an in-place write through a watched ``.data`` alias. Never raises."""
+        try:
+            written = self._written.get(func)
+            if written is None:
+                written = self._written[func] = _written_args(func)
+            if not written:
+                return
+            aliases = self.aliases
+            for index, name in written:
+                value = args[index] if index < len(args) else kwargs.get(name)
+                targets = value if isinstance(value, (list, tuple)) else (value,)
+                for t in targets:
+                    if not isinstance(t, _Tensor):
+                        continue
+                    base = t._base
+                    root = t if base is None else base
+                    entry = aliases.get(id(root))
+                    if entry is not None and entry.ref() is root:
+                        self._note_write(entry, root)
+        except Exception as err:
+            self.rec.note_error(err)
+
+    def _note_write(self, entry: _Alias, alias: torch.Tensor) -> None:
+        ev = entry.ev
+        ev.inplace_writes = (ev.inplace_writes or 0) + 1
+        storage = alias.untyped_storage()
+        site = _site(sys._getframe(2))
+        self.writes[id(storage)] = _Pending(weakref.ref(storage), _seq_nr(), site, entry)
+
+    # -- backward ---------------------------------------------------------------------------
+    def backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Run a backward entry point; first check the graph against pending writes."""
+        if self.writes or self.rebinds:
+            try:
+                self._check_backward(func, args, kwargs)
+            except Exception as err:
+                self.rec.note_error(err)
+        return func(*args, **kwargs)
+
+    def _check_backward(self, func: Any, args: tuple, kwargs: dict) -> None:
+        roots = _backward_roots(func, args, kwargs)
+        writes = {k: w for k, w in self.writes.items() if w.ref() is not None}
+        rebinds: dict[int, tuple[torch.Tensor, _Pending]] = {}
+        for pending in self.rebinds.values():
+            t = pending.ref()
+            if t is not None:
+                rebinds[id(t.untyped_storage())] = (t, pending)
+        markers = [p.marker for p in writes.values()] + [p[1].marker for p in rebinds.values()]
+        if not markers:
+            self.writes, self.rebinds = {}, {}
+            return
+        newest = max(markers)
+        hits: set[int] = set()
+        min_seq = None
+        for node in _walk(roots):
+            if type(node).__name__ == "AccumulateGrad":
+                continue
+            seq = node._sequence_nr()
+            if min_seq is None or seq < min_seq:
+                min_seq = seq
+            if seq >= newest:
+                continue
+            for name, saved in _saved_tensors(node):
+                storage = saved.untyped_storage()
+                key = id(storage)
+                write = writes.get(key)
+                if write is not None and seq < write.marker and write.ref() is storage:
+                    self._hazard(write, node, name)
+                    hits.add(id(write))
+                found = rebinds.get(key)
+                if found is not None and seq < found[1].marker:
+                    dst, pending = found
+                    if _unpacked(node, name) is dst:
+                        self._hazard(pending, node, name)
+                        hits.add(id(pending))
+
+        def keep(p: _Pending) -> bool:
+            # Drop what was found, what died, and what only newer graphs could use.
+            if id(p) in hits or p.ref() is None:
+                return False
+            return min_seq is not None and min_seq < p.marker
+
+        self.writes = {k: p for k, p in self.writes.items() if keep(p)}
+        self.rebinds = {k: p for k, p in self.rebinds.items() if keep(p)}
+
+    def _hazard(self, pending: _Pending, node: Any, name: str) -> None:
+        ev = pending.alias.ev
+        label = f"{type(node).__name__}.{name}"
+        if label not in ev.saved_by:
+            ev.saved_by = (*ev.saved_by, label)
+        if ev.write_site is None:
+            ev.write_site = pending.site
+        if ev.src_name is None:
+            src = pending.alias.src()
+            if src is not None:
+                ev.src_name = self._name_of(src)
+
+    def _name_of(self, t: torch.Tensor) -> str | None:
+        """``Module.path.param`` of a parameter or buffer of a module seen in forward."""
+        for entry in list(self.rec._module_names.values()):
+            module, path = entry[0](), entry[1]
+            if module is None:
+                continue
+            for table in (module._parameters, module._buffers):
+                for name, value in table.items():
+                    if value is t:
+                        return f"{path}.{name}"
+        return None
+
+    # -- step boundaries ----------------------------------------------------------------------
+    def step_end(self, final: bool = False) -> None:
+        """Check this step's attached copies and the kept ``state_dict()`` aliases."""
+        try:
+            self._check_retained(final)
+            self._check_snapshots()
+        except Exception as err:
+            self.rec.note_error(err)
+
+    def finish(self) -> None:
+        """Last checks when tracing stops; then drop every watch."""
+        self.step_end(final=True)
+        self.aliases.clear()
+        self.writes.clear()
+        self.rebinds.clear()
+        self.snapshots.clear()
+
+    def _check_retained(self, final: bool) -> None:
+        attached, self.attached = self.attached, []
+        seen: set[int] = set()
+        keep_alive: list[Any] = []  # node wrappers, so that ids in `seen` stay unique
+        leaves: set[int] = set()
+        found: list[tuple[CopyEvent, dict[int, Any]]] = []
+        for ref, ev in attached:
+            t = ref()
+            if t is None:
+                continue
+            grad_fn = t.grad_fn
+            del t
+            if grad_fn is not None:
+                found.append((ev, _saved_storages(grad_fn, seen, keep_alive, leaves)))
+        counted = leaves  # a storage kept alive by several graphs counts once, first
+        retained: list[tuple[CopyEvent, int]] = []
+        for ev, saved in found:
+            nbytes = 0
+            for key, storage in saved.items():
+                if key not in counted:
+                    counted.add(key)
+                    nbytes += storage.nbytes()
+            if nbytes > 0:
+                retained.append((ev, nbytes))
+        if final:
+            # When tracing stops mid-step, one attached result still waiting for its backward
+            # (a forward output) is normal; several from one line are being accumulated.
+            per_site: dict[tuple, int] = {}
+            for ev, _ in retained:
+                per_site[(ev.file, ev.line)] = per_site.get((ev.file, ev.line), 0) + 1
+            retained = [(ev, n) for ev, n in retained if per_site[(ev.file, ev.line)] > 1]
+        for ev, nbytes in retained:
+            ev.retained_bytes = (ev.retained_bytes or 0) + nbytes
+
+    def _check_snapshots(self) -> None:
+        keep = []
+        for ref, version, ev in self.snapshots:
+            t = ref()
+            if t is None:
+                continue
+            if _version(t) != version:
+                ev.stale = True
+                continue
+            keep.append((ref, version, ev))
+        self.snapshots = keep
+
+
+# --- helpers -------------------------------------------------------------------------------------
+def _version(t: Any) -> int | None:
+    try:
+        return t._version
+    except Exception:  # inference tensors have no version counter
+        return None
+
+
+def _from_state_dict(ev: CopyEvent) -> bool:
+    """Whether a ``detach`` event was made by ``Module._save_to_state_dict``."""
+    via = ev.via
+    return isinstance(via, str) and via.endswith("_save_to_state_dict")
+
+
+def _written_args(func: Any) -> tuple[tuple[int, str], ...]:
+    try:
+        arguments = func._schema.arguments
+    except AttributeError:
+        return ()
+    return tuple(
+        (i, a.name)
+        for i, a in enumerate(arguments)
+        if a.alias_info is not None and a.alias_info.is_write
+    )
+
+
+def _backward_roots(func: Any, args: tuple, kwargs: dict) -> list[Any]:
+    if func is _Tensor.backward:
+        tensors = args[0] if args else kwargs.get("self")
+    elif func is torch.autograd.grad:
+        tensors = args[0] if args else kwargs.get("outputs")
+    else:
+        tensors = args[0] if args else kwargs.get("tensors")
+    if isinstance(tensors, _Tensor):
+        tensors = (tensors,)
+    roots = []
+    for t in tensors or ():
+        grad_fn = getattr(t, "grad_fn", None)
+        if grad_fn is not None:
+            roots.append(grad_fn)
+    return roots
+
+
+def _walk(roots: list[Any], seen: set[int] | None = None, keep: list[Any] | None = None):
+    """Yield each autograd node reachable from ``roots`` once (bounded)."""
+    seen = set() if seen is None else seen
+    keep = [] if keep is None else keep
+    stack = []
+    for root in roots:
+        if id(root) not in seen:
+            seen.add(id(root))
+            keep.append(root)
+            stack.append(root)
+    count = 0
+    while stack and count < _MAX_NODES:
+        node = stack.pop()
+        count += 1
+        yield node
+        for nxt, _ in node.next_functions:
+            if nxt is not None and id(nxt) not in seen:
+                seen.add(id(nxt))
+                keep.append(nxt)
+                stack.append(nxt)
+
+
+_SAVED_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_tensors(node: Any):
+    """Yield ``(name, tensor)`` for each saved tensor of ``node`` still held, without running
+    saved-tensor hooks (hooked entries are skipped) and without version checks."""
+    names = _SAVED_NAMES.get(type(node))
+    if names is None:
+        names = _SAVED_NAMES[type(node)] = tuple(
+            n for n in dir(node) if n.startswith("_raw_saved_")
+        )
+    for attr in names:
+        try:
+            raw = getattr(node, attr)
+        except Exception:  # freed (after backward) or not applicable
+            continue
+        name = attr[len("_raw_saved_") :]
+        many = isinstance(raw, (list, tuple))
+        for i, saved in enumerate(raw if many else (raw,)):
+            if saved is None or getattr(saved, "unpack_hook", None) is not None:
+                continue
+            data = saved.data
+            if isinstance(data, _Tensor):
+                yield (f"{name}[{i}]" if many else name), data
+
+
+def _unpacked(node: Any, name: str) -> Any:
+    """The saved tensor as autograd unpacks it (the original object for a saved leaf); None
+    when unpacking would run a saved-tensor hook."""
+    base, _, index = name.partition("[")
+    try:
+        raw = getattr(node, "_raw_saved_" + base)
+        items = raw if isinstance(raw, (list, tuple)) else (raw,)
+        if any(getattr(r, "unpack_hook", None) is not None for r in items if r is not None):
+            return None
+        if hasattr(node, "_saved_" + base):
+            value = getattr(node, "_saved_" + base)
+        else:  # a custom autograd.Function: ctx.saved_tensors
+            value = node.saved_tensors
+        return value[int(index.rstrip("]"))] if index else value
+    except Exception:  # freed, or modified in place (autograd's own check refuses)
+        return None
+
+
+def _saved_storages(root: Any, seen: set[int], keep: list[Any], leaves: set[int]) -> dict[int, Any]:
+    """Storages saved by the graph under ``root`` (nodes not in ``seen``) and not yet freed,
+    by id; adds the storages of leaves that require grad (AccumulateGrad) to ``leaves``."""
+    saved: dict[int, Any] = {}
+    for node in _walk([root], seen, keep):
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, _Tensor):  # AccumulateGrad: a parameter, alive anyway
+            leaves.add(id(variable.untyped_storage()))
+            keep.append(variable.untyped_storage())
+            continue
+        for _, tensor in _saved_tensors(node):
+            storage = tensor.untyped_storage()
+            saved[id(storage)] = storage
+    return saved

@@ -1,0 +1,205 @@
+"""The pytest plugin: ``@pytest.mark.copytrace(...)`` and the ``copy_budget`` fixture.
+
+Each test writes a small test file and runs pytest on it in this process (``pytester``). The
+plugin is loaded explicitly (``-p copytrace.pytest_plugin``) and the installed entry point is
+blocked (``-p no:copytrace``), so the tests behave the same whether or not the package's
+``pytest11`` entry point is installed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["pytester"]
+
+PLUGIN_ARGS = (
+    "-p", "no:copytrace", "-p", "copytrace.pytest_plugin",
+    # no cache files, no assertion rewriting, no end-of-session gc.collect() passes over
+    # torch's big heap, no hypothesis plugin (its summary imports hypothesis, and in-process
+    # runs drop what they import): each run then takes a fraction of a second
+    "-p", "no:cacheprovider", "-p", "no:unraisableexception", "--assert=plain",
+    "-p", "no:hypothesispytest",
+)  # fmt: skip
+
+HEADER = """
+import copy
+import pytest
+import torch
+
+"""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _import_what_tracing_imports() -> None:
+    # pytester's in-process runs drop the modules a run imported; torch registers operator
+    # libraries on import and refuses a second registration, so import them here first.
+    import torch
+
+    import copytrace
+
+    with copytrace.trace(write=False):
+        torch.zeros(1).clone()
+
+
+def run(pytester: pytest.Pytester, source: str, *args: str) -> pytest.RunResult:
+    pytester.makepyfile(test_budget=HEADER + source)
+    return pytester.runpytest_inprocess(*PLUGIN_ARGS, "--strict-markers", *args)
+
+
+def at(pytester: pytest.Pytester, text: str, function: str) -> str:
+    """``test_budget.py:<line> function`` of the line of the test file containing ``text``."""
+    lines = (pytester.path / "test_budget.py").read_text().splitlines()
+    (number,) = [i + 1 for i, line in enumerate(lines) if text in line]
+    return f"test_budget.py:{number} {function}"
+
+
+def failure_text(result: pytest.RunResult) -> str:
+    return "\n".join(result.outlines)
+
+
+def test_marker_within_budget_passes(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.copytrace(max_bytes=64, max_copies=1, forbid="all")
+def test_one_copy():
+    x = torch.arange(16.0)  # 64 B
+    assert x.clone().sum() == 120
+""",
+    )
+    result.assert_outcomes(passed=1)
+
+
+def test_marker_over_budget_fails_naming_the_call_sites(pytester: pytest.Pytester) -> None:
+    source = """
+@pytest.mark.copytrace(max_bytes=100, max_copies=1)
+def test_two_copies():
+    x = torch.arange(16.0)
+    a = x.clone()
+    b = x.double()
+"""
+    result = run(pytester, source)
+    result.assert_outcomes(failed=1)
+    text = failure_text(result)
+    assert "copytrace budget exceeded in test_budget.py::test_two_copies:" in text
+    assert (
+        "bytes allocated 192 B over max-bytes 100 B (2 copies), top call sites: "
+        f"{at(pytester, 'x.double()', 'test_two_copies')} (128 B, 1 copy), "
+        f"{at(pytester, 'x.clone()', 'test_two_copies')} (64 B, 1 copy)"
+    ) in text
+    assert "copies 2 over max-copies 1 (192 B)" in text
+    assert "Traceback" not in text  # pytrace=False: the message is the report
+
+
+def test_marker_forbidden_hazard_fails_with_the_fix(pytester: pytest.Pytester) -> None:
+    source = """
+@pytest.mark.copytrace(forbid=["redundant_copy"])
+def test_copies_twice():
+    x = torch.arange(16.0)
+    a = x.clone()
+    b = x.clone()
+"""
+    result = run(pytester, source)
+    result.assert_outcomes(failed=1)
+    text = failure_text(result)
+    assert (
+        f"forbidden hazard redundant-copy (warning) at "
+        f"{at(pytester, 'a = x', 'test_copies_twice')}, {at(pytester, 'b = x', 'test_copies_twice')}"
+        ": the same unchanged source (float32 16)"
+    ) in text
+    assert "fix: Make the copy once per step and reuse it." in text
+
+
+def test_fail_on_severity_and_per_step_limits(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.copytrace(fail_on="error", max_copies_per_step=1)
+def test_warning_only_one_copy_per_step():
+    x = torch.arange(4.0)
+    with torch.no_grad():
+        a = x.clone(); b = x.clone()  # a warning (redundant-copy) and 2 copies in step 0
+
+@pytest.mark.copytrace(fail_on="warning")
+def test_warning_fails():
+    x = torch.arange(4.0)
+    a = x.clone(); b = x.clone()
+""",
+    )
+    result.assert_outcomes(failed=2)
+    text = failure_text(result)
+    assert "copies per step over max-copies-per-step 1 in 1 of 1 step(s)" in text
+    assert "forbidden hazard redundant-copy" in text
+    assert text.count("forbidden hazard") == 1  # fail_on="error" ignores the warning
+
+
+def test_fixture_counts_only_the_block(pytester: pytest.Pytester) -> None:
+    source = """
+def test_block_within(copy_budget):
+    x = torch.arange(16.0)
+    before = x.clone()  # outside the block: not counted
+    with copy_budget(max_copies=1, forbid="all") as block:
+        y = x.double()
+    assert [e.op for e in block.events] == ["double"] and block.findings == []
+
+def test_block_over(copy_budget):
+    x = torch.arange(16.0)
+    with copy_budget(max_bytes=0):
+        z = x.double()
+"""
+    result = run(pytester, source)
+    result.assert_outcomes(passed=1, failed=1)
+    text = failure_text(result)
+    assert "copytrace budget exceeded in test_budget.py::test_block_over:" in text
+    assert f"{at(pytester, 'z = x', 'test_block_over')} (128 B, 1 copy)" in text
+
+
+def test_failing_test_is_reported_as_it_is(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.copytrace(max_copies=0)
+def test_fails_by_itself():
+    torch.arange(4.0).clone()
+    assert 1 == 2
+""",
+    )
+    result.assert_outcomes(failed=1)
+    text = failure_text(result)
+    assert "assert 1 == 2" in text and "copytrace budget" not in text
+
+
+def test_unknown_limit_is_a_usage_error(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+@pytest.mark.copytrace(max_megabytes=1)
+def test_typo():
+    pass
+""",
+    )
+    assert result.ret != 0
+    assert "unknown limit(s) max_megabytes" in failure_text(result) + "\n".join(result.errlines)
+
+
+def test_marker_is_registered(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(test_m="")
+    result = pytester.runpytest_inprocess(*PLUGIN_ARGS, "--markers")
+    assert any(line.startswith("@pytest.mark.copytrace(") for line in result.outlines)
+
+
+def test_entry_point_is_declared() -> None:
+    if sys.version_info < (3, 11):
+        pytest.skip("tomllib needs Python 3.11")
+    import tomllib
+
+    meta = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())
+    target = meta["project"]["entry-points"]["pytest11"]["copytrace"]
+    assert target == "copytrace.pytest_plugin"
+    module = importlib.import_module(target)
+    assert hasattr(module, "pytest_runtest_call") and hasattr(module, "copy_budget")
+    assert "torch" not in module.__dict__  # importing the plugin costs other suites nothing

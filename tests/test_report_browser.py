@@ -1,0 +1,172 @@
+"""Open the HTML report in a real browser: headless Chromium driven by Playwright.
+
+Uses the system Chromium (Debian's ``chromium`` package, ``/usr/bin/chromium``); never a
+browser downloaded by ``playwright install``. Skips when Playwright or Chromium is missing.
+Set ``COPYTRACE_CHROMIUM`` to use another Chromium binary.
+
+The report is built from two runs of the synthetic trace of ``tests/_tracegen.py`` (so the
+rank selector shows), whose module ``<script>alert(1)</script>`` must appear as text.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from _tracegen import SCRIPT_MODULE, write_trace
+
+pytest.importorskip("playwright.sync_api")
+
+CHROMIUM = (
+    os.environ.get("COPYTRACE_CHROMIUM")
+    or shutil.which("chromium")
+    or shutil.which("chromium-browser")
+    or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
+)
+if not CHROMIUM:
+    pytest.skip("no chromium binary (apt-get install chromium)", allow_module_level=True)
+
+ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+FIGURES = ["steps", "treemap", "timeline", "kinds", "transfers"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from copytrace.dashboards import write_report
+
+    root = tmp_path_factory.mktemp("browser")
+    write_trace(root / "trace", pid=1)
+    write_trace(root / "trace", pid=2)
+    return write_report(root / "trace", root / "report.html", analyze=False)
+
+
+class _Page:
+    """A loaded report page and the problems it reported."""
+
+    def __init__(self, browser: Any, path: Path) -> None:
+        self.errors: list[str] = []
+        self.dialogs: list[str] = []
+        self.requests: list[str] = []
+        self.page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        self.page.on(
+            "console",
+            lambda m: self.errors.append(f"console: {m.text}") if m.type == "error" else None,
+        )
+        self.page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.goto(path.as_uri())
+        self.page.wait_for_selector("body[data-ct-ready], body[data-ct-error]", timeout=30_000)
+        assert self.page.get_attribute("body", "data-ct-error") is None, self.errors
+
+
+@pytest.fixture(scope="module")
+def loaded(browser: Any, report: Path) -> Iterator[_Page]:
+    page = _Page(browser, report)
+    yield page
+    page.page.close()
+
+
+def test_every_figure_renders_without_errors(loaded: _Page) -> None:
+    page = loaded.page
+    figs = page.eval_on_selector_all("[data-fig]", "els => els.map(e => e.dataset.fig)")
+    assert figs == FIGURES
+    for fig in FIGURES:
+        div = page.locator(f"#fig-{fig}")
+        assert div.locator(".main-svg").count() >= 1, f"{fig} not drawn"
+        assert page.evaluate(f"!!document.getElementById('fig-{fig}')._fullLayout"), fig
+        assert div.bounding_box()["height"] > 100, fig
+    assert loaded.errors == []
+    assert loaded.dialogs == []
+    # offline: the page asked for nothing but itself
+    assert [u for u in loaded.requests if not u.startswith("file:")] == []
+    # the headline answers: copy-time share of a step and the top sources of copy bytes
+    kpis = page.locator("#ct-kpis").inner_text()
+    assert "COPY TIME SHARE OF EACH STEP (STEADY STATE)" in kpis.upper()
+    assert "16.7%" in kpis  # step 1 of each run: 5 ms of 30 ms
+    top = page.locator("#ct-top-bytes li")
+    assert top.count() == 4
+    assert top.first.inner_text().startswith("1\ntrain.py:11 forward")
+
+
+def test_hover_on_a_timeline_point_shows_the_call_site(loaded: _Page) -> None:
+    page = loaded.page
+    page.locator("#fig-timeline").scroll_into_view_if_needed()
+    points = page.locator("#fig-timeline .scatterlayer .trace .point")
+    # 5 copies in each of the 2 runs (aliases hidden by default), plus a hazard mark on each
+    # run's h2d copy
+    assert points.count() == 12
+    box = points.first.bounding_box()
+    page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    hover = page.locator("#fig-timeline .hoverlayer")
+    hover.locator("text").first.wait_for(timeout=5_000)
+    text = hover.text_content() or ""
+    assert "call site: train.py:" in text
+    assert "bytes: allocated" in text and "shape [10, 100]" in text
+    page.mouse.move(1, 1)
+
+
+def test_trace_strings_show_as_text(loaded: _Page) -> None:
+    page = loaded.page
+    assert page.evaluate("document.scripts.length") == 3  # plotly.js, data, report script
+    table = page.locator("#ct-sources-table").inner_text()
+    assert SCRIPT_MODULE in table  # the module of train.py:10, as text
+    page.locator("#ct-groupby button[data-v=module]").click()
+    assert SCRIPT_MODULE in page.locator("#ct-sources-table").inner_text()
+    page.locator("#ct-groupby button[data-v=site]").click()
+    # plotly text (treemap labels) shows it too, as text, not markup
+    assert SCRIPT_MODULE in (page.locator("#fig-treemap").text_content() or "")
+    hazards = page.locator("#ct-hazards-body").inner_text()
+    assert "h2d copy <every> step" in hazards and "CT-TEST" in hazards
+    assert loaded.dialogs == [] and loaded.errors == []
+
+
+def test_click_through_and_rank_selector(browser: Any, report: Path) -> None:
+    loaded = _Page(browser, report)
+    page = loaded.page
+    try:
+        page.locator("#ct-top-bytes li").first.click()
+        assert page.locator("#ct-focus-ev").is_visible()
+        assert "train.py:11 forward" in page.locator("#ct-focus-ev").inner_text()
+        rows = page.locator("#ct-events-body tr")
+        assert rows.count() == 1 + 4  # header + contiguous and detach, in 2 runs
+        assert "contiguous" in rows.nth(1).inner_text()
+        rows.nth(1).click()  # zooms the timeline on the event's step, shows its details
+        detail = page.locator("#ct-detail")
+        assert detail.is_visible() and "train.py:11 forward" in detail.inner_text()
+        page.locator("#ct-focus-ev button").click()
+        assert not page.locator("#ct-focus-ev").is_visible()
+
+        options = page.eval_on_selector_all("#ct-rank option", "els => els.map(e => e.text)")
+        assert options == ["all 2 runs", "pid 1", "pid 2"]
+        page.select_option("#ct-rank", "1")
+        assert page.locator("#fig-timeline .scatterlayer .trace .point").count() == 6
+        assert "15.6 KiB" in page.locator("#ct-top-bytes").inner_text()  # one run's contiguous
+        page.select_option("#ct-rank", "all")
+        assert "31.3 KiB" in page.locator("#ct-top-bytes").inner_text()  # 2 x 16000 B
+        assert loaded.errors == [] and loaded.dialogs == []
+    finally:
+        page.close()
