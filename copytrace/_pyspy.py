@@ -736,6 +736,7 @@ _PLUMBING = re.compile(
     r"^0x|^c10::impl::|^c10::Dispatcher::|^c10::BoxedKernel|^c10::KernelFunction|::redispatch$"
     r"|^torch::jit::|^pybind11::|^_?Py[A-Z]|^_?PyEval|^_?PyObject|^cfunction_|^method_vectorcall"
     r"|^vectorcall|^slot_tp_|^torch::autograd::TypeError_to_NotImplemented_|^std::"
+    r"|^torch::handle_torch_function"
 )
 #: Python frames that only pass a call on: ``nn.Module.__call__``'s layers, torch's
 #: decorators and override/op-call helpers.

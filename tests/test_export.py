@@ -109,3 +109,15 @@ def test_service_name_from_standard_env(tmp_path, monkeypatch):
     res = {a["key"]: a["value"] for a in resources[0]["attributes"]}
     assert res["service.name"] == {"stringValue": "trainer"}
     assert res["deployment.environment"] == {"stringValue": "ci"}
+
+
+def test_run_span_reports_the_tracers_own_overhead(tmp_path):
+    with copytrace.trace(tmp_path) as t:
+        for _ in range(50):
+            torch.ones(4).clone()
+    spans, _ = _spans(t.trace_path)
+    run = next(s for s in spans if s["name"] == "copytrace.run")
+    overhead = int(_attrs(run)["copytrace.overhead_ns"]["intValue"])
+    duration = int(run["endTimeUnixNano"]) - int(run["startTimeUnixNano"])
+    # 50 recorded clones cost something, and never more than the traced region itself
+    assert 0 < overhead < duration

@@ -171,7 +171,13 @@ def _storage_nbytes(t: torch.Tensor) -> int:
 
 
 def _device_str(device: torch.device) -> str:
-    return str(device)
+    name = _DEVICE_NAMES.get(device)
+    if name is None:
+        name = _DEVICE_NAMES[device] = sys.intern(str(device))
+    return name
+
+
+_DEVICE_NAMES: dict[torch.device, str] = {}
 
 
 def _transfer(src: str, dst: str) -> str:
@@ -232,6 +238,10 @@ class Recorder:
         self.errors = 0
         self.last_error: str | None = None
         self.internal_detaches = 0
+        # Host ns spent recording events (after the user's op returned): the tracer's own
+        # cost per event, reported on the run span as copytrace.overhead_ns. The per-op cost
+        # of the modes themselves (the floor) is measured by benchmarks/overhead.py instead.
+        self.overhead_ns = 0
         self.step_index = 0
         self.step_starts: list[int] = []  # perf_counter_ns at each step start
         self.auto_step = auto_step
@@ -393,6 +403,7 @@ class Recorder:
             self._record_api(op, args, kwargs, result, pending, start, end, None, src_rg)
         except Exception as err:
             self.note_error(err)
+        self.overhead_ns += _perf_ns() - end
         return result
 
     def _record_api(
@@ -717,6 +728,7 @@ class DispatchMode(TorchDispatchMode):
             rec.implicit(func, kind, args, kwargs, out, start, end)
         except Exception as err:
             rec.note_error(err)
+        rec.overhead_ns += _perf_ns() - end
         return out
 
 

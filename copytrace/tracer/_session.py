@@ -746,6 +746,7 @@ class Trace:
             "copytrace.max_events": self._rec.max_events,
             "copytrace.errors": stats["errors"],
             "copytrace.internal_detaches": stats["internal_detaches"],
+            "copytrace.overhead_ns": (self._delegate or self)._rec.overhead_ns,
             "copytrace.steps": stats["steps"],
             "copytrace.steps_traced": stats["steps_traced"],
             "copytrace.flushes": stats["flushes"],
