@@ -11,7 +11,7 @@ import sys
 import sysconfig
 from types import CodeType, FrameType
 
-__all__ = ["user_frame", "is_library_file"]
+__all__ = ["user_frame", "user_frame_object", "is_library_file"]
 
 
 def _dir_of(module_file: str | None) -> str | None:
@@ -94,5 +94,19 @@ def user_frame(frame: FrameType | None = None) -> tuple[str, int, str, str | Non
             return code.co_filename, frame.f_lineno, code.co_name, via
         if kind == _TORCH and via is None:
             via = getattr(code, "co_qualname", code.co_name)
+        frame = frame.f_back
+    return None
+
+
+def user_frame_object(frame: FrameType | None) -> FrameType | None:
+    """The innermost user-code frame at or above ``frame`` (see :func:`user_frame`)."""
+    kinds = _KIND
+    while frame is not None:
+        code = frame.f_code
+        kind = kinds.get(code)
+        if kind is None:
+            kind = kinds[code] = _kind(code.co_filename)
+        if kind == _USER:
+            return frame
         frame = frame.f_back
     return None

@@ -26,6 +26,7 @@ import copy
 import sys
 import threading
 import time
+import warnings
 import weakref
 from typing import Any
 
@@ -34,7 +35,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from copytrace.tracer import _watch
-from copytrace.tracer._callsite import user_frame
+from copytrace.tracer._callsite import user_frame, user_frame_object
 from copytrace.tracer._events import CopyEvent
 
 __all__ = ["Recorder", "active_recorder"]
@@ -384,6 +385,8 @@ class Recorder:
         src_rg = args[0].requires_grad if op == "detach_" and args else None
         outer = self.active
         self.active = pending
+        if op in _WARNS:
+            return self._api_call_rewarn(op, func, args, kwargs, pending, outer, src_rg)
         start = _perf_ns()
         try:
             result = func(*args, **kwargs)
@@ -404,6 +407,38 @@ class Recorder:
         except Exception as err:
             self.note_error(err)
         self.overhead_ns += _perf_ns() - end
+        return result
+
+    def _api_call_rewarn(
+        self, op: str, func: Any, args: tuple, kwargs: dict, pending: Any, outer: Any, src_rg: Any
+    ) -> Any:
+        """``api_call`` for ops whose C++ code warns (``torch.tensor(t)``): a C++ warning names
+        the innermost Python frame, which under tracing is copytrace's handler. Catch the
+        warnings and emit them again at the user's line, with the user module's registry, so
+        filters and once-per-location behave as untraced."""
+        failure: BaseException | None = None
+        result = None
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            start = _perf_ns()
+            try:
+                result = func(*args, **kwargs)
+            except BaseException as err:
+                failure = err
+            end = _perf_ns()
+        self.active = outer
+        try:
+            self._record_api(
+                op, args, kwargs, result, pending, start, end,
+                type(failure).__name__ if failure is not None else None, src_rg,
+            )  # fmt: skip
+        except Exception as err:
+            self.note_error(err)
+        self.overhead_ns += _perf_ns() - end
+        for w in caught:
+            _reemit(w)
+        if failure is not None:
+            raise failure
         return result
 
     def _record_api(
@@ -625,6 +660,28 @@ class Recorder:
         ev.src_device = ev.dst_device = ""
         self._context(ev)
         ev.parent = -1
+
+
+_WARNS = frozenset(("tensor_ctor", "new_tensor"))
+_OWN_DIR = __file__.rsplit("/", 2)[0]
+
+
+def _reemit(w: warnings.WarningMessage) -> None:
+    """Emit a caught warning again: at the user's frame when it was attributed to
+    copytrace's own code, else where it was."""
+    if not w.filename.startswith(_OWN_DIR):
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        return
+    frame = user_frame_object(sys._getframe(1))
+    if frame is None:
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
+        return
+    g = frame.f_globals
+    warnings.warn_explicit(
+        w.message, w.category, frame.f_code.co_filename, frame.f_lineno,
+        module=g.get("__name__"), registry=g.setdefault("__warningregistry__", {}),
+        module_globals=g, source=w.source,
+    )  # fmt: skip
 
 
 def _tag_grad_fn(out: torch.Tensor, ev: CopyEvent) -> None:
