@@ -21,15 +21,40 @@ from copytrace._errors import CopytraceError, TraceFileError
 
 __version__ = "0.1.0"
 
-__all__ = ["CopyEvent", "CopytraceError", "Trace", "TraceFileError", "__version__", "trace"]
+__all__ = [
+    "CopyEvent",
+    "CopytraceError",
+    "Finding",
+    "Schedule",
+    "Trace",
+    "TraceFileError",
+    "__version__",
+    "analyze",
+    "load_trace",
+    "trace",
+]
 
 if TYPE_CHECKING:
+    from copytrace.analysis import Finding, analyze
+    from copytrace.dashboards import load_trace
     from copytrace.tracer import CopyEvent, Trace, trace
+    from copytrace.tracer._session import Schedule
+
+_LAZY = {
+    "trace": "copytrace.tracer",
+    "Trace": "copytrace.tracer",
+    "CopyEvent": "copytrace.tracer",
+    "Schedule": "copytrace.tracer._session",
+    "analyze": "copytrace.analysis",
+    "Finding": "copytrace.analysis",
+    "load_trace": "copytrace.dashboards",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("trace", "Trace", "CopyEvent"):
-        from copytrace import tracer
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'copytrace' has no attribute {name!r}")
+    import importlib
 
-        return getattr(tracer, name)
-    raise AttributeError(f"module 'copytrace' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -676,12 +676,21 @@ def _reemit(w: warnings.WarningMessage) -> None:
     if frame is None:
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
         return
-    g = frame.f_globals
+    # Once per location and text, as the default filter does untraced. The user module's own
+    # __warningregistry__ cannot serve: catch_warnings() bumps the filters' version, which
+    # clears every registry. An exception here is the user's own filter turning the warning
+    # into an error (-W error), raised at the user's line as it would be untraced.
+    key = (str(w.message), w.category, frame.f_code.co_filename, frame.f_lineno)
+    if key in _REEMITTED:
+        return
+    _REEMITTED.add(key)
     warnings.warn_explicit(
         w.message, w.category, frame.f_code.co_filename, frame.f_lineno,
-        module=g.get("__name__"), registry=g.setdefault("__warningregistry__", {}),
-        module_globals=g, source=w.source,
+        module=frame.f_globals.get("__name__"), source=w.source,
     )  # fmt: skip
+
+
+_REEMITTED: set[tuple[Any, ...]] = set()
 
 
 def _tag_grad_fn(out: torch.Tensor, ev: CopyEvent) -> None:
