@@ -13,6 +13,7 @@ Variants:
     prof_cpu   torch.profiler with CPU activity
     prof_full  torch.profiler with profile_memory, record_shapes, with_stack
     copytrace  copytrace.trace() with default settings (no file written)
+    ct_idle    copytrace with a schedule, measured over its inactive steps
 """
 
 from __future__ import annotations
@@ -65,12 +66,18 @@ def traced():
     return copytrace.trace(write=False)
 
 
+def traced_idle():
+    # a schedule whose active steps never come: every measured step is an inactive one
+    return copytrace.trace(write=False, schedule=copytrace.Schedule(skip_first=10**9))
+
+
 VARIANTS = {
     "plain": contextlib.nullcontext,
     "floor": floor,
     "prof_cpu": prof_cpu,
     "prof_full": prof_full,
     "copytrace": traced,
+    "ct_idle": traced_idle,
 }
 
 
