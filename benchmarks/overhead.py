@@ -13,6 +13,7 @@ Variants:
     prof_cpu   torch.profiler with CPU activity
     prof_full  torch.profiler with profile_memory, record_shapes, with_stack
     copytrace  copytrace.trace() with default settings (no file written)
+    ct_api     copytrace level="api": the function mode only (no dispatch mode)
     ct_idle    copytrace with a schedule, measured over its inactive steps
 """
 
@@ -66,6 +67,10 @@ def traced():
     return copytrace.trace(write=False)
 
 
+def traced_api():
+    return copytrace.trace(write=False, level="api")
+
+
 def traced_idle():
     # a schedule whose active steps never come: every measured step is an inactive one
     return copytrace.trace(write=False, schedule=copytrace.Schedule(skip_first=10**9))
@@ -77,6 +82,7 @@ VARIANTS = {
     "prof_cpu": prof_cpu,
     "prof_full": prof_full,
     "copytrace": traced,
+    "ct_api": traced_api,
     "ct_idle": traced_idle,
 }
 

@@ -26,6 +26,9 @@ variable                      default           meaning
                                                 the end only)
 ``COPYTRACE_FLUSH_SECONDS``   ``5``             ... or this many seconds after the previous
                                                 one
+``COPYTRACE_LEVEL``           ``full``          ``full``: both torch modes; ``api``: the
+                                                function mode only (cheaper, no implicit
+                                                copies)
 ``COPYTRACE_PY_SPY``          (found)           the py-spy executable for ``copytrace run
                                                 --py-spy``; default: beside the interpreter,
                                                 else on ``PATH``
@@ -52,6 +55,7 @@ __all__ = [
     "COPYTRACE_LAUNCH",
     "COPYTRACE_PY_SPY",
     "COPYTRACE_SCHEDULE",
+    "COPYTRACE_LEVEL",
     "COPYTRACE_COMPRESSION",
     "COPYTRACE_FLUSH_EVENTS",
     "COPYTRACE_FLUSH_SECONDS",
@@ -87,6 +91,8 @@ COPYTRACE_PY_SPY = "COPYTRACE_PY_SPY"
 #: Steps traced, torch.profiler-style: ``wait=1,warmup=1,active=3,repeat=2,skip_first=10``.
 #: Unset: every step.
 COPYTRACE_SCHEDULE = "COPYTRACE_SCHEDULE"
+#: ``full`` (both modes) or ``api`` (the function mode only). Default: ``full``.
+COPYTRACE_LEVEL = "COPYTRACE_LEVEL"
 #: Trace file compression: ``gzip`` (default) or ``none``.
 COPYTRACE_COMPRESSION = "COPYTRACE_COMPRESSION"
 #: Records buffered before they are flushed at a step boundary. Default: 4096 (0: at the end).

@@ -145,3 +145,20 @@ def test_phases_and_modules_on_a_transformer_training_step():
     n_params = len(list(model.parameters()))
     assert len(opt_clones) == n_params and {e.via for e in opt_clones} == {"_single_tensor_sgd"}
     assert by_phase["other"][0].op == "float"  # out.float() outside any module
+
+
+def test_api_level_records_api_calls_only():
+    import pytest
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    x = torch.randn(8, requires_grad=True)
+    with copytrace.trace(write=False, level="api") as t:
+        assert _get_current_dispatch_mode_stack() == []  # no dispatch mode at this level
+        y = x.double()  # an API copy: still recorded, with its graph facts
+        y.sum().backward()  # ToCopyBackward0's cast back is an aten copy: not seen
+    assert [(e.op, e.bytes_allocated, e.grad_fn) for e in t.events] == [
+        ("double", 64, "ToCopyBackward0")  # 8 float64
+    ]
+    assert t.events[0].aten == ()  # aten names come from the dispatch mode
+    with pytest.raises(copytrace.CopytraceError, match="level"):
+        copytrace.trace(write=False, level="everything")
