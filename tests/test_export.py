@@ -121,3 +121,17 @@ def test_run_span_reports_the_tracers_own_overhead(tmp_path):
     duration = int(run["endTimeUnixNano"]) - int(run["startTimeUnixNano"])
     # 50 recorded clones cost something, and never more than the traced region itself
     assert 0 < overhead < duration
+
+
+def test_run_span_says_compiled_regions_ran_eagerly(tmp_path):
+    @torch.compile(backend="eager")
+    def double(x):
+        return x.clone() * 2
+
+    double(torch.ones(3))  # compiled once, before tracing
+    with copytrace.trace(tmp_path) as t:
+        double(torch.ones(3))
+    spans, _ = _spans(t.trace_path)
+    run = _attrs(next(s for s in spans if s["name"] == "copytrace.run"))
+    assert int(run["copytrace.compiled_frames"]["intValue"]) >= 1
+    assert run["copytrace.compiled_ran_eagerly"] == {"boolValue": True}

@@ -761,6 +761,13 @@ class Trace:
         }
         if self.schedule is not None:
             attrs["copytrace.schedule"] = repr(self.schedule)
+        compiled = _compiled_frames()
+        if compiled:
+            # While the dispatch mode is active, torch.compile'd frames run eagerly (torch
+            # falls back for any active TorchDispatchMode): what the trace shows of them is
+            # their eager execution.
+            attrs["copytrace.compiled_frames"] = compiled
+            attrs["copytrace.compiled_ran_eagerly"] = self.level == "full"
         return attrs
 
     def report(self, path: str | os.PathLike[str] | None = None) -> Path:
@@ -800,6 +807,17 @@ class Trace:
         rec.in_optimizer = max(0, rec.in_optimizer - 1)
         if rec.auto_step and not rec.in_optimizer:
             self._boundary(auto=True)
+
+
+def _compiled_frames() -> int:
+    """Frames torch.compile has compiled in this process so far (0 when dynamo is unused)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is None:
+        return 0
+    try:
+        return int(dynamo.counters["frames"]["ok"])
+    except Exception:
+        return 0
 
 
 _ACTIVE_TRACE: list[Trace | None] = [None]
