@@ -113,3 +113,20 @@ def test_bad_flags_exit_nonzero_without_traceback(argv):
     )  # fmt: skip
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
+
+
+def test_run_gives_the_script_an_absolute_file_path(tmp_path):
+    (tmp_path / "data.txt").write_text("42")
+    script = tmp_path / "chd.py"
+    script.write_text(
+        "import os\nfrom pathlib import Path\n"
+        "os.chdir('/')\n"  # a script that changes directory, then reads a file beside itself
+        "print(Path(__file__).resolve().parent.joinpath('data.txt').read_text())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "copytrace", "run", "--no-report", "-o", str(tmp_path / "o"),
+         "chd.py"],
+        capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "42"

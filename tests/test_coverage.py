@@ -162,3 +162,49 @@ def test_api_level_records_api_calls_only():
     assert t.events[0].aten == ()  # aten names come from the dispatch mode
     with pytest.raises(copytrace.CopytraceError, match="level"):
         copytrace.trace(write=False, level="everything")
+
+
+def test_modules_running_on_other_threads_do_not_change_attribution():
+    class A(nn.Module):
+        def forward(self, x):
+            return x.clone()
+
+    class B(nn.Module):
+        def forward(self, x):
+            return x * 2
+
+    a, b = A(), B()
+    x = torch.ones(4)
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            b(x)
+
+    with copytrace.trace(write=False) as t:
+        workers = [threading.Thread(target=spin) for _ in range(2)]
+        for w in workers:
+            w.start()
+        try:
+            for _ in range(100):
+                a(x)
+                x.clone()
+        finally:
+            stop.set()
+            for w in workers:
+                w.join()
+    pairs = [(e.module, e.phase) for e in t.events]
+    assert pairs.count(("A", "forward")) == 100
+    assert pairs.count((None, "other")) == 100
+
+
+def test_nested_tensors_are_recorded_without_internal_errors():
+    nt = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+    with copytrace.trace(write=False) as t:
+        nt.clone()
+        nt.detach()
+    assert [(e.op, e.alias, e.bytes_allocated) for e in t.events] == [
+        ("clone", False, 20),  # 5 float32 in one buffer
+        ("detach", True, 0),
+    ]
+    assert t.stats["errors"] == 0

@@ -135,3 +135,18 @@ def test_run_span_says_compiled_regions_ran_eagerly(tmp_path):
     run = _attrs(next(s for s in spans if s["name"] == "copytrace.run"))
     assert int(run["copytrace.compiled_frames"]["intValue"]) >= 1
     assert run["copytrace.compiled_ran_eagerly"] == {"boolValue": True}
+
+
+def test_second_trace_in_one_process_gets_its_own_file(tmp_path):
+    with copytrace.trace(tmp_path) as first:
+        for _ in range(5):
+            torch.ones(2).clone()
+    with copytrace.trace(tmp_path) as second:
+        torch.ones(2).clone()
+    assert first.trace_path != second.trace_path
+    assert second.trace_path.name.split(".otlp")[0].endswith("-run2")
+    counts = [
+        sum(s["name"] == "copytrace.clone" for s in _spans(t.trace_path)[0])
+        for t in (first, second)
+    ]
+    assert counts == [5, 1]

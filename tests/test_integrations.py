@@ -26,6 +26,7 @@ def _one_run(out):
 def lightning():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        pytest.importorskip("pytorch_lightning")
         return pytest.importorskip("copytrace.integrations.lightning")
 
 
@@ -93,6 +94,7 @@ def test_lightning_callback_joins_an_active_trace(lightning, tmp_path):
 def test_hf_trainer_callback_traces_training_and_writes_report(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        pytest.importorskip("transformers")
         hf = pytest.importorskip("copytrace.integrations.hf")
         from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 

@@ -117,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
 
     target, is_module, prog_args = _split_command(args)
     if not is_module and not Path(target).is_file():
-        raise CopytraceError(f"no such script: {target}")
+        what = "not a script (a directory)" if Path(target).is_dir() else "no such script"
+        raise CopytraceError(f"{what}: {target}")
     if is_module:
         import importlib.util
 
@@ -222,7 +223,8 @@ def _run_program(target: str, is_module: bool, prog_args: list[str]) -> int:
         if is_module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            runpy.run_path(target, run_name="__main__")
+            # An absolute path, as python itself gives __main__.__file__ (a script may chdir).
+            runpy.run_path(os.path.abspath(target), run_name="__main__")
     except SystemExit as exc:
         return _exit_status(exc.code)
     except KeyboardInterrupt:

@@ -26,7 +26,7 @@ from typing import Any
 try:
     from transformers import TrainerCallback
 except ImportError as _err:
-    raise ImportError(
+    raise ModuleNotFoundError(
         'copytrace.integrations.hf needs transformers: pip install "copytrace[hf]"'
     ) from _err
 

@@ -30,7 +30,7 @@ except ImportError:
     try:
         import pytorch_lightning as pl
     except ImportError as _err:
-        raise ImportError(
+        raise ModuleNotFoundError(
             "copytrace.integrations.lightning needs PyTorch Lightning: "
             'pip install "copytrace[lightning]"'
         ) from _err

@@ -157,6 +157,21 @@ def _aten_name(op: Any) -> str:
     return name
 
 
+def _shape(t: torch.Tensor) -> tuple[int, ...]:
+    try:
+        return tuple(t.shape)
+    except Exception:  # nested tensors have no single shape
+        return ()
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    """Logical bytes: numel x element size (0 when the layout has no numel)."""
+    try:
+        return t.numel() * t.element_size()
+    except Exception:
+        return 0
+
+
 def _storage_ptr(t: torch.Tensor) -> int | None:
     try:
         return t.untyped_storage().data_ptr()
@@ -168,7 +183,7 @@ def _storage_nbytes(t: torch.Tensor) -> int:
     try:
         return t.untyped_storage().nbytes()
     except Exception:
-        return t.numel() * t.element_size()
+        return _nbytes(t)
 
 
 def _device_str(device: torch.device) -> str:
@@ -278,7 +293,12 @@ class Recorder:
         return self.step_index
 
     def enter_module(self, module: torch.nn.Module) -> None:
-        """Global forward pre-hook: push the module's path, open its sequence-number span."""
+        """Global forward pre-hook: push the module's path, open its sequence-number span.
+
+        Module hooks are process-wide; modules run on other threads are ignored (their copies
+        are not seen either: mode stacks are thread-local)."""
+        if threading.get_ident() != _THREAD:
+            return
         try:
             path = self.module_name(module)
         except Exception as err:
@@ -297,6 +317,8 @@ class Recorder:
 
     def exit_module(self) -> None:
         """Global forward post-hook (also called when forward raises)."""
+        if threading.get_ident() != _THREAD:
+            return
         if self.module_stack:
             self.module_stack.pop()
         if self._span_stack:
@@ -484,18 +506,18 @@ class Recorder:
         ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
         if error is not None or op == "numpy":
             # Failed call, or an ndarray view of the tensor's memory (an alias).
-            ev.shape = tuple(src.shape)
+            ev.shape = _shape(src)
             ev.dtype = ev.src_dtype
             ev.dst_device = ev.src_device
-            ev.bytes_logical = src.numel() * src.element_size()
+            ev.bytes_logical = _nbytes(src)
             ev.alias = op == "numpy" and error is None
             ev.requires_grad = False
             ev.graph = "detached" if src_rg and ev.alias else "none"
         else:
-            ev.shape = tuple(out.shape)
+            ev.shape = _shape(out)
             ev.dtype = _dtype_name(out.dtype)
             ev.dst_device = _device_str(out.device)
-            ev.bytes_logical = out.numel() * out.element_size()
+            ev.bytes_logical = _nbytes(out)
             ev.requires_grad = out.requires_grad
             grad_fn = out.grad_fn
             ev.grad_fn = type(grad_fn).__name__ if grad_fn is not None else None
@@ -573,11 +595,11 @@ class Recorder:
         ev.src_dtype = _dtype_name(src.dtype)
         ev.src_device = _device_str(src.device)
         ev.src_requires_grad = src.requires_grad
-        ev.shape = tuple(dst.shape)
+        ev.shape = _shape(dst)
         ev.dtype = _dtype_name(dst.dtype)
         ev.dst_device = _device_str(dst.device)
         ev.transfer = _transfer(ev.src_device, ev.dst_device)
-        ev.bytes_logical = dst.numel() * dst.element_size()
+        ev.bytes_logical = _nbytes(dst)
         ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
         # Dispatch-level tensors carry no autograd metadata: graph facts stay unknown ("none").
         self._context(ev)
@@ -597,8 +619,8 @@ class Recorder:
         ev.start_ns = start
         ev.end_ns = end
         ev.tensors = len(dsts)
-        ev.bytes_logical = sum(t.numel() * t.element_size() for t in dsts)
-        ev.shape = tuple(first.shape)
+        ev.bytes_logical = sum(_nbytes(t) for t in dsts)
+        ev.shape = _shape(first)
         ev.dtype = _dtype_name(first.dtype)
         ev.src_dtype = _dtype_name(src.dtype)
         ev.src_device = _device_str(src.device)
@@ -613,10 +635,10 @@ class Recorder:
         ev.seq = len(self.events) + self.dropped
         ev.start_ns = start
         ev.end_ns = end
-        ev.shape = tuple(out.shape)
+        ev.shape = _shape(out)
         ev.dtype = ev.src_dtype = _dtype_name(out.dtype)
         ev.src_device = ev.dst_device = "cpu"
-        ev.bytes_logical = out.numel() * out.element_size()
+        ev.bytes_logical = _nbytes(out)
         self._context(ev)
         self._append(ev)
 

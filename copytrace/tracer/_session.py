@@ -8,7 +8,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -335,7 +334,7 @@ class Trace:
         assert self._run is not None
         sinks: list[Any] = []
         if self.write:
-            path = self.output_dir / trace_file_name(compression=self.compression)
+            path = _new_trace_path(self.output_dir, self.compression)
             self._file_sink = FileSink(path, compression=self.compression)
             sinks.append(self._file_sink)
         sdk: SdkSink | None = None
@@ -612,11 +611,12 @@ class Trace:
                 file=sys.stderr,
             )
         if self._rec.errors:
-            warnings.warn(
+            # stderr, not warnings.warn: a program running with warnings as errors
+            # (-W error, pytest's filterwarnings) must not see copytrace's own trouble.
+            print(
                 f"copytrace: {self._rec.errors} internal error(s) while tracing "
                 f"(last: {self._rec.last_error}); the traced program was not affected",
-                RuntimeWarning,
-                stacklevel=2,
+                file=sys.stderr,
             )
         return self.trace_path
 
@@ -726,7 +726,7 @@ class Trace:
         run = RunIds(self._start_ns or end, self._epoch_offset or epoch_offset(), resource)
         path = None
         if exporter is None:
-            path = self.output_dir / trace_file_name(compression=self.compression)
+            path = _new_trace_path(self.output_dir, self.compression)
             sink: Any = FileSink(path, compression=self.compression)
         else:
             sink = SdkSink([exporter], resource=resource)
@@ -807,6 +807,23 @@ class Trace:
         rec.in_optimizer = max(0, rec.in_optimizer - 1)
         if rec.auto_step and not rec.in_optimizer:
             self._boundary(auto=True)
+
+
+_USED_PATHS: set[Path] = set()
+
+
+def _new_trace_path(output_dir: Path, compression: str | None) -> Path:
+    """This process's trace file in ``output_dir``; a second trace in the same process gets
+    ``-run2`` (then ``-run3``...) instead of overwriting the first one's file."""
+    name = trace_file_name(compression=compression)
+    stem, dot, ext = name.partition(".otlp")
+    path = output_dir / name
+    n = 1
+    while path.resolve() in _USED_PATHS:
+        n += 1
+        path = output_dir / f"{stem}-run{n}{dot}{ext}"
+    _USED_PATHS.add(path.resolve())
+    return path
 
 
 def _compiled_frames() -> int:

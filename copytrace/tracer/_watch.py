@@ -150,7 +150,7 @@ class Watch:
     def _event(self, ev: CopyEvent, op: str, src: Any, out: Any) -> None:
         ids = self.ids
         ev.src_storage = sid = ids.of(src)
-        if sid is not None:
+        if sid is not None and not src.is_nested:  # nested tensors have no single view
             ev.src_offset = src.storage_offset()
             ev.src_stride = tuple(src.stride())
             ev.src_version = _version(src)
