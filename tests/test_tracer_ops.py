@@ -396,3 +396,20 @@ def test_compiled_function_runs_eagerly_with_same_results_under_tracing():
     # The dispatch mode makes the compiled region run eagerly, so its copies are seen:
     # per call one clone (4x4 float32 = 64 B) and one contiguous of the transpose (64 B).
     assert [(e.op, e.bytes_allocated) for e in t.events] == [("clone", 64), ("contiguous", 64)] * 3
+
+
+def test_fullgraph_compiled_function_still_runs_under_tracing():
+    # torch raises "found no compiled frames" for fullgraph=True under any dispatch mode;
+    # copytrace switches torch.compile to its force_eager stance while tracing instead.
+    @torch.compile(fullgraph=True, backend="eager")
+    def fn(x):
+        return (x.clone() * 2).sum()
+
+    assert fn(torch.ones(4)).item() == 8.0
+    with copytrace.trace(write=False) as t:
+        got = fn(torch.ones(5))
+    assert got.item() == 10.0
+    assert [(e.op, e.bytes_allocated) for e in t.events] == [("clone", 20)]
+    from torch._dynamo import eval_frame
+
+    assert eval_frame._stance.stance == "default"  # restored on exit

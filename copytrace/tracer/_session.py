@@ -225,6 +225,7 @@ class Trace:
         self._rec = _recorder.Recorder(max_events=max_events, auto_step=auto_step)
         self._auto_step = auto_step
         self._modes: list[Any] = []
+        self._stance: Any = None  # torch.compiler stance while the dispatch mode is on
         self._hooks: list[Any] = []  # module hooks: installed while tracing is engaged
         self._optim_hooks: list[Any] = []  # step hooks: installed from start to stop
         self._start_ns = 0
@@ -372,6 +373,7 @@ class Trace:
             dmode = _recorder.DispatchMode(rec)
             dmode.__enter__()
             self._modes.append(dmode)
+            self._stance = _force_eager()
 
     def _disengage(self, force: bool = False) -> bool:
         """Remove the modes, patches and module hooks; False (nothing removed) when the
@@ -386,6 +388,12 @@ class Trace:
             except Exception as err:  # the user's code left the mode stack unbalanced
                 self._rec.note_error(err)
         self._modes = []
+        if self._stance is not None:
+            try:
+                self._stance.__exit__(None, None, None)  # back to the program's own stance
+            except Exception as err:
+                self._rec.note_error(err)
+            self._stance = None
         _recorder.remove_patches()
         _recorder.set_active(None)
         for handle in self._hooks:
@@ -807,6 +815,20 @@ class Trace:
         rec.in_optimizer = max(0, rec.in_optimizer - 1)
         if rec.auto_step and not rec.in_optimizer:
             self._boundary(auto=True)
+
+
+def _force_eager() -> Any:
+    """Put torch.compile in its ``force_eager`` stance while the dispatch mode is active.
+
+    Any active TorchDispatchMode already makes compiled frames run eagerly; but with
+    ``fullgraph=True`` torch then raises "found no compiled frames". In the ``force_eager``
+    stance compiled functions simply run as Python, which is what tracing observes anyway.
+    Returns the stance object (its ``__exit__`` restores the previous stance), or None.
+    """
+    try:
+        return torch.compiler.set_stance("force_eager")
+    except Exception:  # a torch without stances
+        return None
 
 
 _USED_PATHS: set[Path] = set()
