@@ -138,3 +138,34 @@ def test_exit_status_from_the_command_line(tmp_path: Path) -> None:
     )
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.startswith("copytrace check: copies 5 over max-copies 1")
+
+
+def test_partial_trace_fails_the_gate_unless_allowed(tmp_path, capsys):
+    import subprocess
+    import sys
+
+    import torch
+
+    import copytrace
+
+    with copytrace.trace(tmp_path / "full", compression="none", flush_events=1) as t:
+        for _ in range(3):
+            torch.ones(4).clone()
+            t.step()
+    lines = t.trace_path.read_text().splitlines(keepends=True)
+    cut = tmp_path / "cut"
+    cut.mkdir()
+    # the first line whole, the second cut in the middle; the run span (written last) is gone
+    (cut / t.trace_path.name).write_text(lines[0] + lines[1][: len(lines[1]) // 2])
+    proc = subprocess.run(
+        [sys.executable, "-m", "copytrace", "check", str(cut), "--max-copies", "100"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert "trace is partial: 1 unreadable line(s)" in proc.stderr
+    ok = subprocess.run(
+        [sys.executable, "-m", "copytrace", "check", str(cut), "--max-copies", "100",
+         "--allow-partial"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert ok.returncode == 0, ok.stderr

@@ -82,6 +82,20 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
     )
     findings = analyze(trace)
     violations, _ = check(trace, budget, findings)
+    unfinished = [r for r in trace.runs if not r.has_run_span]
+    if not args.allow_partial:
+        # A gate must not pass a run that crashed or a file that was cut: what is missing
+        # could be exactly the copies over budget.
+        if trace.bad_lines:
+            violations.append(
+                f"trace is partial: {trace.bad_lines} unreadable line(s) "
+                "(a file cut mid-write); --allow-partial to check what was read"
+            )
+        if unfinished:
+            violations.append(
+                f"trace is partial: {len(unfinished)} process(es) never finished their trace "
+                "(killed or still running); --allow-partial to check what was read"
+            )
     if args.findings:
         out.write(format_findings(findings))
     for line in violations:
@@ -173,5 +187,10 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="leave steps 0..N-1 out of the per-step limits (default 0)",
     )
     parser.add_argument("--findings", action="store_true", help="also print every hazard found")
+    parser.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="check a cut or unfinished trace as read (default: a partial trace fails)",
+    )
     parser.set_defaults(handler=handle)
     return parser
