@@ -182,8 +182,12 @@ def main(argv: list[str] | None = None) -> int:
         desc, make, steps = WORKLOADS[name]
         step = make()
         samples: dict[str, list[float]] = {v: [] for v in args.variants}
-        for _ in range(args.rounds):
-            for variant in args.variants:
+        for r in range(args.rounds):
+            # rotate the order each round so that no variant always runs first
+            order = (
+                args.variants[r % len(args.variants) :] + args.variants[: r % len(args.variants)]
+            )
+            for variant in order:
                 samples[variant].append(time_variant(step, VARIANTS[variant], steps))
         plain = statistics.median(samples["plain"]) if "plain" in samples else float("nan")
         ratios = [statistics.median(samples[v]) / plain for v in args.variants]
