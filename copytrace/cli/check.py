@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from copytrace.cli._common import add_trace_command, warn_unreadable
+
 __all__ = ["register", "handle", "EXIT_VIOLATION"]
 
 #: Exit status when the trace breaks a budget or shows a forbidden hazard.
@@ -67,11 +69,7 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         raise CopytraceError(str(e)) from None
     path = Path(args.path)
     trace = load_trace(path)
-    if trace.bad_lines:
-        print(
-            f"copytrace: warning: skipped {trace.bad_lines} unreadable line(s) in {path}",
-            file=err,
-        )
+    warn_unreadable(trace, path, err)
     budget = Budget(
         max_bytes_per_step=args.max_bytes_per_step,
         max_copies_per_step=args.max_copies_per_step,
@@ -125,17 +123,12 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     Returns:
         The new subcommand parser.
     """
-    doc = (__doc__ or "").strip()
-    short = doc[:1].lower() + doc[1:].rstrip(".")
-    parser = subparsers.add_parser(
+    parser = add_trace_command(
+        subparsers,
         "check",
-        help=short,
-        description=doc
-        + ". Byte counts take K/M/G (x1000) or KiB/MiB/GiB (x1024). Hazard codes are listed"
+        __doc__,
+        " Byte counts take K/M/G (x1000) or KiB/MiB/GiB (x1024). Hazard codes are listed"
         " in docs/hazards.md; underscores work for hyphens (data_inplace).",
-    )
-    parser.add_argument(
-        "path", metavar="PATH", help="trace file (*.otlp.jsonl[.gz]) or a directory of them"
     )
     parser.add_argument(
         "--max-bytes-per-step",

@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from copytrace.cli._common import add_trace_command, warn_unreadable
+
 if TYPE_CHECKING:
     from copytrace.dashboards import ReportModel
 
@@ -76,11 +78,7 @@ def build(
     total = sum(f.stat().st_size for f in files if f.exists())
     with Progress("reading trace", total, "B", enabled=progress) as bar:
         trace = load_trace(path, progress=bar.update)
-    if trace.bad_lines:
-        print(
-            f"copytrace: warning: skipped {trace.bad_lines} unreadable line(s) in {path}",
-            file=sys.stderr,
-        )
+    warn_unreadable(trace, path)
     for empty in trace.empty_files:
         print(f"copytrace: warning: no copytrace spans in {empty}", file=sys.stderr)
     n_events = sum(len(run.events) for run in trace.runs)
@@ -143,14 +141,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     Returns:
         The new subcommand parser.
     """
-    doc = (__doc__ or "").strip()
-    short = doc[:1].lower() + doc[1:].rstrip(".")
-    parser = subparsers.add_parser("report", help=short, description=doc)
-    parser.add_argument(
-        "path",
-        metavar="PATH",
-        help="trace file (*.otlp.jsonl[.gz]) or a directory of them",
-    )
+    parser = add_trace_command(subparsers, "report", __doc__)
     parser.add_argument(
         "-o",
         "--output",

@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
+from copytrace.cli._common import add_trace_command, warn_unreadable
+
 if TYPE_CHECKING:
     from copytrace.dashboards._model import ReportModel
 
@@ -185,11 +187,7 @@ def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
         raise CopytraceError(f"--top must be >= 0, got {args.top}")
     path = Path(args.path)
     trace = load_trace(path)
-    if trace.bad_lines:
-        print(
-            f"copytrace: warning: skipped {trace.bad_lines} unreadable line(s) in {path}",
-            file=sys.stderr,
-        )
+    warn_unreadable(trace, path)
     model = build_model(trace, analyze=not args.no_analysis)
     (out or sys.stdout).write(format_summary(model, args.top))
     return 0
@@ -204,14 +202,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     Returns:
         The new subcommand parser.
     """
-    doc = (__doc__ or "").strip()
-    short = doc[:1].lower() + doc[1:].rstrip(".")
-    parser = subparsers.add_parser("summary", help=short, description=doc)
-    parser.add_argument(
-        "path",
-        metavar="PATH",
-        help="trace file (*.otlp.jsonl[.gz]) or a directory of them",
-    )
+    parser = add_trace_command(subparsers, "summary", __doc__)
     parser.add_argument(
         "--top", type=int, default=10, metavar="N", help="rows per top-N table (default: 10)"
     )
