@@ -524,6 +524,29 @@ def _at_exit() -> None:
         finish()
     except BaseException as err:  # pragma: no cover - finish() never raises
         _warn(f"could not finish: {err}")
+    _keep_sigint_exit()
+
+
+def _keep_sigint_exit() -> None:
+    """After an unhandled KeyboardInterrupt, Python ends by killing itself with SIGINT (exit
+    status 130 in a shell), but only while a C-level flag is still set: running Python code
+    at exit that imports a new module (writing the report does) clears it, and the program
+    would exit with status 1 instead. Set the flag again the way CPython itself does, by an
+    uncaught KeyboardInterrupt in ``PyRun_SimpleString``, with its traceback silenced."""
+    if not isinstance(getattr(sys, "last_value", None), KeyboardInterrupt):
+        return
+    try:
+        import ctypes
+
+        saved = sys.stderr, sys.last_type, sys.last_value, sys.last_traceback
+        with open(os.devnull, "w") as devnull:
+            sys.stderr = devnull
+            try:
+                ctypes.pythonapi.PyRun_SimpleString(b"raise KeyboardInterrupt")
+            finally:
+                sys.stderr, sys.last_type, sys.last_value, sys.last_traceback = saved
+    except Exception:  # no ctypes, or an interpreter without the C API: keep status 1
+        pass
 
 
 def finish(*, wait_s: float | None = None) -> dict[str, Any]:

@@ -130,3 +130,19 @@ def test_run_gives_the_script_an_absolute_file_path(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "42"
+
+
+def test_ctrl_c_exit_status_is_the_same_traced(tmp_path):
+    script = tmp_path / "ki.py"
+    script.write_text("import torch\ntorch.ones(2).clone()\nraise KeyboardInterrupt\n")
+    plain = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, env=_env(), timeout=120
+    )
+    traced = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, timeout=120,
+        env=_env(COPYTRACE="1", COPYTRACE_OUTPUT=str(tmp_path / "out")),
+    )  # fmt: skip
+    # Python ends an unhandled KeyboardInterrupt by killing itself with SIGINT (-2 here,
+    # 130 in a shell); writing the report at exit must not turn that into exit status 1.
+    assert plain.returncode == traced.returncode == -2
+    assert (tmp_path / "out" / "report.html").is_file()
