@@ -150,3 +150,25 @@ def test_second_trace_in_one_process_gets_its_own_file(tmp_path):
         for t in (first, second)
     ]
     assert counts == [5, 1]
+
+
+def test_hazards_are_span_events_in_the_trace_file(tmp_path):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.tensor(t) warns: that is the hazard here
+        with copytrace.trace(tmp_path) as t:
+            for _ in range(4):
+                torch.tensor(torch.ones(2))
+                t.step()
+    spans, _ = _spans(t.trace_path)
+    run = next(s for s in spans if s["name"] == "copytrace.run")
+    (hz,) = [s for s in spans if s["name"] == "copytrace.hazards"]
+    assert hz["parentSpanId"] == run["spanId"] and hz["traceId"] == run["traceId"]
+    (event,) = hz["events"]
+    attrs = {a["key"]: a["value"] for a in event["attributes"]}
+    assert event["name"] == "copytrace.hazard"
+    assert attrs["copytrace.hazard.code"] == {"stringValue": "tensor-ctor-copy"}
+    assert attrs["copytrace.hazard.bytes"] == {"intValue": "32"}  # 4 copies of 2 float32
+    # the loader keeps it out of the events: 4 tensor_ctor events, nothing else
+    assert [e.op for e in copytrace.load_trace(t.trace_path).events] == ["tensor_ctor"] * 4

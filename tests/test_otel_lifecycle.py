@@ -167,7 +167,7 @@ def test_file_cut_mid_write_is_readable_up_to_last_whole_line(tmp_path, compress
     assert len(lines) >= 10
     whole = load_trace(path)
     n_events = len(whole.runs[0].events)
-    for frac in (0.3, 0.55, 0.8, 0.97):
+    for frac in (0.3, 0.55, 0.8):  # before the end: the run span and hazards come last
         cut = tmp_path / f"cut{int(frac * 100)}{''.join(path.suffixes)}"
         cut.write_bytes(raw[: int(len(raw) * frac)])
         data = load_trace(cut)

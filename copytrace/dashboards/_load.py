@@ -25,6 +25,7 @@ TRACE_GLOBS = ("*.otlp.jsonl", "*.otlp.jsonl.gz")
 
 _RUN = "copytrace.run"
 _STEP = "copytrace.step"
+_HAZARDS = "copytrace.hazards"
 _PREFIX = "copytrace."
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -479,6 +480,8 @@ def _add_span(run: Run, sp: _RawSpan) -> None:
         run.attrs.update(sp.attrs)
         run.start_ns, run.end_ns = sp.start_ns, sp.end_ns
         run.has_run_span = True
+    elif sp.name == _HAZARDS:
+        pass  # the tracer's own hazard summary (span events); the report analyses the events
     elif sp.name == _STEP:
         number = sp.attrs.get("copytrace.step")
         step = number if isinstance(number, int) and not isinstance(number, bool) else -1

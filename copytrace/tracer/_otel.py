@@ -30,6 +30,7 @@ import gzip
 import json
 import math
 import os
+import random
 import socket
 import sys
 import threading
@@ -1224,3 +1225,49 @@ def _version() -> str:
 def epoch_offset() -> int:
     """ns to add to ``time.perf_counter_ns()`` to get ns since the Unix epoch."""
     return time.time_ns() - time.perf_counter_ns()
+
+
+def append_hazard_span(
+    path: Path, compression: str | None, run: RunIds, end_ns: int, findings: Sequence[Any]
+) -> None:
+    """Append one request line holding a ``copytrace.hazards`` span (child of the run span)
+    with one ``copytrace.hazard`` span event per finding. A gzip file gets a new gzip member,
+    which readers of concatenated gzip (Python, zcat, the Collector) read as one stream."""
+    off = run.offset
+    events = []
+    for f in findings:
+        attrs: dict[str, Any] = {
+            "copytrace.hazard.code": f.code,
+            "copytrace.hazard.severity": f.severity,
+            "copytrace.hazard.message": f.message,
+            "copytrace.hazard.fix": f.fix,
+            "copytrace.hazard.call_sites": [str(c) for c in f.call_sites],
+        }
+        if getattr(f, "bytes", None) is not None:
+            attrs["copytrace.hazard.bytes"] = int(f.bytes)
+        span_ids = [str(i) for i in getattr(f, "span_ids", ()) or ()]
+        if span_ids:
+            attrs["copytrace.hazard.span_ids"] = span_ids
+        events.append(
+            {"timeUnixNano": str(end_ns + off), "name": "copytrace.hazard",
+             "attributes": _attributes(attrs)}
+        )  # fmt: skip
+    span = {
+        "traceId": run.trace_hex,
+        "spanId": format(random.getrandbits(64) or 1, "016x"),
+        "parentSpanId": run.span_hex,
+        "name": "copytrace.hazards",
+        "kind": 1,
+        "startTimeUnixNano": str(end_ns + off),
+        "endTimeUnixNano": str(end_ns + off),
+        "attributes": _attributes({"copytrace.hazards": len(findings)}),
+        "events": events,
+    }
+    head, tail = _request_frame(run.resource.attributes, SCOPE_NAME, _version())
+    line = (head + _dumps(span) + tail + "\n").encode("utf-8")
+    if compression == "gzip":
+        with open(path, "ab") as raw, gzip.GzipFile(fileobj=raw, mode="wb") as gz:
+            gz.write(line)
+    else:
+        with open(path, "ab") as raw:
+            raw.write(line)

@@ -28,6 +28,7 @@ from copytrace.tracer._otel import (
     RunEnd,
     RunIds,
     SdkSink,
+    append_hazard_span,
     env_sampler_keeps,
     epoch_offset,
     exporters_from_env,
@@ -610,6 +611,7 @@ class Trace:
         finally:
             _FINISHING[0] = None
             _restore_signal_handlers()
+        self._append_hazards()
         if self._rec.dropped:
             print(
                 f"copytrace: {self._rec.dropped} event(s) dropped: more than "
@@ -627,6 +629,31 @@ class Trace:
                 file=sys.stderr,
             )
         return self.trace_path
+
+    def _append_hazards(self) -> None:
+        """Add the run's hazards to the finished trace file as span events.
+
+        Hazards need the whole run (hot loops, steps), so they are found after the last
+        flush by reading the file back, and written as one more span, ``copytrace.hazards``
+        (a child of the run span), whose ``copytrace.hazard`` events carry code, severity,
+        message, fix, call sites, bytes and the ids of the event spans involved. Skipped for
+        traces of more than ``_HAZARD_SPAN_MAX_EVENTS`` events (reading them back would delay
+        the program's exit): the report and ``copytrace check`` still analyse them.
+        """
+        path, run = self.trace_path, self._run
+        if path is None or run is None or self._file_sink is None:
+            return
+        if self.stats["events"] > _HAZARD_SPAN_MAX_EVENTS:
+            return
+        try:
+            from copytrace.analysis import analyze
+            from copytrace.dashboards import load_trace
+
+            findings = analyze(load_trace(path))
+            if findings:
+                append_hazard_span(path, self.compression, run, self._end_ns, findings)
+        except Exception as err:  # hazards are advisory: never fail the program's exit
+            self._rec.note_error(err)
 
     def __enter__(self) -> Trace:
         return self.start()
@@ -831,6 +858,7 @@ def _force_eager() -> Any:
         return None
 
 
+_HAZARD_SPAN_MAX_EVENTS = 200_000
 _USED_PATHS: set[Path] = set()
 
 
