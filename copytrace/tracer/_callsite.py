@@ -67,6 +67,24 @@ def is_library_file(filename: str) -> bool:
     return _kind(filename) != _USER
 
 
+def _walk(frame: FrameType | None) -> tuple[FrameType | None, str | None]:
+    """The innermost user-code frame at or above ``frame``, and the qualified name of the
+    innermost torch function met on the way (``None`` if none)."""
+    kinds = _KIND
+    via = None
+    while frame is not None:
+        code = frame.f_code
+        kind = kinds.get(code)
+        if kind is None:
+            kind = kinds[code] = _kind(code.co_filename)
+        if kind == _USER:
+            return frame, via
+        if kind == _TORCH and via is None:
+            via = getattr(code, "co_qualname", code.co_name)
+        frame = frame.f_back
+    return None, via
+
+
 def user_frame(frame: FrameType | None = None) -> tuple[str, int, str, str | None] | None:
     """Return ``(file, line, function, via)`` of the innermost frame that is user code.
 
@@ -81,32 +99,13 @@ def user_frame(frame: FrameType | None = None) -> tuple[str, int, str, str | Non
         The call site, or ``None`` when every frame on the stack is library code (e.g. a copy
         made by autograd's engine with no Python frame above it).
     """
-    if frame is None:
-        frame = sys._getframe(2)
-    kinds = _KIND
-    via = None
-    while frame is not None:
-        code = frame.f_code
-        kind = kinds.get(code)
-        if kind is None:
-            kind = kinds[code] = _kind(code.co_filename)
-        if kind == _USER:
-            return code.co_filename, frame.f_lineno, code.co_name, via
-        if kind == _TORCH and via is None:
-            via = getattr(code, "co_qualname", code.co_name)
-        frame = frame.f_back
-    return None
+    found, via = _walk(sys._getframe(2) if frame is None else frame)
+    if found is None:
+        return None
+    code = found.f_code
+    return code.co_filename, found.f_lineno, code.co_name, via
 
 
 def user_frame_object(frame: FrameType | None) -> FrameType | None:
     """The innermost user-code frame at or above ``frame`` (see :func:`user_frame`)."""
-    kinds = _KIND
-    while frame is not None:
-        code = frame.f_code
-        kind = kinds.get(code)
-        if kind is None:
-            kind = kinds[code] = _kind(code.co_filename)
-        if kind == _USER:
-            return frame
-        frame = frame.f_back
-    return None
+    return _walk(frame)[0]

@@ -950,25 +950,13 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def trace(
-    output_dir: str | os.PathLike[str] | None = None,
-    *,
-    write: bool = True,
-    max_events: int = 1_000_000,
-    auto_step: bool = True,
-    schedule: Any = None,
-    exporters: Sequence[Any] | None = None,
-    tracer_provider: Any = None,
-    compression: str | None = None,
-    flush_events: int | None = None,
-    flush_seconds: float | None = None,
-    level: str | None = None,
-) -> Trace:
+def trace(output_dir: str | os.PathLike[str] | None = None, **options: Any) -> Trace:
     """Create a :class:`Trace`; use it as ``with copytrace.trace() as t:``.
 
     Args:
         output_dir: where the trace file goes (default ``./copytrace-out``, or
             ``$COPYTRACE_OUTPUT``).
+        **options: keyword options of :class:`Trace`:
         write: write the OTLP/JSON-lines trace file.
         max_events: cap on records buffered between flushes (beyond it they are counted as
             dropped).
@@ -985,17 +973,6 @@ def trace(
 
     Raises:
         CopytraceError: an unknown ``level``.
+        TypeError: an unknown option.
     """
-    return Trace(
-        output_dir,
-        write=write,
-        max_events=max_events,
-        auto_step=auto_step,
-        schedule=schedule,
-        exporters=exporters,
-        tracer_provider=tracer_provider,
-        compression=compression,
-        flush_events=flush_events,
-        flush_seconds=flush_seconds,
-        level=level,
-    )
+    return Trace(output_dir, **options)
