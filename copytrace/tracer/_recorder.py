@@ -26,7 +26,6 @@ import copy
 import sys
 import threading
 import time
-import warnings
 import weakref
 from typing import Any
 
@@ -35,7 +34,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from copytrace.tracer import _watch
-from copytrace.tracer._callsite import user_frame, user_frame_object
+from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._events import CopyEvent
 
 __all__ = ["Recorder", "active_recorder"]
@@ -278,6 +277,8 @@ class Recorder:
         self.aten_table = _aten_table()
         # Runtime facts for copytrace.analysis (copytrace/tracer/_watch.py).
         self.watch = _watch.Watch(self)
+        #: the C++ observer module while it is engaged (copytrace/tracer/_native), else None
+        self.native: Any = None
         for fn in _watch.BACKWARD_FUNCTIONS:
             self.api_table[fn] = "backward"
 
@@ -396,71 +397,57 @@ class Recorder:
             ev.parent = group.seq
 
     # -- API-level events -------------------------------------------------------------------
-    def api_call(self, op: str, func: Any, args: tuple, kwargs: dict) -> Any:
-        """Run ``func(*args, **kwargs)`` as the user's API call ``op`` and record it."""
+    def api_before(self, op: str, func: Any, args: tuple, kwargs: dict | None) -> Any:
+        """Start recording the user's API call ``op``; ``None`` means: run it unrecorded.
+
+        Called by the C handler (``_native/observer.cpp``) or :meth:`api_call` before
+        ``func(*args, **kwargs)`` runs; the token goes to :meth:`api_after`."""
         if op == "backward":
-            return self.watch.backward(func, args, kwargs)
+            self.watch.check_backward(func, args, kwargs or {})
+            return None
         if op == "deepcopy" and len(args) > 1 and args[1] is not None and id(args[0]) in args[1]:
-            return func(*args, **kwargs)  # memo hit: deepcopy returns an earlier copy
-        pending = _Pending()
+            return None  # memo hit: deepcopy returns an earlier copy
         # detach_() clears requires_grad in place: read the input's state before the call.
         src_rg = args[0].requires_grad if op == "detach_" and args else None
-        outer = self.active
+        pending = _Pending()
+        token = (op, args, kwargs or {}, self.active, src_rg, pending)
         self.active = pending
-        if op in _WARNS:
-            return self._api_call_rewarn(op, func, args, kwargs, pending, outer, src_rg)
+        return token
+
+    def api_after(
+        self, token: Any, result: Any, error: Any, start: int, end: int, aten: tuple = ()
+    ) -> None:
+        """Record the call begun by :meth:`api_before`. ``error``: the exception's type, or
+        ``None``; ``aten``: the aten copy ops it ran (from the C++ observer). Never raises."""
+        op, args, kwargs, outer, src_rg, pending = token
+        self.active = outer
+        if aten:
+            pending.aten.extend(aten)
+        try:
+            name = error.__name__ if error is not None else None
+            self._record_api(op, args, kwargs, result, pending, start, end, name, src_rg)
+        except Exception as err:
+            self.note_error(err)
+        self.overhead_ns += _perf_ns() - end
+
+    def api_call(self, op: str, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Run ``func(*args, **kwargs)`` as the user's API call ``op`` and record it (the
+        Python function mode's path and copytrace's own patches)."""
+        token = self.api_before(op, func, args, kwargs)
+        if token is None:
+            return func(*args, **kwargs)
+        native = self.native
+        if native is not None:
+            native.begin_fold()
         start = _perf_ns()
         try:
             result = func(*args, **kwargs)
         except BaseException as err:
             end = _perf_ns()
-            self.active = outer
-            try:
-                self._record_api(
-                    op, args, kwargs, None, pending, start, end, type(err).__name__, src_rg
-                )
-            except Exception as inner:
-                self.note_error(inner)
+            self.api_after(token, None, type(err), start, end, _end_fold(native))
             raise
         end = _perf_ns()
-        self.active = outer
-        try:
-            self._record_api(op, args, kwargs, result, pending, start, end, None, src_rg)
-        except Exception as err:
-            self.note_error(err)
-        self.overhead_ns += _perf_ns() - end
-        return result
-
-    def _api_call_rewarn(
-        self, op: str, func: Any, args: tuple, kwargs: dict, pending: Any, outer: Any, src_rg: Any
-    ) -> Any:
-        """``api_call`` for ops whose C++ code warns (``torch.tensor(t)``): a C++ warning names
-        the innermost Python frame, which under tracing is copytrace's handler. Catch the
-        warnings and emit them again at the user's line, with the user module's registry, so
-        filters and once-per-location behave as untraced."""
-        failure: BaseException | None = None
-        result = None
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            start = _perf_ns()
-            try:
-                result = func(*args, **kwargs)
-            except BaseException as err:
-                failure = err
-            end = _perf_ns()
-        self.active = outer
-        try:
-            self._record_api(
-                op, args, kwargs, result, pending, start, end,
-                type(failure).__name__ if failure is not None else None, src_rg,
-            )  # fmt: skip
-        except Exception as err:
-            self.note_error(err)
-        self.overhead_ns += _perf_ns() - end
-        for w in caught:
-            _reemit(w)
-        if failure is not None:
-            raise failure
+        self.api_after(token, result, None, start, end, _end_fold(native))
         return result
 
     def _record_api(
@@ -566,19 +553,26 @@ class Recorder:
 
     # -- aten-level events ------------------------------------------------------------------
     def implicit(
-        self, func: Any, kind: int, args: tuple, kwargs: dict, out: Any, start: int, end: int
+        self, name: str, kind: int, args: tuple, kwargs: dict, out: Any, start: int, end: int
     ) -> None:
-        """Record an aten copy that no API call explains."""
+        """Record an aten copy that no API call explains.
+
+        Args:
+            name: the aten op, as ``aten::clone`` (overload appended when not the default).
+            kind: ``_COPY`` (a new tensor) or ``_COPY_INTO`` (written into an existing one).
+            args, kwargs: the op's arguments; out: its result.
+            start, end: host ``perf_counter_ns`` around the op.
+        """
         tensors = [a for a in args if isinstance(a, _Tensor)]
         if kind == _COPY_INTO:
             # copy_(dst, src), index_copy_(dst, dim, index, source), foo_copy(..., out=dst)
             if not tensors and args and isinstance(args[0], (list, tuple)):
-                return self._implicit_foreach(func, args, start, end)
+                return self._implicit_foreach(name, args, start, end)
             dst = kwargs.get("out") if kwargs else None
             if not isinstance(dst, _Tensor):
                 dst = tensors[0] if tensors else None
             src = tensors[-1] if len(tensors) > 1 else dst
-            if _aten_name(func).startswith("aten::_copy_from") and len(tensors) > 1:
+            if name.startswith("aten::_copy_from") and len(tensors) > 1:
                 src, dst = tensors[0], tensors[1]  # _copy_from(self=src, dst)
             allocated = 0
         else:
@@ -587,7 +581,7 @@ class Recorder:
             allocated = _storage_nbytes(dst) if dst is not None else 0
         if src is None or dst is None:
             return None
-        ev = CopyEvent(op="implicit", aten=(_aten_name(func),))
+        ev = CopyEvent(op="implicit", aten=(name,))
         ev.seq = len(self.events) + self.dropped
         ev.start_ns = start
         ev.end_ns = end
@@ -607,14 +601,14 @@ class Recorder:
         self._append(ev)
         return None
 
-    def _implicit_foreach(self, func: Any, args: tuple, start: int, end: int) -> None:
+    def _implicit_foreach(self, name: str, args: tuple, start: int, end: int) -> None:
         """``_foreach_copy_(dsts, srcs)``: one event for the whole list (0 bytes allocated)."""
         dsts = [t for t in args[0] if isinstance(t, _Tensor)]
         srcs = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else dsts
         if not dsts:
             return
         first, src = dsts[0], srcs[0] if srcs else dsts[0]
-        ev = CopyEvent(op="implicit", aten=(_aten_name(func),))
+        ev = CopyEvent(op="implicit", aten=(name,))
         ev.seq = len(self.events) + self.dropped
         ev.start_ns = start
         ev.end_ns = end
@@ -684,35 +678,8 @@ class Recorder:
         ev.parent = -1
 
 
-_WARNS = frozenset(("tensor_ctor", "new_tensor"))
-_OWN_DIR = __file__.rsplit("/", 2)[0]
-
-
-def _reemit(w: warnings.WarningMessage) -> None:
-    """Emit a caught warning again: at the user's frame when it was attributed to
-    copytrace's own code, else where it was."""
-    if not w.filename.startswith(_OWN_DIR):
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
-        return
-    frame = user_frame_object(sys._getframe(1))
-    if frame is None:
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno, source=w.source)
-        return
-    # Once per location and text, as the default filter does untraced. The user module's own
-    # __warningregistry__ cannot serve: catch_warnings() bumps the filters' version, which
-    # clears every registry. An exception here is the user's own filter turning the warning
-    # into an error (-W error), raised at the user's line as it would be untraced.
-    key = (str(w.message), w.category, frame.f_code.co_filename, frame.f_lineno)
-    if key in _REEMITTED:
-        return
-    _REEMITTED.add(key)
-    warnings.warn_explicit(
-        w.message, w.category, frame.f_code.co_filename, frame.f_lineno,
-        module=frame.f_globals.get("__name__"), source=w.source,
-    )  # fmt: skip
-
-
-_REEMITTED: set[tuple[Any, ...]] = set()
+def _end_fold(native: Any) -> tuple:
+    return native.end_fold() if native is not None else ()
 
 
 def _tag_grad_fn(out: torch.Tensor, ev: CopyEvent) -> None:
@@ -813,7 +780,7 @@ class DispatchMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         end = _perf_ns()
         try:
-            rec.implicit(func, kind, args, kwargs, out, start, end)
+            rec.implicit(_aten_name(func), kind, args, kwargs, out, start, end)
         except Exception as err:
             rec.note_error(err)
         rec.overhead_ns += _perf_ns() - end

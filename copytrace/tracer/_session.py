@@ -19,7 +19,7 @@ from torch.nn.modules import module as _nn_module
 from copytrace import _env
 from copytrace._env import DEFAULT_OUTPUT_DIR
 from copytrace._errors import CopytraceError
-from copytrace.tracer import _recorder
+from copytrace.tracer import _native, _observer, _recorder
 from copytrace.tracer._events import CopyEvent
 from copytrace.tracer._otel import (
     Chunk,
@@ -216,12 +216,23 @@ class Trace:
         flush_events: int | None = None,
         flush_seconds: float | None = None,
         level: str | None = None,
+        observer: str | None = None,
     ) -> None:
         self.output_dir = Path(output_dir if output_dir is not None else DEFAULT_OUTPUT_DIR)
         level = (level or os.environ.get(_env.COPYTRACE_LEVEL) or "full").strip().lower()
         if level not in ("full", "api"):
             raise CopytraceError(f"level must be 'full' or 'api', not {level!r}")
         self.level = level
+        observer = (observer or _native.choice()).strip().lower()
+        if observer not in _native.OBSERVER_CHOICES:
+            raise CopytraceError(
+                f"observer must be one of {', '.join(_native.OBSERVER_CHOICES)}, not {observer!r}"
+            )
+        #: "auto" or "native": copytrace's C++ observer where it can be built; "python": the
+        #: Python modes (torch.compile'd code then runs eagerly while traced)
+        self.observer = observer
+        self._observer_path: str | None = None  # "native" | "python" once decided
+        self._native_module: Any = None
         self.write = write
         self._rec = _recorder.Recorder(max_events=max_events, auto_step=auto_step)
         self._auto_step = auto_step
@@ -287,7 +298,8 @@ class Trace:
             return active
         if self.running:
             return self
-        _recorder.warm_up()
+        if self._native() is None:
+            _recorder.warm_up()
         if self._run is not None:  # started again (a decorated function called again)
             self._reset()
         self._pid = os.getpid()
@@ -367,6 +379,12 @@ class Trace:
         ]
         _recorder.set_active(rec)
         _recorder.install_patches()
+        native = self._native()
+        if native is not None:
+            fmode = _observer.engage(rec, native, full=self.level == "full")
+            fmode.__enter__()
+            self._modes = [fmode]
+            return
         fmode = _recorder.FunctionMode(rec)
         fmode.__enter__()
         self._modes = [fmode]
@@ -389,6 +407,11 @@ class Trace:
             except Exception as err:  # the user's code left the mode stack unbalanced
                 self._rec.note_error(err)
         self._modes = []
+        if self._rec.native is not None:
+            try:
+                _observer.disengage(self._rec)
+            except Exception as err:
+                self._rec.note_error(err)
         if self._stance is not None:
             try:
                 self._stance.__exit__(None, None, None)  # back to the program's own stance
@@ -401,6 +424,14 @@ class Trace:
             handle.remove()
         self._hooks = []
         return True
+
+    def _native(self) -> Any:
+        """The C++ observer module for this trace, or None (the Python modes' path)."""
+        if self._observer_path is None:
+            module = None if self.observer == "python" else _native.load()
+            self._observer_path = "native" if module is not None else "python"
+            self._native_module = module
+        return self._native_module
 
     def _modes_on_top(self) -> bool:
         from torch.overrides import _get_current_function_mode_stack

@@ -183,9 +183,22 @@ class Watch:
             entry = aliases.get(key)
             if entry is not None and entry.ref is ref:
                 del aliases[key]
+                if not aliases:
+                    self._watch_writes(False)
 
         ev.inplace_writes = 0
         aliases[key] = _Alias(weakref.ref(alias, gone), weakref.ref(src), ev)
+        self._watch_writes(True)
+
+    def _watch_writes(self, on: bool) -> None:
+        """Have the C handler call :meth:`before_api` for every torch call (only while a
+        ``.data`` alias of a tensor that requires grad is alive)."""
+        native = self.rec.native
+        if native is not None:
+            try:
+                native.set_watch_writes(on)
+            except Exception as err:  # interpreter shutdown
+                self.rec.note_error(err)
 
     def _watch_rebind(self, dst: torch.Tensor, ev: CopyEvent) -> None:
         site = f"{ev.file}:{ev.line} {ev.function}" if ev.file else None
@@ -216,6 +229,34 @@ class Watch:
         except Exception as err:
             self.rec.note_error(err)
 
+    def before_api(self, func: Any, args: tuple, kwargs: dict | None) -> None:
+        """The API-level form of :meth:`before_op` (the C++ observer's path): a torch call
+        that writes in place (``add_``, ``zero_``, ``__setitem__``, ``__iadd__``, ``out=``)
+        into a watched ``.data`` alias. Never raises."""
+        try:
+            written = self._written.get(func)
+            if written is None:
+                written = self._written[func] = _written_api(func)
+            aliases = self.aliases
+            if not aliases:
+                return
+            targets: list[Any] = []
+            if written and args:
+                targets.append(args[0])
+            if kwargs:
+                out = kwargs.get("out")
+                targets.extend(out if isinstance(out, (list, tuple)) else (out,))
+            for t in targets:
+                if not isinstance(t, _Tensor):
+                    continue
+                base = t._base
+                root = t if base is None else base
+                entry = aliases.get(id(root))
+                if entry is not None and entry.ref() is root:
+                    self._note_write(entry, root)
+        except Exception as err:
+            self.rec.note_error(err)
+
     def _note_write(self, entry: _Alias, alias: torch.Tensor) -> None:
         ev = entry.ev
         ev.inplace_writes = (ev.inplace_writes or 0) + 1
@@ -226,12 +267,16 @@ class Watch:
     # -- backward ---------------------------------------------------------------------------
     def backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
         """Run a backward entry point; first check the graph against pending writes."""
+        self.check_backward(func, args, kwargs)
+        return func(*args, **kwargs)
+
+    def check_backward(self, func: Any, args: tuple, kwargs: dict) -> None:
+        """Check the graph a backward entry point is about to run. Never raises."""
         if self.writes or self.rebinds:
             try:
                 self._check_backward(func, args, kwargs)
             except Exception as err:
                 self.rec.note_error(err)
-        return func(*args, **kwargs)
 
     def _check_backward(self, func: Any, args: tuple, kwargs: dict) -> None:
         roots = _backward_roots(func, args, kwargs)
@@ -391,6 +436,21 @@ def _written_args(func: Any) -> tuple[tuple[int, str], ...]:
         for i, a in enumerate(arguments)
         if a.alias_info is not None and a.alias_info.is_write
     )
+
+
+def _written_api(func: Any) -> bool:
+    """Whether torch API callable ``func`` writes into its first argument (PyTorch's naming:
+    a trailing underscore is in place; ``__setitem__`` and the ``__i*__`` operators too)."""
+    name = getattr(func, "__name__", "") or ""
+    if name.startswith("__"):
+        return name in _INPLACE_DUNDERS
+    return name.endswith("_")
+
+
+_INPLACE_DUNDERS = frozenset(
+    "__setitem__ __iadd__ __isub__ __imul__ __itruediv__ __ifloordiv__ __imod__ __ipow__ "
+    "__imatmul__ __iand__ __ior__ __ixor__ __ilshift__ __irshift__".split()
+)
 
 
 def _backward_roots(func: Any, args: tuple, kwargs: dict) -> list[Any]:

@@ -1,0 +1,147 @@
+"""Build, cache and load copytrace's C++ copy observer (``observer.cpp`` beside this file).
+
+The observer is a small torch C++ extension: boxed kernels for aten's copy and alias ops only,
+on the BackendSelect dispatch key (see the comment at the top of ``observer.cpp``). It is built
+once per exact torch build with ``torch.utils.cpp_extension.load`` (g++ and ninja; about 25 s
+on 2 cores) into a cache directory keyed by torch's version, its git revision, the Python
+version and a hash of the source, and loaded from there afterwards (a few ms).
+
+Where it cannot be built (no C++ compiler, no ninja, a failed build) copytrace falls back to its
+Python ``TorchDispatchMode`` and says so once on stderr. ``COPYTRACE_OBSERVER`` chooses:
+``auto`` (default: the C++ observer when it can be had), ``native`` (the same, but a failure
+to build is reported as an error) or ``python`` (always the Python dispatch mode).
+``copytrace doctor`` prints which path is active and why.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import sys
+import sysconfig
+import threading
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+__all__ = ["load", "status", "cache_dir", "OBSERVER_CHOICES"]
+
+OBSERVER_CHOICES = ("auto", "native", "python")
+_SOURCE = Path(__file__).with_name("observer.cpp")
+_lock = threading.Lock()
+_state: dict[str, Any] = {"module": None, "reason": None, "tried": False, "built": False}
+
+
+def _key() -> str:
+    import torch
+
+    git = (getattr(torch.version, "git_version", None) or "unknown")[:12]
+    src = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    py = f"py{sys.version_info[0]}{sys.version_info[1]}"
+    return f"torch{torch.__version__}-{git}-{py}-{src}".replace("+", "_")
+
+
+def cache_dir() -> Path:
+    """Directory of this torch build's observer: ``$COPYTRACE_CACHE_DIR`` or
+    ``$XDG_CACHE_HOME/copytrace`` (``~/.cache/copytrace``), then ``observer/<key>``."""
+    root = os.environ.get("COPYTRACE_CACHE_DIR")
+    if not root:
+        xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        root = os.path.join(xdg, "copytrace")
+    return Path(root) / "observer" / _key()
+
+
+def _compiler() -> str | None:
+    cxx = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++"
+    exe = cxx.split()[0] if cxx else "c++"
+    return shutil.which(exe)
+
+
+def _ninja() -> bool:
+    try:
+        from torch.utils.cpp_extension import is_ninja_available
+
+        return bool(is_ninja_available())
+    except Exception:
+        return False
+
+
+def _module_name() -> str:
+    return "copytrace_observer_" + hashlib.sha256(_key().encode()).hexdigest()[:10]
+
+
+def _build() -> ModuleType:
+    from torch.utils.cpp_extension import load as load_extension
+
+    import torch
+
+    directory = cache_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    name = _module_name()
+    built = any(directory.glob(f"{name}*.so"))
+    if not built:
+        print(
+            f"copytrace: building copytrace's observer for torch {torch.__version__}, once, "
+            f"about 25 s (cached in {directory})",
+            file=sys.stderr,
+            flush=True,
+        )
+        _state["built"] = True
+    return load_extension(
+        name=name,
+        sources=[str(_SOURCE)],
+        build_directory=str(directory),
+        # NDEBUG: torch's release build has it; its headers change struct layouts without it.
+        extra_cflags=["-O2", "-DNDEBUG"],
+        verbose=False,
+    )
+
+
+def choice() -> str:
+    value = (os.environ.get("COPYTRACE_OBSERVER") or "auto").strip().lower()
+    return value if value in OBSERVER_CHOICES else "auto"
+
+
+def load() -> ModuleType | None:
+    """The observer module, building it on first use; ``None`` where it cannot be had (the
+    reason is in :func:`status`). Never raises."""
+    with _lock:
+        if _state["tried"]:
+            return _state["module"]
+        _state["tried"] = True
+        if choice() == "python":
+            _state["reason"] = "COPYTRACE_OBSERVER=python"
+            return None
+        compiler = _compiler()
+        if compiler is None:
+            _state["reason"] = "no C++ compiler found (set CXX or install g++)"
+        elif not _ninja():
+            _state["reason"] = "ninja not found (pip install ninja)"
+        else:
+            try:
+                _state["module"] = _build()
+            except Exception as err:  # a failed build: fall back, say why
+                first = str(err).strip().splitlines()
+                _state["reason"] = f"build failed: {first[0] if first else type(err).__name__}"
+        if _state["module"] is None:
+            print(
+                f"copytrace: C++ observer unavailable ({_state['reason']}): using the Python "
+                "dispatch mode instead (about 2-3x the cost per op on op-bound steps; "
+                "torch.compile'd code still runs compiled)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return _state["module"]
+
+
+def status() -> dict[str, Any]:
+    """Which aten-level path tracing uses and why: ``{"path": "native"|"python", "reason",
+    "cache_dir", "choice"}``. Loads (and may build) the observer."""
+    module = load()
+    return {
+        "path": "native" if module is not None else "python",
+        "reason": _state["reason"] or ("built now" if _state["built"] else "loaded from cache"),
+        "cache_dir": str(cache_dir()),
+        "choice": choice(),
+    }

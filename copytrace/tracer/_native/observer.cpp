@@ -1,0 +1,449 @@
+// copytrace's dispatcher-level copy observer.
+//
+// Boxed kernels for only aten's copy and alias ops (clone, _to_copy, copy_, the *_copy ops,
+// detach, alias, ...), registered on the BackendSelect dispatch key. BackendSelect is in every
+// thread's default TLS include set and sits below Autograd, Functionalize, the Python key and
+// the Python mode keys, so each kernel sees one op call on plain tensors and re-dispatches it
+// below BackendSelect unchanged. Every other op never reaches this code: unlike a Python
+// TorchDispatchMode, this costs nothing per non-copy op, does not make torch.compile skip
+// frames, and leaves tensor subclass creation (S(t), _make_subclass, as_subclass) alone.
+//
+// Per call of an observed op, on the traced thread (or autograd's engine working for it):
+//   * inside an API call the TorchFunctionMode is recording (begin_fold/end_fold): append the
+//     op's index to a thread-local list; the Python side folds those names into its event;
+//   * a bare detach/alias: autograd's own bookkeeping; counted, not recorded;
+//   * any other copy op: an implicit copy; after it ran, take the GIL and hand its arguments,
+//     result and host times (CLOCK_MONOTONIC ns, as time.perf_counter_ns) to the Python
+//     callback, which records it exactly as the Python dispatch mode did.
+// Outside tracing, or inside compiled regions and copytrace's own callback (suppress depth),
+// a kernel only re-dispatches.
+//
+// Only _to_copy already has a BackendSelect kernel (generated; it picks the backend from the
+// dtype/layout/device arguments): ours repeats that computation (RegisterBackendSelect.cpp).
+#include <torch/extension.h>
+#include <torch/library.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
+#include <ATen/PythonTorchFunctionTLS.h>
+#include <ATen/record_function.h>
+#include <unordered_set>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+namespace {
+
+constexpr int kAlias = 1;  // detach, alias: autograd bookkeeping unless folded into an API call
+
+struct OpInfo {
+  int index = 0;
+  int kind = 0;
+  bool to_copy = false;  // replaces the generated BackendSelect kernel of aten::_to_copy
+};
+
+std::unordered_map<const c10::FunctionSchema*, OpInfo> g_ops;
+std::vector<std::string> g_names;
+std::vector<py::object> g_py_names;  // interned Python str per op index
+std::unique_ptr<torch::Library> g_lib;
+std::atomic<bool> g_on{false};
+std::atomic<int64_t> g_internal{0};
+std::atomic<int64_t> g_errors{0};
+PyObject* g_callback = nullptr;  // owned reference; changed only with the GIL held
+
+// Nesting, as a Python TorchDispatchMode sees it: the mode sees an op only when no other op
+// is inside its backend kernels (torch pops the mode while its handler runs). A RecordFunction
+// callback (no inputs, no outputs) counts the ops in progress on each thread that are not
+// CompositeImplicitAutograd (those decompose above the backend, where a mode sees their
+// parts). A copy op is implicit only at depth 1: itself. Deeper ones are a kernel's own
+// internals (addmm copying its bias, _to_copy's copy_).
+std::unordered_set<const char*> g_composite;  // RecordFunction::name() of composite overloads
+at::CallbackHandle g_rf = 0;
+thread_local int tls_depth = 0;
+// An autograd node's apply (BACKWARD_FUNCTION scope) starts afresh: the ops a node runs are
+// what a dispatch mode sees in backward, whatever op is in progress around the engine.
+thread_local std::vector<int> tls_saved_depth;
+
+std::unique_ptr<at::ObserverContext> rf_start(const at::RecordFunction& fn) {
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+    tls_saved_depth.push_back(tls_depth);
+    tls_depth = 0;
+  } else if (g_composite.count(fn.name()) == 0) {
+    ++tls_depth;
+  }
+  return nullptr;
+}
+
+void rf_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+    if (!tls_saved_depth.empty()) {
+      tls_depth = tls_saved_depth.back();
+      tls_saved_depth.pop_back();
+    }
+  } else if (g_composite.count(fn.name()) == 0 && tls_depth > 0) {
+    --tls_depth;
+  }
+}
+
+void composite_names() {
+  if (!g_composite.empty()) return;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    auto handle = dispatcher.findOp(name);
+    if (handle && handle->hasSchema() &&
+        handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
+      g_composite.insert(handle->schema().name().c_str());
+  }
+}
+
+thread_local bool tls_owner = false;
+thread_local int tls_suppress = 0;
+thread_local bool tls_folding = false;
+thread_local std::vector<int16_t> tls_fold;
+
+const c10::DispatchKeySet kAfterBS(c10::DispatchKeySet::FULL_AFTER,
+                                   c10::DispatchKey::BackendSelect);
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Torch function handling off (modes and subclasses) while copytrace's own Python code runs:
+// no other mode sees copytrace's bookkeeping (reading .requires_grad, .grad_fn, ...).
+struct NoTorchFunction {
+  at::impl::TorchFunctionDisabledState prev;
+  NoTorchFunction() : prev(at::impl::PythonTorchFunctionTLS::get_disabled_state()) {
+    at::impl::PythonTorchFunctionTLS::set_disabled_state(
+        at::impl::TorchFunctionDisabledState::ALL_DISABLED);
+  }
+  ~NoTorchFunction() { at::impl::PythonTorchFunctionTLS::set_disabled_state(prev); }
+};
+
+class SilentWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override {}
+};
+
+c10::DispatchKeySet to_copy_keys(const torch::jit::Stack& stack, size_t base) {
+  // aten::_to_copy(Tensor self, *, ScalarType? dtype, Layout? layout, Device? device, ...)
+  const auto& self = stack[base].toTensor();
+  auto dtype = stack[base + 1].toOptional<at::ScalarType>();
+  auto layout = stack[base + 2].toOptional<at::Layout>();
+  auto device = stack[base + 3].toOptional<at::Device>();
+  c10::DispatchKeySet s = c10::DispatchKeySet(c10::computeDispatchKey(dtype, layout, device)) |
+                          c10::detail::multi_dispatch_key_set(self);
+  return c10::impl::computeDispatchKeySet(s, kAfterBS);
+}
+
+bool on_meta(const torch::jit::Stack& stack, size_t base, size_t nargs) {
+  // FakeTensor and meta traffic (torch.compile's tracing, FakeTensorMode's meta kernels):
+  // not a copy of real memory. The Python side records fake copies at the API level.
+  for (size_t i = 0; i < nargs; ++i) {
+    const auto& v = stack[base + i];
+    if (v.isTensor()) {
+      const auto& t = v.toTensor();
+      return t.defined() && t.device().is_meta();
+    }
+  }
+  return false;
+}
+
+void call_back(const OpInfo& info, const c10::FunctionSchema& schema,
+               std::vector<c10::IValue>& args, const c10::IValue& out, int64_t t0, int64_t t1) {
+  py::gil_scoped_acquire gil;
+  if (g_callback == nullptr) return;
+  NoTorchFunction no_tf;
+  ++tls_suppress;
+  try {
+    const auto& arguments = schema.arguments();
+    py::list pos;
+    py::dict kw;
+    for (size_t i = 0; i < args.size() && i < arguments.size(); ++i) {
+      py::object value = torch::jit::toPyObject(std::move(args[i]));
+      if (arguments[i].kwarg_only()) {
+        kw[py::str(arguments[i].name())] = value;
+      } else {
+        pos.append(value);
+      }
+    }
+    py::object result = out.isNone() ? py::none() : torch::jit::toPyObject(out);
+    py::handle cb(g_callback);
+    cb(g_py_names[info.index], info.kind, py::tuple(pos), kw, result, t0, t1);
+  } catch (py::error_already_set& e) {
+    g_errors.fetch_add(1, std::memory_order_relaxed);
+    e.discard_as_unraisable(__func__);
+  } catch (...) {
+    g_errors.fetch_add(1, std::memory_order_relaxed);
+  }
+  --tls_suppress;
+}
+
+void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  auto found = g_ops.find(&schema);
+  const size_t nargs = schema.arguments().size();
+  const size_t base = stack->size() - nargs;
+  c10::DispatchKeySet next = ks & kAfterBS;
+  if (found == g_ops.end()) {  // cannot happen: only registered ops come here
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  const OpInfo& info = found->second;
+  if (info.to_copy) next = to_copy_keys(*stack, base);
+  if (!g_on.load(std::memory_order_relaxed) || tls_suppress > 0 ||
+      !(tls_owner || torch::autograd::get_current_node() != nullptr)) {
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  if (tls_folding) {
+    tls_fold.push_back(static_cast<int16_t>(info.index));
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  if (tls_depth > 1) {  // inside another op's kernel: not an op a dispatch mode would see
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  if (info.kind == kAlias) {
+    g_internal.fetch_add(1, std::memory_order_relaxed);
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  if (on_meta(*stack, base, nargs)) {
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  // The arguments are consumed by the call: keep them (reference counts only, no data).
+  std::vector<c10::IValue> args(stack->begin() + base, stack->end());
+  const int64_t t0 = now_ns();
+  op.redispatchBoxed(next, stack);
+  const int64_t t1 = now_ns();
+  c10::IValue out = schema.returns().size() == 1 && !stack->empty() ? stack->back()
+                                                                     : c10::IValue();
+  call_back(info, schema, args, out, t0, t1);
+}
+
+// install([(qualified name, overload, kind, display name), ...], callback): register the kernels.
+int install(const std::vector<std::tuple<std::string, std::string, int, std::string>>& ops,
+            py::object callback) {
+  if (g_lib) return static_cast<int>(g_ops.size());
+  auto& dispatcher = c10::Dispatcher::singleton();
+  SilentWarnings silent;  // "Overriding a previously registered kernel" for _to_copy
+  c10::WarningUtils::WarningHandlerGuard guard(&silent);
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                              std::optional<c10::DispatchKey>(), __FILE__,
+                                              __LINE__);
+  for (const auto& [name, overload, kind, display] : ops) {
+    auto handle = dispatcher.findSchema(c10::OperatorName(name, overload));
+    if (!handle) continue;
+    const c10::FunctionSchema* schema = &handle->schema();
+    if (g_ops.count(schema) == 0) {
+      OpInfo info;
+      info.index = static_cast<int>(g_names.size());
+      info.kind = kind;
+      info.to_copy = name == "aten::_to_copy" && overload.empty();
+      g_names.push_back(display);
+      g_py_names.push_back(py::reinterpret_steal<py::object>(
+          PyUnicode_InternFromString(display.c_str())));
+      g_ops.emplace(schema, info);
+    }
+    std::string short_name = name.substr(name.find("::") + 2);
+    if (!overload.empty()) short_name += "." + overload;
+    lib->impl(short_name.c_str(),
+              torch::dispatch(c10::DispatchKey::BackendSelect,
+                              torch::CppFunction::makeFromBoxedFunction<&kernel>()));
+  }
+  g_lib = std::move(lib);
+  composite_names();
+  if (g_rf == 0) {
+    g_rf = at::addGlobalCallback(at::RecordFunctionCallback(&rf_start, &rf_end)
+                                     .needsInputs(false)
+                                     .needsOutputs(false)
+                                     .scopes({at::RecordScope::FUNCTION,
+                                              at::RecordScope::BACKWARD_FUNCTION}));
+  }
+  Py_XDECREF(g_callback);
+  g_callback = callback.release().ptr();
+  return static_cast<int>(g_ops.size());
+}
+
+void uninstall() {
+  g_on.store(false);
+  if (g_rf != 0) {
+    at::removeCallback(g_rf);
+    g_rf = 0;
+  }
+  if (g_lib) {
+    SilentWarnings silent;
+    c10::WarningUtils::WarningHandlerGuard guard(&silent);
+    g_lib.reset();  // deregisters: torch's own _to_copy BackendSelect kernel is back
+  }
+  Py_XDECREF(g_callback);
+  g_callback = nullptr;
+}
+
+py::tuple end_fold() {
+  tls_folding = false;
+  py::tuple names(tls_fold.size());
+  for (size_t i = 0; i < tls_fold.size(); ++i) names[i] = g_py_names[tls_fold[i]];
+  tls_fold.clear();
+  return names;
+}
+
+
+// --- API level: the TorchFunctionMode's handler, in C -------------------------------------
+// Installed as the mode object's __torch_function__. A call that is not in the table goes
+// straight to `func` from C: no Python frame of copytrace's is on the stack, so a warning torch
+// raises names the same frame, module and line as untraced, and the per-call cost is a dict
+// lookup. A recorded call runs before(op, func, args, kwargs) -> token, then `func` (from C),
+// then after(token, result, error type, t0, t1, folded aten names); both hooks run with torch
+// function handling disabled, so no other mode or subclass sees copytrace's bookkeeping.
+PyObject* g_table = nullptr;   // dict: torch callable -> op name
+PyObject* g_before = nullptr;
+PyObject* g_after = nullptr;
+PyObject* g_write_hook = nullptr;  // called for every call while g_watch_writes
+std::atomic<bool> g_watch_writes{false};
+
+
+inline PyObject* call_through(PyObject* func, PyObject* args, PyObject* kwargs) {
+  if (kwargs == nullptr || kwargs == Py_None || !PyDict_Check(kwargs) || PyDict_GET_SIZE(kwargs) == 0)
+    return PyObject_Call(func, args, nullptr);
+  return PyObject_Call(func, args, kwargs);
+}
+
+inline void swallow() {
+  // An error in copytrace's own hook: counted, never raised into the program.
+  g_errors.fetch_add(1, std::memory_order_relaxed);
+  PyErr_Clear();
+}
+
+PyObject* fold_names() {
+  PyObject* names = PyTuple_New(static_cast<Py_ssize_t>(tls_fold.size()));
+  if (names == nullptr) return nullptr;
+  for (size_t i = 0; i < tls_fold.size(); ++i) {
+    PyObject* n = g_py_names[tls_fold[i]].ptr();
+    Py_INCREF(n);
+    PyTuple_SET_ITEM(names, static_cast<Py_ssize_t>(i), n);
+  }
+  tls_fold.clear();
+  return names;
+}
+
+PyObject* torch_function(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  if (nargs < 3) {
+    PyErr_SetString(PyExc_TypeError, "__torch_function__(func, types, args=(), kwargs=None)");
+    return nullptr;
+  }
+  PyObject* func = argv[0];
+  PyObject* args = argv[2];
+  PyObject* kwargs = nargs > 3 ? argv[3] : Py_None;
+  PyObject* owned_args = nullptr;
+  if (!PyTuple_Check(args)) {
+    owned_args = PySequence_Tuple(args);
+    if (owned_args == nullptr) return nullptr;
+    args = owned_args;
+  }
+  struct Drop { PyObject* p; ~Drop() { Py_XDECREF(p); } } drop{owned_args};
+  if (tls_folding || g_table == nullptr) return call_through(func, args, kwargs);
+  if (g_watch_writes.load(std::memory_order_relaxed) && g_write_hook != nullptr) {
+    NoTorchFunction guard;
+    PyObject* r = PyObject_CallFunctionObjArgs(g_write_hook, func, args, kwargs, nullptr);
+    if (r == nullptr) swallow(); else Py_DECREF(r);
+  }
+  PyObject* op = PyDict_GetItemWithError(g_table, func);  // borrowed
+  if (op == nullptr) {
+    if (PyErr_Occurred()) PyErr_Clear();  // an unhashable callable
+    return call_through(func, args, kwargs);
+  }
+  PyObject* token;
+  {
+    NoTorchFunction guard;
+    token = PyObject_CallFunctionObjArgs(g_before, op, func, args, kwargs, nullptr);
+  }
+  if (token == nullptr) {
+    swallow();
+    return call_through(func, args, kwargs);
+  }
+  if (token == Py_None) {
+    Py_DECREF(token);
+    return call_through(func, args, kwargs);
+  }
+  tls_fold.clear();
+  tls_folding = true;
+  const int64_t t0 = now_ns();
+  PyObject* result = call_through(func, args, kwargs);
+  const int64_t t1 = now_ns();
+  tls_folding = false;
+  PyObject *etype = nullptr, *evalue = nullptr, *etb = nullptr;
+  if (result == nullptr) PyErr_Fetch(&etype, &evalue, &etb);
+  PyObject* names = fold_names();
+  PyObject* t0o = PyLong_FromLongLong(t0);
+  PyObject* t1o = PyLong_FromLongLong(t1);
+  if (names != nullptr && t0o != nullptr && t1o != nullptr) {
+    NoTorchFunction guard;
+    PyObject* r = PyObject_CallFunctionObjArgs(g_after, token, result ? result : Py_None,
+                                               etype ? etype : Py_None, t0o, t1o, names, nullptr);
+    if (r == nullptr) swallow(); else Py_DECREF(r);
+  } else {
+    swallow();
+  }
+  Py_XDECREF(names);
+  Py_XDECREF(t0o);
+  Py_XDECREF(t1o);
+  Py_DECREF(token);
+  if (result == nullptr) PyErr_Restore(etype, evalue, etb);
+  return result;
+}
+
+PyMethodDef g_tf_def = {"torch_function", reinterpret_cast<PyCFunction>(
+                            reinterpret_cast<void (*)()>(&torch_function)),
+                        METH_FASTCALL, "copytrace's __torch_function__ (see observer.cpp)"};
+
+void set_api_hooks(py::object table, py::object before, py::object after, py::object write_hook) {
+  auto swap = [](PyObject*& slot, py::object& value) {
+    PyObject* old = slot;
+    slot = value.is_none() ? nullptr : value.release().ptr();
+    Py_XDECREF(old);
+  };
+  swap(g_table, table);
+  swap(g_before, before);
+  swap(g_after, after);
+  swap(g_write_hook, write_hook);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "copytrace's dispatcher-level copy observer (BackendSelect kernels)";
+  m.def("install", &install, "Register the kernels for the given (name, overload, kind) ops");
+  m.def("uninstall", &uninstall, "Deregister every kernel and drop the callback");
+  m.def("set_enabled", [](bool on) { g_on.store(on); });
+  m.def("enabled", []() { return g_on.load(); });
+  m.def("set_owner", [](bool owner) { tls_owner = owner; },
+        "Mark the calling thread as the traced one (thread-local)");
+  m.def("suppress", []() { ++tls_suppress; }, "Enter a region the observer ignores");
+  m.def("unsuppress", []() { if (tls_suppress > 0) --tls_suppress; });
+  m.def("suppressed", []() { return tls_suppress; });
+  m.def("begin_fold", []() {
+    tls_fold.clear();
+    tls_folding = true;
+  });
+  m.def("end_fold", &end_fold, "Stop folding; the aten names seen since begin_fold");
+  m.def("internal_detaches", []() { return g_internal.exchange(0); },
+        "Autograd's own detach/alias calls since the last call");
+  m.def("errors", []() { return g_errors.exchange(0); });
+  m.def("depth", []() { return tls_depth; }, "Ops in progress on this thread (debugging)");
+  m.def("set_api_hooks", &set_api_hooks, "table, before, after, write_hook (None clears)");
+  m.def("set_watch_writes", [](bool on) { g_watch_writes.store(on); });
+  // torch requires the handler's __self__ to be the mode object (python_arg_parser.cpp)
+  m.def("bind_torch_function", [](py::object mode) {
+    return py::reinterpret_steal<py::object>(PyCFunction_New(&g_tf_def, mode.ptr()));
+  }, "The C __torch_function__ bound to `mode` (its __self__)");
+}

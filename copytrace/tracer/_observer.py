@@ -1,0 +1,117 @@
+"""Engage the C++ observer (``copytrace/tracer/_native``) for a :class:`Recorder`.
+
+Two parts, both in C, both optional:
+
+* :class:`NativeFunctionMode`, the API level: a ``TorchFunctionMode`` whose
+  ``__torch_function__`` is the extension's C handler. A call not in the recorder's API table
+  costs one dict lookup and runs from C, so warnings torch raises keep the caller's frame; a
+  copy or alias call is recorded by :meth:`Recorder.api_before`/:meth:`Recorder.api_after`.
+* The aten level (``level="full"``): boxed kernels on the BackendSelect key for the copy and
+  alias ops of :func:`copytrace.tracer._recorder._aten_table`. They fold the aten ops an API
+  call ran into its event, count autograd's own detaches, and hand implicit copies to
+  :func:`_implicit`.
+
+Where the extension cannot be had, :mod:`copytrace.tracer._recorder`'s Python modes do the
+same work (see :func:`copytrace.tracer._native.load`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from copytrace.tracer import _recorder
+
+__all__ = ["NativeFunctionMode", "engage", "disengage", "aten_ops"]
+
+_perf_ns = _recorder._perf_ns
+_graph_task_id = torch._C._current_graph_task_id
+_current_node = torch._C._current_autograd_node
+
+
+class NativeFunctionMode(TorchFunctionMode):
+    """copytrace's API-level mode with its handler in C (``observer.cpp``)."""
+
+    def __init__(self, native: Any) -> None:
+        super().__init__()
+        # An instance attribute wins over the class's method: torch looks the handler up on
+        # the mode object (python_arg_parser.cpp, dispatch_on_mode).
+        # torch also requires the handler's __self__ to be the mode object.
+        self.__torch_function__ = native.bind_torch_function(self)  # type: ignore[method-assign]
+
+
+def aten_ops() -> list[tuple[str, str, int, str]]:
+    """``(qualified name, overload, kind, display name)`` of every aten copy and alias op
+    overload the observer registers a kernel for."""
+    ops = []
+    for op, kind in _recorder._aten_table().items():
+        schema = op._schema
+        name, overload = str(schema.name), schema.overload_name
+        full = f"{name}.{overload}" if overload else name
+        try:
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd"):
+                ops.append((name, overload, kind, _recorder._aten_name(op)))
+        except RuntimeError:  # a TorchScript-only overload (aten::copy.Dict_str ...)
+            continue
+    return ops
+
+
+def _implicit(name: str, kind: int, args: tuple, kwargs: dict, out: Any, start: int, end: int):
+    """The observer's callback for an implicit copy (with the GIL, torch function off)."""
+    rec = _recorder._ACTIVE
+    if rec is None:
+        return
+    if threading.get_ident() != _recorder._THREAD and _graph_task_id() < 0:
+        return
+    if getattr(rec, "compiled_depth", 0):
+        return  # inside a compiled region: its copies are listed from its graph instead
+    node = _current_node()
+    if node is not None and type(node).__name__ == "CompiledFunctionBackward":
+        return
+    try:
+        rec.implicit(name, kind, args, kwargs, out, start, end)
+    except Exception as err:
+        rec.note_error(err)
+    rec.overhead_ns += _perf_ns() - end
+
+
+_OPS: list[tuple[str, str, int, str]] | None = None
+
+
+def engage(rec: Any, native: Any, full: bool) -> NativeFunctionMode:
+    """Connect ``native`` to ``rec`` and return the (not yet entered) function mode."""
+    global _OPS
+    rec.native = native
+    watch = rec.watch
+    native.set_api_hooks(rec.api_table, rec.api_before, rec.api_after, watch.before_api)
+    native.set_watch_writes(bool(watch.aliases))
+    if full:
+        if _OPS is None:
+            _OPS = aten_ops()
+        native.internal_detaches()  # reset
+        native.install(_OPS, _implicit)
+        native.set_owner(True)
+        native.set_enabled(True)
+    return NativeFunctionMode(native)
+
+
+def disengage(rec: Any) -> None:
+    """Disconnect the observer from ``rec``: deregister the kernels, clear the hooks, and add
+    the counts kept in C (autograd's detaches, errors) to the recorder's."""
+    native = rec.native
+    if native is None:
+        return
+    native.set_enabled(False)
+    native.set_owner(False)
+    native.set_watch_writes(False)
+    native.set_api_hooks(None, None, None, None)
+    rec.internal_detaches += native.internal_detaches()
+    errors = native.errors()
+    if errors:
+        rec.errors += errors
+        rec.last_error = rec.last_error or "error in the C++ observer's callback"
+    native.uninstall()
+    rec.native = None
