@@ -11,6 +11,11 @@ import torch
 import torch.nn as nn
 
 import copytrace
+from copytrace.tracer import _native
+
+# The aten-level path this suite runs on: copytrace's C++ observer, or the Python dispatch
+# mode (COPYTRACE_OBSERVER=python, or no compiler).
+NATIVE = _native.load() is not None
 
 
 def traced(fn):
@@ -56,7 +61,9 @@ def test_data_get_is_a_detached_alias():
     ev = only(events, "data_get")
     assert ev.bytes_allocated == 0 and ev.alias and not ev.noop
     assert ev.graph == "detached" and not ev.requires_grad and ev.grad_fn is None
-    assert ev.aten == ("aten::detach",)  # .data is aten::detach at dispatch level
+    # `.data` is a shallow copy of the TensorImpl made without the dispatcher; torch routes it
+    # through aten::detach only for tensors or modes with the Python key (a Python mode).
+    assert ev.aten == (() if NATIVE else ("aten::detach",))
     assert out.data_ptr() == src.data_ptr()
 
 
@@ -230,7 +237,12 @@ def test_steps_and_phases_in_a_training_loop():
     # auto-step: each optimizer.step() ends a step, so the 3 batch moves land in steps 0, 1, 2
     assert [e.step for e in t.events if e.op == "to"] == [0, 1, 2]
     assert t.stats["steps"] == 4  # steps 0-2 plus the (empty) tail after the last step()
-    assert t.stats["internal_detaches"] > 0  # autograd's own bookkeeping, not user events
+    # autograd's own detaches (saving outputs for backward) are shallow copies that reach the
+    # dispatcher only under a Python mode: counted on that path, invisible to the observer.
+    if NATIVE:
+        assert t.stats["internal_detaches"] == 0
+    else:
+        assert t.stats["internal_detaches"] > 0
     assert {e.op for e in t.events} == {"to", "detach"}
 
 

@@ -72,9 +72,8 @@ def _module_name() -> str:
 
 
 def _build() -> ModuleType:
-    from torch.utils.cpp_extension import load as load_extension
-
     import torch
+    from torch.utils.cpp_extension import load as load_extension
 
     directory = cache_dir()
     directory.mkdir(parents=True, exist_ok=True)

@@ -202,12 +202,12 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
     op.redispatchBoxed(next, stack);
     return;
   }
-  if (tls_folding) {
-    tls_fold.push_back(static_cast<int16_t>(info.index));
+  if (tls_depth > 1) {  // inside another op's kernel: not an op a dispatch mode would see
     op.redispatchBoxed(next, stack);
     return;
   }
-  if (tls_depth > 1) {  // inside another op's kernel: not an op a dispatch mode would see
+  if (tls_folding) {
+    tls_fold.push_back(static_cast<int16_t>(info.index));
     op.redispatchBoxed(next, stack);
     return;
   }
