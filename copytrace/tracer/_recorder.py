@@ -40,6 +40,7 @@ from copytrace.tracer._events import CopyEvent
 __all__ = ["Recorder", "active_recorder"]
 
 _perf_ns = time.perf_counter_ns
+_NoTorchFunction = torch._C.DisableTorchFunction
 _Tensor = torch.Tensor
 _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
@@ -433,7 +434,10 @@ class Recorder:
     def api_call(self, op: str, func: Any, args: tuple, kwargs: dict) -> Any:
         """Run ``func(*args, **kwargs)`` as the user's API call ``op`` and record it (the
         Python function mode's path and copytrace's own patches)."""
-        token = self.api_before(op, func, args, kwargs)
+        # copytrace's own reads (.requires_grad, .grad_fn, storages) must reach no mode and
+        # no subclass's __torch_function__: torch function handling is off around them.
+        with _NoTorchFunction():
+            token = self.api_before(op, func, args, kwargs)
         if token is None:
             return func(*args, **kwargs)
         native = self.native
@@ -444,10 +448,12 @@ class Recorder:
             result = func(*args, **kwargs)
         except BaseException as err:
             end = _perf_ns()
-            self.api_after(token, None, type(err), start, end, _end_fold(native))
+            with _NoTorchFunction():
+                self.api_after(token, None, type(err), start, end, _end_fold(native))
             raise
         end = _perf_ns()
-        self.api_after(token, result, None, start, end, _end_fold(native))
+        with _NoTorchFunction():
+            self.api_after(token, result, None, start, end, _end_fold(native))
         return result
 
     def _record_api(
@@ -656,7 +662,8 @@ class Recorder:
             end = _perf_ns()
             self.group = None
             try:
-                self._close_group(placeholder, group, x, end, error)
+                with _NoTorchFunction():
+                    self._close_group(placeholder, group, x, end, error)
             except Exception as err:
                 self.note_error(err)
 
@@ -764,7 +771,8 @@ class DispatchMode(TorchDispatchMode):
         if kwargs is None:
             kwargs = {}
         if self._watch.aliases:  # only while a `.data` alias of a grad tensor is alive
-            self._watch.before_op(func, args, kwargs)
+            with _NoTorchFunction():
+                self._watch.before_op(func, args, kwargs)
         kind = self._table.get(func)
         if kind is None:
             return func(*args, **kwargs)
@@ -780,7 +788,8 @@ class DispatchMode(TorchDispatchMode):
         out = func(*args, **kwargs)
         end = _perf_ns()
         try:
-            rec.implicit(_aten_name(func), kind, args, kwargs, out, start, end)
+            with _NoTorchFunction():
+                rec.implicit(_aten_name(func), kind, args, kwargs, out, start, end)
         except Exception as err:
             rec.note_error(err)
         rec.overhead_ns += _perf_ns() - end
@@ -852,7 +861,8 @@ def _traced_from_numpy(array):
     out = _ORIG_FROM_NUMPY(array)
     end = _perf_ns()
     try:
-        rec.from_numpy(out, start, end)
+        with _NoTorchFunction():
+            rec.from_numpy(out, start, end)
     except Exception as err:
         rec.note_error(err)
     return out

@@ -62,7 +62,10 @@ PyObject* g_callback = nullptr;  // owned reference; changed only with the GIL h
 // CompositeImplicitAutograd (those decompose above the backend, where a mode sees their
 // parts). A copy op is implicit only at depth 1: itself. Deeper ones are a kernel's own
 // internals (addmm copying its bias, _to_copy's copy_).
-std::unordered_set<const char*> g_composite;  // RecordFunction::name() of composite overloads
+// RecordFunction::name() of every non-composite operator overload: the schema's own string,
+// so named RecordFunctions (RECORD_FUNCTION("detach") in autograd kernels, profiler scopes)
+// never match.
+std::unordered_set<const char*> g_counted;
 at::CallbackHandle g_rf = 0;
 thread_local int tls_depth = 0;
 // An autograd node's apply (BACKWARD_FUNCTION scope) starts afresh: the ops a node runs are
@@ -73,7 +76,7 @@ std::unique_ptr<at::ObserverContext> rf_start(const at::RecordFunction& fn) {
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
     tls_saved_depth.push_back(tls_depth);
     tls_depth = 0;
-  } else if (g_composite.count(fn.name()) == 0) {
+  } else if (g_counted.count(fn.name()) != 0) {
     ++tls_depth;
   }
   return nullptr;
@@ -85,19 +88,19 @@ void rf_end(const at::RecordFunction& fn, at::ObserverContext*) {
       tls_depth = tls_saved_depth.back();
       tls_saved_depth.pop_back();
     }
-  } else if (g_composite.count(fn.name()) == 0 && tls_depth > 0) {
+  } else if (tls_depth > 0 && g_counted.count(fn.name()) != 0) {
     --tls_depth;
   }
 }
 
-void composite_names() {
-  if (!g_composite.empty()) return;
+void counted_names() {
+  if (!g_counted.empty()) return;
   auto& dispatcher = c10::Dispatcher::singleton();
   for (const auto& name : dispatcher.getAllOpNames()) {
     auto handle = dispatcher.findOp(name);
     if (handle && handle->hasSchema() &&
-        handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
-      g_composite.insert(handle->schema().name().c_str());
+        !handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
+      g_counted.insert(handle->schema().name().c_str());
   }
 }
 
@@ -261,7 +264,7 @@ int install(const std::vector<std::tuple<std::string, std::string, int, std::str
                               torch::CppFunction::makeFromBoxedFunction<&kernel>()));
   }
   g_lib = std::move(lib);
-  composite_names();
+  counted_names();
   if (g_rf == 0) {
     g_rf = at::addGlobalCallback(at::RecordFunctionCallback(&rf_start, &rf_end)
                                      .needsInputs(false)
