@@ -425,6 +425,12 @@ class Trace:
         self._hooks = []
         return True
 
+    @property
+    def observer_path(self) -> str | None:
+        """``"native"`` (copytrace's C++ observer) or ``"python"`` (the Python dispatch mode
+        fallback) once tracing started; ``None`` before."""
+        return (self._delegate or self)._observer_path
+
     def _native(self) -> Any:
         """The C++ observer module for this trace, or None (the Python modes' path)."""
         if self._observer_path is None:
@@ -824,6 +830,9 @@ class Trace:
             "copytrace.steps_traced": stats["steps_traced"],
             "copytrace.flushes": stats["flushes"],
             "copytrace.exit": self._exit or "normal",
+            "copytrace.level": self.level,
+            # the aten-level path: "native" (the C++ observer) or "python" (the fallback mode)
+            "copytrace.observer": (self._delegate or self)._observer_path or "python",
         }
         if self.schedule is not None:
             attrs["copytrace.schedule"] = repr(self.schedule)

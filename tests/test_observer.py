@@ -1,0 +1,161 @@
+"""copytrace's C++ observer: parity with the Python dispatch mode, the fallback without a
+compiler, coexistence with torch.profiler, subclasses, other modes and warnings."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import copytrace
+from copytrace.tracer import _native
+
+NATIVE = _native.load() is not None
+needs_native = pytest.mark.skipif(
+    not NATIVE and not os.environ.get("COPYTRACE_REQUIRE_INTEGRATION"),
+    reason="C++ observer unavailable here",
+)
+
+# Fields compared event by event between the two paths (all but timing and sequence facts).
+FIELDS = (
+    "op", "bytes_allocated", "bytes_logical", "alias", "noop", "shape", "dtype", "src_dtype",
+    "src_device", "dst_device", "transfer", "requires_grad", "src_requires_grad", "grad_fn",
+    "is_leaf", "graph", "phase", "step", "module", "file", "line", "function", "origin",
+    "error", "group", "tensors",
+)  # fmt: skip
+
+
+def _program() -> None:
+    """Copies and aliases of every kind a training step makes (API, implicit, backward)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    ema = copy.deepcopy(model)
+    for _ in range(2):
+        x = torch.randn(4, 8).to(torch.float64).float()
+        loss = model(x).double().pow(2).mean()  # ToCopyBackward0 casts the gradient back
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        logged = loss.detach().clone()
+        with torch.no_grad():
+            for p, q in zip(ema.parameters(), model.parameters()):
+                p.copy_(q)
+        snap = {k: v.clone() for k, v in model.state_dict().items()}
+        flat = x.t().reshape(-1)  # a hidden copy: reshape of a transposed tensor
+        _ = (logged, snap, flat, x.data, torch.tensor(x.detach()), x.contiguous(), x.cpu())
+
+
+def _events(observer: str) -> list[tuple]:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with copytrace.trace(write=False, observer=observer) as t:
+            _program()
+    return [tuple(getattr(e, f) for f in FIELDS) for e in t.events]
+
+
+@needs_native
+def test_observer_records_the_same_events_as_the_python_dispatch_mode() -> None:
+    native = _events("auto")
+    python = _events("python")
+    # _program makes 2 x (to, float, double, backward's _to_copy, detach, clone, ...) events;
+    # compare every field of every event, in order
+    assert len(native) == len(python) > 30
+    for a, b in zip(native, python):
+        assert dict(zip(FIELDS, a)) == dict(zip(FIELDS, b))
+
+
+@needs_native
+def test_subclass_creation_from_a_tensor_made_while_tracing() -> None:
+    class S(torch.Tensor):
+        pass
+
+    with copytrace.trace(write=False) as t:
+        base = torch.randn(3)
+        made = [S(base), torch.Tensor._make_subclass(S, base), base.as_subclass(S)]
+        param = nn.Parameter(torch.randn(2))
+    assert [type(m) for m in made] == [S, S, S] and type(param) is nn.Parameter
+    assert t.stats["errors"] == 0
+
+
+@needs_native
+def test_other_modes_see_exactly_what_they_see_untraced() -> None:
+    class CountF(TorchFunctionMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n = 0
+
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    class CountD(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.n += 1
+            return func(*args, **(kwargs or {}))
+
+    model = nn.Sequential(nn.Linear(3, 3), nn.ReLU())
+    x = torch.randn(2, 3, requires_grad=True)
+
+    def work() -> tuple[int, int]:
+        with CountF() as f, CountD() as d:
+            for _ in range(19):
+                copy.copy(x)
+            copy.deepcopy(model)
+            model(x).clone().sum().backward()
+            _ = (x.data, x.detach().to(torch.float64))
+        return f.n, d.n
+
+    plain = work()
+    with copytrace.trace(write=False) as t:
+        traced = work()
+    assert traced == plain
+    assert len(t.events) > 20  # copytrace still recorded the copies under the user's modes
+
+
+def test_beside_torch_profiler() -> None:
+    x = torch.randn(16, 16)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with copytrace.trace(write=False) as t:
+            y = x.clone().to(torch.float64)
+    names = {e.name for e in prof.events()}
+    assert {"aten::clone", "aten::_to_copy"} <= names  # the profiler still sees the ops
+    assert [e.op for e in t.events] == ["clone", "to"]
+    assert y.dtype == torch.float64
+
+
+def test_no_compiler_falls_back_to_the_python_mode(tmp_path) -> None:
+    script = tmp_path / "prog.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import torch, copytrace
+            with copytrace.trace(write=False) as t:
+                torch.randn(4).clone()
+            print([e.op for e in t.events], t.observer_path)
+            """
+        )
+    )
+    env = dict(os.environ, CXX=str(tmp_path / "no-such-compiler"))
+    env["COPYTRACE_CACHE_DIR"] = str(tmp_path / "cache")  # nothing built there
+    env.pop("COPYTRACE_OBSERVER", None)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "['clone'] python"
+    lines = [ln for ln in proc.stderr.splitlines() if "C++ observer unavailable" in ln]
+    assert len(lines) == 1 and "no C++ compiler found" in lines[0]
