@@ -159,3 +159,13 @@ def test_no_compiler_falls_back_to_the_python_mode(tmp_path) -> None:
     assert proc.stdout.strip() == "['clone'] python"
     lines = [ln for ln in proc.stderr.splitlines() if "C++ observer unavailable" in ln]
     assert len(lines) == 1 and "no C++ compiler found" in lines[0]
+
+
+def test_doctor_names_the_active_path() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "copytrace", "doctor"], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    expected = "aten level: C++ observer" if NATIVE else "aten level: Python dispatch mode"
+    assert expected in proc.stdout
+    assert f"torch {torch.__version__}" in proc.stdout

@@ -20,7 +20,7 @@ __all__ = ["main", "console_main"]
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every subcommand registered."""
     from copytrace import __version__
-    from copytrace.cli import check, report, run, summary
+    from copytrace.cli import check, doctor, report, run, summary
 
     parser = argparse.ArgumentParser(
         prog="copytrace",
@@ -29,7 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"copytrace {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in (run, report, summary, check):
+    for module in (run, report, summary, check, doctor):
         module.register(sub)
     return parser
 
