@@ -48,7 +48,7 @@ def _program() -> None:
         opt.step()
         logged = loss.detach().clone()
         with torch.no_grad():
-            for p, q in zip(ema.parameters(), model.parameters()):
+            for p, q in zip(ema.parameters(), model.parameters(), strict=True):
                 p.copy_(q)
         snap = {k: v.clone() for k, v in model.state_dict().items()}
         flat = x.t().reshape(-1)  # a hidden copy: reshape of a transposed tensor
@@ -70,8 +70,8 @@ def test_observer_records_the_same_events_as_the_python_dispatch_mode() -> None:
     # _program makes 2 x (to, float, double, backward's _to_copy, detach, clone, ...) events;
     # compare every field of every event, in order
     assert len(native) == len(python) > 30
-    for a, b in zip(native, python):
-        assert dict(zip(FIELDS, a)) == dict(zip(FIELDS, b))
+    for a, b in zip(native, python, strict=True):
+        assert dict(zip(FIELDS, a, strict=True)) == dict(zip(FIELDS, b, strict=True))
 
 
 @needs_native
