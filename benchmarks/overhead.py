@@ -9,10 +9,13 @@ variant's median ratio to it.
     python benchmarks/overhead.py --rounds 5 --workloads W1 W2
 
 Variants:
-    floor      an empty TorchFunctionMode + TorchDispatchMode (what this design costs at least)
+    floor      an empty TorchFunctionMode + TorchDispatchMode (the Python fallback's floor)
+    tfm_floor  an empty Python TorchFunctionMode alone (the floor of any Python API-level mode)
     prof_cpu   torch.profiler with CPU activity
     prof_full  torch.profiler with profile_memory, record_shapes, with_stack
-    copytrace  copytrace.trace() with default settings (no file written)
+    copytrace  copytrace.trace() with default settings (no file written): the C handler for the
+               API level and the C++ observer for the aten level
+    ct_python  copytrace with observer="python": the Python modes (the fallback)
     ct_api     copytrace level="api": the function mode only (no dispatch mode)
     ct_idle    copytrace with a schedule, measured over its inactive steps
 """
@@ -49,6 +52,10 @@ def floor():
         yield
 
 
+def tfm_floor():
+    return _EmptyFunction()
+
+
 def prof_cpu():
     from torch.profiler import ProfilerActivity, profile
 
@@ -67,6 +74,10 @@ def traced():
     return copytrace.trace(write=False)
 
 
+def traced_python():
+    return copytrace.trace(write=False, observer="python")
+
+
 def traced_api():
     return copytrace.trace(write=False, level="api")
 
@@ -79,9 +90,11 @@ def traced_idle():
 VARIANTS = {
     "plain": contextlib.nullcontext,
     "floor": floor,
+    "tfm_floor": tfm_floor,
     "prof_cpu": prof_cpu,
     "prof_full": prof_full,
     "copytrace": traced,
+    "ct_python": traced_python,
     "ct_api": traced_api,
     "ct_idle": traced_idle,
 }

@@ -169,3 +169,25 @@ def test_doctor_names_the_active_path() -> None:
     expected = "aten level: C++ observer" if NATIVE else "aten level: Python dispatch mode"
     assert expected in proc.stdout
     assert f"torch {torch.__version__}" in proc.stdout
+
+
+def test_fake_tensor_copies_are_copies_of_no_real_memory() -> None:
+    from torch._subclasses.fake_tensor import FakeCopyMode, FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = torch.empty(8, 4)  # float32: 8 x 4 x 4 B = 128 logical bytes
+    with copytrace.trace(write=False) as t:
+        with mode:
+            cloned = fake.clone()
+            copied = copy.deepcopy(fake)
+    real = torch.randn(8, 4)
+    with copytrace.trace(write=False) as t2:
+        with FakeCopyMode(FakeTensorMode()):
+            under_copy_mode = copy.deepcopy(real)
+    assert type(cloned).__name__ == type(copied).__name__ == "FakeTensor"
+    assert type(under_copy_mode).__name__ == "FakeTensor"
+    for ev in [*t.events, *t2.events]:
+        assert ev.op in ("clone", "deepcopy")
+        assert (ev.alias, ev.fake, ev.bytes_allocated, ev.bytes_logical) == (False, True, 0, 128)
+    assert [e.op for e in t.events] == ["clone", "deepcopy"]
+    assert [e.op for e in t2.events] == ["deepcopy"]

@@ -238,10 +238,9 @@ def test_steps_and_phases_in_a_training_loop():
     assert [e.step for e in t.events if e.op == "to"] == [0, 1, 2]
     assert t.stats["steps"] == 4  # steps 0-2 plus the (empty) tail after the last step()
     # autograd's own detaches (saving outputs for backward) are shallow copies that reach the
-    # dispatcher only under a Python mode: counted on that path, invisible to the observer.
-    if NATIVE:
-        assert t.stats["internal_detaches"] == 0
-    else:
+    # dispatcher only under a Python mode: counted on that path (the observer counts only the
+    # bare aten::detach calls torch really makes, e.g. in the optimizer).
+    if not NATIVE:
         assert t.stats["internal_detaches"] > 0
     assert {e.op for e in t.events} == {"to", "detach"}
 

@@ -74,6 +74,9 @@ class CopyEvent:
             held when its step ended (no backward had run through it); ``None`` otherwise.
         snapshot: a ``detach`` alias made by ``Module.state_dict()``.
         stale: on a snapshot, its source was changed in place while the alias was kept.
+        fake: the result is a FakeTensor or a meta tensor (``FakeTensorMode``, torch.compile's
+            tracing, ``FakeCopyMode``): ``bytes_logical`` is what a real copy would move,
+            ``bytes_allocated`` is 0 (no real memory).
     """
 
     __slots__ = (
@@ -84,7 +87,7 @@ class CopyEvent:
         "parent", "group", "object_type", "tensors", "error", "via", "origin", "pinned",
         "src_storage", "src_offset", "src_stride", "src_version", "dst_storage", "dst_version",
         "inplace_writes", "saved_by", "write_site", "src_name", "retained_bytes", "snapshot",
-        "stale",
+        "stale", "fake",
     )  # fmt: skip
 
     def __init__(self, **fields: Any) -> None:  # replaced below by a generated __init__
@@ -133,6 +136,7 @@ _DEFAULTS: dict[str, Any] = {
     "saved_by": (),
     "snapshot": False,
     "stale": False,
+    "fake": False,
 }
 
 

@@ -488,7 +488,7 @@ _ANALYSIS_FIELDS = (
     ("inplace_writes", "copytrace.inplace_writes"), ("saved_by", "copytrace.saved_by"),
     ("write_site", "copytrace.write_site"), ("src_name", "copytrace.src_name"),
     ("retained_bytes", "copytrace.retained_bytes"), ("snapshot", "copytrace.snapshot"),
-    ("stale", "copytrace.stale"),
+    ("stale", "copytrace.stale"), ("fake", "copytrace.fake"),
 )  # fmt: skip
 
 

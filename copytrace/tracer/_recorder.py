@@ -173,10 +173,23 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def _storage_ptr(t: torch.Tensor) -> int | None:
+    """Identity of ``t``'s storage (its StorageImpl): shared by every alias, distinct for
+    every copy, including empty, meta and fake storages whose data pointer is 0."""
     try:
-        return t.untyped_storage().data_ptr()
+        return t.untyped_storage()._cdata
     except Exception:  # sparse, nested, some subclasses: no single storage
         return None
+
+
+def _is_fake(t: torch.Tensor) -> bool:
+    """A FakeTensor (no real memory) or a meta tensor."""
+    fake_module = sys.modules.get("torch._subclasses.fake_tensor")
+    if fake_module is not None and isinstance(t, fake_module.FakeTensor):
+        return True
+    try:
+        return bool(t.is_meta)
+    except Exception:
+        return False
 
 
 def _storage_nbytes(t: torch.Tensor) -> int:
@@ -525,7 +538,9 @@ class Recorder:
             else:
                 ptr = _storage_ptr(out)
                 ev.alias = ptr is not None and ptr == _storage_ptr(src)
-                if not ev.alias:
+                if not ev.alias and _is_fake(out):
+                    ev.fake = True  # a copy of no real memory: logical bytes only
+                elif not ev.alias:
                     nbytes = _storage_nbytes(out)
                     group = self.group
                     if op == "deepcopy":
@@ -837,8 +852,12 @@ _ORIG_PARAM_DEEPCOPY = torch.nn.Parameter.__deepcopy__
 
 def _traced_deepcopy(x, memo=None, _nil=[]):  # noqa: B006 - same signature as copy.deepcopy
     rec = _here()
-    if rec is None or rec.group is not None or rec.active is not None or isinstance(x, _Tensor):
+    if rec is None or rec.group is not None or rec.active is not None:
         return _ORIG_DEEPCOPY(x, memo, _nil)
+    if isinstance(x, _Tensor):
+        # Recorded here rather than at Tensor.__deepcopy__: a mode above copytrace's (torch's
+        # FakeCopyMode) may answer __deepcopy__ without calling down to copytrace.
+        return rec.api_call("deepcopy", _ORIG_DEEPCOPY, (x, memo, _nil), {})
     return rec.deepcopy_group(_ORIG_DEEPCOPY, x, memo, _nil)
 
 
