@@ -41,6 +41,8 @@ __all__ = ["Recorder", "active_recorder"]
 
 _perf_ns = time.perf_counter_ns
 _NoTorchFunction = torch._C.DisableTorchFunction
+_get_ident = threading.get_ident
+_THREAD_NAMES: dict[int, str] = {}  # thread ident -> name (names are read once per thread)
 _Tensor = torch.Tensor
 _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
@@ -403,9 +405,12 @@ class Recorder:
             ev.phase = "forward"
         else:
             ev.phase = "other"
-        thread = threading.current_thread()
-        ev.thread_id = thread.ident
-        ev.thread_name = thread.name
+        ident = _get_ident()
+        name = _THREAD_NAMES.get(ident)
+        if name is None:
+            name = _THREAD_NAMES[ident] = threading.current_thread().name
+        ev.thread_id = ident
+        ev.thread_name = name
         group = self.group
         if group is not None:
             ev.parent = group.seq
