@@ -652,16 +652,8 @@ def _softmax_without_dim(x: torch.Tensor) -> torch.Tensor:
     return F.softmax(x)  # the implicit-dim deprecation warning belongs to this line
 
 
-_SOFTMAX_GAP = pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "a Python-level torch function that warns with a stacklevel (F.softmax's implicit dim) "
-        "counts torch's own handle_torch_function frames, which any active TorchFunctionMode "
-        "adds (torch's `with torch.device(...)` too): the warning lands in torch/overrides.py"
-    ),
-)
-# On the Python fallback path the mode's handler is a Python frame: a C++ warning names it.
+# On the Python fallback path the mode's handler is a Python frame: a C++ warning names it,
+# and a Python-level torch function's stacklevel counts torch's handle_torch_function frames.
 _PYTHON_HANDLER = pytest.mark.xfail(
     not NATIVE, strict=True, raises=AssertionError, reason="Python fallback handler frame"
 )
@@ -671,7 +663,7 @@ _PYTHON_HANDLER = pytest.mark.xfail(
     "call",
     [
         pytest.param(_construct, marks=_PYTHON_HANDLER),
-        pytest.param(_softmax_without_dim, marks=_SOFTMAX_GAP),
+        pytest.param(_softmax_without_dim, marks=_PYTHON_HANDLER),
     ],
 )
 def test_warnings_from_traced_calls_point_at_user_line(

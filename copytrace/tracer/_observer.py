@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from copytrace.tracer import _recorder
+from copytrace.tracer import _recorder, _warnshim
 
 __all__ = ["NativeFunctionMode", "engage", "disengage", "aten_ops"]
 
@@ -88,6 +88,7 @@ def engage(rec: Any, native: Any, full: bool) -> NativeFunctionMode:
     watch = rec.watch
     native.set_api_hooks(rec.api_table, rec.api_before, rec.api_after, watch.before_api)
     native.set_watch_writes(bool(watch.aliases))
+    _warnshim.install(native)
     if full:
         if _OPS is None:
             _OPS = aten_ops()
@@ -104,6 +105,7 @@ def disengage(rec: Any) -> None:
     native = rec.native
     if native is None:
         return
+    _warnshim.remove()
     native.set_enabled(False)
     native.set_owner(False)
     native.set_watch_writes(False)

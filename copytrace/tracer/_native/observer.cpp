@@ -30,6 +30,7 @@
 #include <ATen/record_function.h>
 #include <unordered_set>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -339,6 +340,14 @@ PyObject* fold_names() {
   return names;
 }
 
+// Frames of handle_torch_function that re-entered a Python-level torch function through
+// copytrace's mode, innermost last; copytrace's warnings.warn shim skips them (and the outer
+// call of the same function), so that a warning with a stacklevel names the frame it names
+// untraced.
+thread_local std::vector<PyObject*> tls_entry_frames;
+
+PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs);
+
 PyObject* torch_function(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   if (nargs < 3) {
     PyErr_SetString(PyExc_TypeError, "__torch_function__(func, types, args=(), kwargs=None)");
@@ -355,6 +364,19 @@ PyObject* torch_function(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   }
   struct Drop { PyObject* p; ~Drop() { Py_XDECREF(p); } } drop{owned_args};
   if (tls_folding || g_table == nullptr) return call_through(func, args, kwargs);
+  if (PyFunction_Check(func)) {
+    // A Python-level torch function (F.softmax, Tensor.backward...) re-entered through
+    // handle_torch_function: remember that frame while it runs (see entry_frames).
+    PyObject* frame = reinterpret_cast<PyObject*>(PyEval_GetFrame());  // borrowed
+    tls_entry_frames.push_back(frame);
+    PyObject* r = call_through_recorded(func, args, kwargs);
+    tls_entry_frames.pop_back();
+    return r;
+  }
+  return call_through_recorded(func, args, kwargs);
+}
+
+PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs) {
   if (g_watch_writes.load(std::memory_order_relaxed) && g_write_hook != nullptr) {
     NoTorchFunction guard;
     PyObject* r = PyObject_CallFunctionObjArgs(g_write_hook, func, args, kwargs, nullptr);
@@ -421,6 +443,80 @@ void set_api_hooks(py::object table, py::object before, py::object after, py::ob
   swap(g_write_hook, write_hook);
 }
 
+
+// --- warnings.warn while tracing ------------------------------------------------------------
+// Installed as warnings.warn (copytrace/tracer/_warnshim.py): a C function, so it adds no
+// frame to tracebacks (-W error) and stacklevel 1 is still the caller. Where the frames
+// between the caller and the stacklevel's target include a handle_torch_function frame that
+// copytrace's mode re-entered from (tls_entry_frames), that frame and the outer call of the
+// same torch function above it are not counted: the warning names the frame it names
+// untraced. Everything else goes to the original warnings.warn unchanged.
+PyObject* g_orig_warn = nullptr;
+
+PyObject* warn_shim(PyObject*, PyObject* args, PyObject* kwargs) {
+  if (g_orig_warn == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "copytrace warnings shim not installed");
+    return nullptr;
+  }
+  if (tls_entry_frames.empty()) return PyObject_Call(g_orig_warn, args, kwargs);
+  // stacklevel: third positional argument or keyword
+  Py_ssize_t nargs = PyTuple_GET_SIZE(args);
+  PyObject* level_obj = nargs > 2 ? PyTuple_GET_ITEM(args, 2)
+                                  : (kwargs ? PyDict_GetItemString(kwargs, "stacklevel") : nullptr);
+  long level = level_obj ? PyLong_AsLong(level_obj) : 1;
+  if (level == -1 && PyErr_Occurred()) return nullptr;
+  if (level <= 1) return PyObject_Call(g_orig_warn, args, kwargs);
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed: the caller of warn
+  Py_XINCREF(frame);
+  long steps = 0, counted = 1;
+  auto back = [](PyFrameObject*& f) {
+    PyFrameObject* b = PyFrame_GetBack(f);  // new reference
+    Py_DECREF(f);
+    f = b;
+  };
+  while (frame != nullptr && counted < level) {
+    back(frame);
+    ++steps;
+    if (frame != nullptr &&
+        std::find(tls_entry_frames.begin(), tls_entry_frames.end(),
+                  reinterpret_cast<PyObject*>(frame)) != tls_entry_frames.end()) {
+      back(frame);  // the outer call of the same torch function
+      if (frame != nullptr) back(frame);
+      steps += 2;
+    }
+    ++counted;
+  }
+  Py_XDECREF(frame);
+  long adjusted = steps + 1;  // stacklevel 1 = the caller
+  if (adjusted == level) return PyObject_Call(g_orig_warn, args, kwargs);
+  PyObject* new_level = PyLong_FromLong(adjusted);
+  if (new_level == nullptr) return nullptr;
+  PyObject* result = nullptr;
+  if (nargs > 2) {
+    PyObject* copy = PyTuple_GetSlice(args, 0, nargs);
+    if (copy != nullptr) {
+      Py_INCREF(new_level);
+      PyObject* old = PyTuple_GET_ITEM(copy, 2);
+      PyTuple_SET_ITEM(copy, 2, new_level);
+      Py_DECREF(old);
+      result = PyObject_Call(g_orig_warn, copy, kwargs);
+      Py_DECREF(copy);
+    }
+  } else {
+    PyObject* kw = kwargs ? PyDict_Copy(kwargs) : PyDict_New();
+    if (kw != nullptr && PyDict_SetItemString(kw, "stacklevel", new_level) == 0)
+      result = PyObject_Call(g_orig_warn, args, kw);
+    Py_XDECREF(kw);
+  }
+  Py_DECREF(new_level);
+  return result;
+}
+
+PyMethodDef g_warn_def = {"warn", reinterpret_cast<PyCFunction>(
+                              reinterpret_cast<void (*)()>(&warn_shim)),
+                          METH_VARARGS | METH_KEYWORDS,
+                          "warnings.warn, counting stacklevel as untraced (copytrace)"};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -443,6 +539,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Autograd's own detach/alias calls since the last call");
   m.def("errors", []() { return g_errors.exchange(0); });
   m.def("depth", []() { return tls_depth; }, "Ops in progress on this thread (debugging)");
+  m.def("entry_frames", []() {
+    py::tuple frames(tls_entry_frames.size());
+    for (size_t i = 0; i < tls_entry_frames.size(); ++i)
+      frames[i] = py::reinterpret_borrow<py::object>(tls_entry_frames[i]);
+    return frames;
+  }, "handle_torch_function frames copytrace's mode re-entered from, on this thread");
+  m.def("has_entry_frames", []() { return !tls_entry_frames.empty(); });
+  m.def("make_warn", [](py::object orig) {
+    Py_XDECREF(g_orig_warn);
+    g_orig_warn = orig.release().ptr();
+    return py::reinterpret_steal<py::object>(PyCFunction_New(&g_warn_def, nullptr));
+  }, "A warnings.warn that calls `orig` with the stacklevel counted as untraced");
   m.def("set_api_hooks", &set_api_hooks, "table, before, after, write_hook (None clears)");
   m.def("set_watch_writes", [](bool on) { g_watch_writes.store(on); });
   // torch requires the handler's __self__ to be the mode object (python_arg_parser.cpp)
