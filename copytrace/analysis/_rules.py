@@ -115,6 +115,10 @@ def _is_copy(e: Ev) -> bool:
     )
 
 
+#: Copies another rule reports in full (tensor-ctor-copy): not reported again as redundant.
+_OWN_RULE = frozenset(("tensor_ctor", "new_tensor"))
+
+
 # --- data-inplace ----------------------------------------------------------------------------
 def data_inplace(events: list[Ev]) -> list[Finding]:
     out = []
@@ -196,10 +200,13 @@ def aliasing_snapshot(events: list[Ev]) -> list[Finding]:
 def redundant_copy(events: list[Ev]) -> list[Finding]:
     # deepcopy makes independent state on purpose (a target net, a snapshot): repeating it
     # is deepcopy-in-loop's business, not a redundant copy.
+    # A copy written in place is not interchangeable with another copy of the same source
+    # (one clone per consumer that modifies its argument): neither is redundant.
     copies = [e for e in events if _is_copy(e) and e.op != "deepcopy"]
+    unwritten = [e for e in copies if not e.inplace_writes and e.op not in _OWN_RULE]
     # (a) the same unchanged source view copied to the same kind of result within a step
     same: dict[tuple, list[Ev]] = {}
-    for e in copies:
+    for e in unwritten:
         key = (
             e.step, e.src_storage, e.src_offset, e.src_stride, e.shape, e.src_version, e.dtype,
             e.dst_device,
@@ -256,6 +263,42 @@ def redundant_copy(events: list[Ev]) -> list[Finding]:
                 f"copied again and dropped, {format_bytes(acc.bytes)} allocated for nothing",
                 "Fold the chain into one call, e.g. a single `t.to(device, dtype)` or one "
                 "`clone()`.",
+            )
+        )
+    return out
+
+
+# --- lost-inplace-write ----------------------------------------------------------------------
+#: copytrace.op of a gather into fresh storage (advanced indexing and its relatives).
+INDEX_OPS = frozenset(("index", "index_select", "masked_select", "take", "gather",
+                       "take_along_dim"))  # fmt: skip
+_INDEX_FORM = {
+    "index": "x[idx]", "index_select": "index_select", "masked_select": "masked_select",
+    "take": "take", "gather": "gather", "take_along_dim": "take_along_dim",
+}  # fmt: skip
+
+
+def lost_inplace_write(events: list[Ev]) -> list[Finding]:
+    accs = _accs(
+        ((e.write_site, e.site), e, e.bytes_logical, (e.write_site, e.site))
+        for e in events
+        if e.op in INDEX_OPS and e.write_site and e.error is None and not e.group
+    )
+    out = []
+    for acc in accs.values():
+        e = acc.events[0]
+        form = _INDEX_FORM.get(e.op, e.op)
+        out.append(
+            acc.finding(
+                "lost-inplace-write",
+                f"an in-place write went into the fresh copy that advanced indexing "
+                f"(`{form}`, {_what(e)}) returned, and the copy was then dropped unused: "
+                f"the write never reached the indexed tensor "
+                f"({_plural(acc.count, 'time')}, {format_bytes(acc.bytes)} written and lost)",
+                "Write through index assignment, which writes into the tensor itself: "
+                "`x[idx] = value`, `x[idx] *= 2`, `x.index_fill_(0, idx, 0)` or "
+                "`x.index_copy_(0, idx, src)`; for `nn.init`, initialise a new tensor and "
+                "assign it: `w[idx] = nn.init.normal_(torch.empty_like(w[idx]))`.",
             )
         )
     return out
@@ -482,6 +525,7 @@ def noop_conversion(events: list[Ev]) -> list[Finding]:
 #: The rules, in report order.
 RULES: tuple[Callable[[list[Ev]], list[Finding]], ...] = (
     data_inplace,
+    lost_inplace_write,
     graph_retaining_copy,
     aliasing_snapshot,
     redundant_copy,

@@ -34,6 +34,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from copytrace.tracer._callsite import user_frame
+from copytrace.tracer._fresh import INDEX_OPS as _INDEX_OPS
+from copytrace.tracer._fresh import Fresh
 
 if TYPE_CHECKING:
     from copytrace.tracer._events import CopyEvent
@@ -52,6 +54,9 @@ BACKWARD_FUNCTIONS = (_Tensor.backward, torch.autograd.backward, torch.autograd.
 _MAX_NODES = 200_000
 _MAX_ATTACHED = 100_000
 _MAX_SNAPSHOTS = 100_000
+#: Results that are not a fresh copy the program goes on using: copy_ writes into its dst,
+#: deepcopy results are independent state, implicit copies are internal to torch.
+_NOT_FRESH = frozenset(("copy_", "deepcopy", "implicit", "data_set", "swap_tensors"))
 
 
 def _site(frame: Any) -> str | None:
@@ -128,6 +133,7 @@ class Watch:
         self.attached: list[tuple[weakref.ref, CopyEvent]] = []  # this step's attached copies
         self.snapshots: list[tuple[weakref.ref, int, CopyEvent]] = []
         self._written: dict[Any, tuple[tuple[int, str], ...]] = {}
+        self.copies = Fresh(rec.note_error)  # in-place writes into fresh copies
 
     def live_events(self) -> list[CopyEvent]:
         """Events whose facts a later check may still change (an exporter holds them back)."""
@@ -137,6 +143,7 @@ class Watch:
             events.extend(p.alias.ev for p in table.values())
         events.extend(ev for _, ev in self.attached)
         events.extend(ev for _, _, ev in self.snapshots)
+        events.extend(self.copies.events())
         return events
 
     # -- every event ----------------------------------------------------------------------
@@ -174,6 +181,13 @@ class Watch:
                 self.snapshots.append((weakref.ref(out), _version(out), ev))
         if ev.graph == "attached" and not ev.alias and len(self.attached) < _MAX_ATTACHED:
             self.attached.append((weakref.ref(out), ev))
+        if (
+            not ev.alias
+            and out is not src
+            and op not in _NOT_FRESH
+            and (ev.bytes_allocated > 0 or op in _INDEX_OPS)
+        ):
+            self.copies.watch(out, ev, op in _INDEX_OPS)
 
     def _watch_alias(self, alias: torch.Tensor, src: torch.Tensor, ev: CopyEvent) -> None:
         key = id(alias)
@@ -364,6 +378,7 @@ class Watch:
         self.writes.clear()
         self.rebinds.clear()
         self.snapshots.clear()
+        self.copies.clear()
 
     def _check_retained(self, final: bool) -> None:
         attached, self.attached = self.attached, []
