@@ -182,18 +182,36 @@ def graph_retaining_copy(events: list[Ev]) -> list[Finding]:
 # --- aliasing-snapshot ------------------------------------------------------------------------
 def aliasing_snapshot(events: list[Ev]) -> list[Finding]:
     accs = _accs((e.site, e, e.bytes_logical, ()) for e in events if e.snapshot and e.stale)
-    return [
-        acc.finding(
-            "aliasing-snapshot",
-            f"`state_dict()` returned {_plural(acc.count, 'tensor')} that share storage with "
-            "the live model, and they were changed in place (e.g. by `optimizer.step()`) while "
-            "they were kept: the snapshot no longer holds the values it was taken with "
-            f"({format_bytes(acc.bytes)})",
-            "Copy the values: `{k: v.detach().clone() for k, v in model.state_dict().items()}` "
-            "(or `copy.deepcopy(model.state_dict())`).",
+    out = []
+    for acc in accs.values():
+        handover = [e for e in acc.events if e.op != "detach"]
+        if not handover:
+            out.append(
+                acc.finding(
+                    "aliasing-snapshot",
+                    f"`state_dict()` returned {_plural(acc.count, 'tensor')} that share storage "
+                    "with the live model, and they were changed in place (e.g. by "
+                    "`optimizer.step()`) while they were kept: the snapshot no longer holds "
+                    f"the values it was taken with ({format_bytes(acc.bytes)})",
+                    "Copy the values: `{k: v.detach().clone() for k, v in "
+                    "model.state_dict().items()}` (or `copy.deepcopy(model.state_dict())`).",
+                )
+            )
+            continue
+        holder = (handover[0].via or "load_state_dict").split(".")[0]
+        out.append(
+            acc.finding(
+                "aliasing-snapshot",
+                f"`load_state_dict(other.state_dict())` left {_plural(acc.count, 'tensor')} "
+                f"({holder} state, {format_bytes(acc.bytes)}) aliased to the live source: "
+                "`state_dict()` returns references and the load kept them (a no-op `.to`, or "
+                "`assign=True`), and an in-place update of the source (e.g. its `step()`) "
+                "then changed what the other holder sees",
+                "Hand over a copy of the state: `b.load_state_dict(copy.deepcopy("
+                "a.state_dict()))`, or clone each state tensor (`v.detach().clone()`).",
+            )
         )
-        for acc in accs.values()
-    ]
+    return out
 
 
 # --- redundant-copy -------------------------------------------------------------------------------

@@ -33,7 +33,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from copytrace.tracer import _watch
+from copytrace.tracer import _handover, _watch
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._events import CopyEvent
 from copytrace.tracer._fresh import INDEX_OPS
@@ -951,6 +951,7 @@ def install_patches() -> None:
     torch.utils.swap_tensors = _traced_swap_tensors
     torch.from_numpy = _traced_from_numpy
     torch.nn.Parameter.__deepcopy__ = _traced_param_deepcopy
+    _handover.install(_here)
 
 
 def remove_patches() -> None:
@@ -964,3 +965,4 @@ def remove_patches() -> None:
         torch.from_numpy = _ORIG_FROM_NUMPY
     if torch.nn.Parameter.__dict__.get("__deepcopy__") is _traced_param_deepcopy:
         torch.nn.Parameter.__deepcopy__ = _ORIG_PARAM_DEEPCOPY
+    _handover.remove()

@@ -36,6 +36,7 @@ import torch
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._fresh import INDEX_OPS as _INDEX_OPS
 from copytrace.tracer._fresh import Fresh
+from copytrace.tracer._handover import Handovers
 
 if TYPE_CHECKING:
     from copytrace.tracer._events import CopyEvent
@@ -134,6 +135,7 @@ class Watch:
         self.snapshots: list[tuple[weakref.ref, int, CopyEvent]] = []
         self._written: dict[Any, tuple[tuple[int, str], ...]] = {}
         self.copies = Fresh(rec.note_error)  # in-place writes into fresh copies
+        self.handovers = Handovers(rec)  # state_dict() handovers between live holders
 
     def live_events(self) -> list[CopyEvent]:
         """Events whose facts a later check may still change (an exporter holds them back)."""
@@ -144,6 +146,7 @@ class Watch:
         events.extend(ev for _, ev in self.attached)
         events.extend(ev for _, _, ev in self.snapshots)
         events.extend(self.copies.events())
+        events.extend(self.handovers.events())
         return events
 
     # -- every event ----------------------------------------------------------------------
@@ -368,6 +371,7 @@ class Watch:
         try:
             self._check_retained(final)
             self._check_snapshots()
+            self.handovers.check()
         except Exception as err:
             self.rec.note_error(err)
 
@@ -379,6 +383,7 @@ class Watch:
         self.rebinds.clear()
         self.snapshots.clear()
         self.copies.clear()
+        self.handovers.clear()
 
     def _check_retained(self, final: bool) -> None:
         attached, self.attached = self.attached, []
