@@ -170,10 +170,11 @@ def graph_retaining_copy(events: list[Ev]) -> list[Finding]:
                 f"{_plural(acc.count, 'attached ' + e.op + ' result')} "
                 f"({e.grad_fn or 'in the graph'}) outlived "
                 f"{'its step' if acc.count == 1 else 'their steps'} with the autograd graph, "
-                "and no backward ran through that graph: "
+                "itself or through a tensor computed from it (a running total), and no "
+                "backward ran through that graph: "
                 f"{format_bytes(acc.bytes)} of saved tensors kept alive",
-                "Keep `t.detach()` (or `t.item()` for a number) instead, or make the copy "
-                "under `torch.no_grad()`.",
+                "Keep `t.detach()` (or `t.item()` for a number) instead, also when adding it "
+                "to a total, or make the copy under `torch.no_grad()`.",
             )
         )
     return out
