@@ -51,6 +51,7 @@ from typing import Any
 __all__ = [
     "activate",
     "start_session",
+    "stop_session",
     "finish",
     "reset",
     "is_launcher",
@@ -88,6 +89,7 @@ class _State:
         self.quiet = False  # no closing lines (copytrace run prints its own)
         self.saved_env: dict[str, str | None] = {}
         self.marker_warned = False
+        self.stopped: dict[str, Any] | None = None  # what stop_session() returned
 
 
 _S = _State()
@@ -566,16 +568,7 @@ def finish(*, wait_s: float | None = None) -> dict[str, Any]:
         return result
     _S.finished = True
     _remove_import_hook()
-    session, _S.session = _S.session, None
-    if session is not None:
-        try:
-            path = session.stop()
-            result["trace"] = path
-            result["stats"] = session.stats
-            _mark("done", str(path) if path is not None else "")
-        except Exception as err:
-            _warn(f"could not finish the trace: {type(err).__name__}: {err}")
-            _mark("done")
+    result.update(stop_session())
     _KEPT_GROUPS.clear()  # see _defer_process_group_destruction
     if _S.root and _S.report:
         try:
@@ -591,6 +584,34 @@ def finish(*, wait_s: float | None = None) -> dict[str, Any]:
             parts.append(f"report {result['report']}")
         if parts:
             _warn("; ".join(parts))
+    return result
+
+
+def stop_session(exc: BaseException | None = None) -> dict[str, Any]:
+    """Stop and write this process's trace now (idempotent; never raises); :func:`finish`
+    then writes the report. ``copytrace run`` calls it while the program's globals are
+    still alive, as they are at ``atexit`` under ``COPYTRACE=1``, passing the exception
+    the program ended with, if any (recorded as ``copytrace.exit``).
+
+    Returns:
+        ``{"trace": Path | None, "stats": dict | None}`` (the same on later calls).
+    """
+    if _S.stopped is not None:
+        return _S.stopped
+    result: dict[str, Any] = {"trace": None, "stats": None}
+    session, _S.session = _S.session, None
+    if session is not None:
+        try:
+            if exc is not None:
+                session.note_exit(type(exc), exc)
+            path = session.stop()
+            result["trace"] = path
+            result["stats"] = session.stats
+            _mark("done", str(path) if path is not None else "")
+        except Exception as err:
+            _warn(f"could not finish the trace: {type(err).__name__}: {err}")
+            _mark("done")
+    _S.stopped = result
     return result
 
 

@@ -696,6 +696,12 @@ class Trace:
         return self.start()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.note_exit(exc_type, exc)
+        self.stop()
+
+    def note_exit(self, exc_type: Any, exc: Any) -> None:
+        """Record how the traced program ended (``copytrace.exit``) before :meth:`stop`:
+        ``exc_type`` / ``exc`` of the exception it raised, or None for a normal end."""
         if exc_type is not None and self._exit is None:
             if issubclass(exc_type, SystemExit):
                 code = getattr(exc, "code", None)
@@ -704,7 +710,6 @@ class Trace:
                     self._exit_error = self._exit
             else:
                 self._exit = self._exit_error = exc_type.__name__
-        self.stop()
 
     def __call__(self, fn: F) -> F:
         """Use the trace as a decorator: ``fn`` runs traced; each call writes the trace."""
