@@ -204,25 +204,24 @@ class Handovers:
             if snaps:
                 found.extend(snaps)
                 wanted.pop(key)
-        if wanted:
-            found.append(self._alias_event(receiver, list(wanted.values())))
+        for t in wanted.values():
+            found.append(self._alias_event(receiver, t))
         return found
 
-    def _alias_event(self, receiver: Any, tensors: list[_Tensor]) -> CopyEvent:
-        """One event for aliases the load made without any recorded call."""
+    def _alias_event(self, receiver: Any, t: _Tensor) -> CopyEvent:
+        """An event for an alias the load made without any recorded call."""
         from copytrace.tracer._recorder import _device_str, _dtype_name, _nbytes, _shape
 
         rec = self.rec
-        first = tensors[0]
-        ev = CopyEvent(op="load_state_dict", alias=True, tensors=len(tensors))
+        ev = CopyEvent(op="load_state_dict", alias=True)
         ev.seq = len(rec.events) + rec.dropped
         ev.start_ns = ev.end_ns = time.perf_counter_ns()
-        ev.shape = _shape(first) if len(tensors) == 1 else ()
-        ev.dtype = ev.src_dtype = _dtype_name(first.dtype)
-        ev.src_device = ev.dst_device = _device_str(first.device)
-        ev.bytes_logical = sum(_nbytes(t) for t in tensors)
-        ev.src_storage = ev.dst_storage = rec.watch.ids.of(first)
-        ev.src_version = ev.dst_version = first._version
+        ev.shape = _shape(t)
+        ev.dtype = ev.src_dtype = _dtype_name(t.dtype)
+        ev.src_device = ev.dst_device = _device_str(t.device)
+        ev.bytes_logical = _nbytes(t)
+        ev.src_storage = ev.dst_storage = rec.watch.ids.of(t)
+        ev.src_version = ev.dst_version = t._version
         site = user_frame(sys._getframe(1))
         if site is not None:
             ev.file, ev.line, ev.function, _ = site
