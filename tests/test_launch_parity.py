@@ -83,9 +83,7 @@ def _facts(out: Path, script_names: tuple[str, ...]) -> tuple[list, list, Any]:
         + (e.attrs.get("code.line.number"), name(e.attrs.get("copytrace.write_site")))
         for e in run.events
     ]
-    findings = [
-        (f.code, f.bytes, [name(s) for s in f.call_sites], f.steps) for f in analyze(trace)
-    ]
+    findings = [(f.code, f.bytes, [name(s) for s in f.call_sites], f.steps) for f in analyze(trace)]
     return events, findings, run.attrs.get("copytrace.exit") if hasattr(run, "attrs") else None
 
 

@@ -59,9 +59,8 @@ def is_inplace(func: Any, kwargs: dict | None = None) -> bool:
         known = None
     if known is None:
         name = getattr(func, "__name__", "") or ""
-        known = (
-            name in _INPLACE_DUNDERS
-            or (name.endswith("_") and not name.startswith("__") and name not in _NOT_WRITES)
+        known = name in _INPLACE_DUNDERS or (
+            name.endswith("_") and not name.startswith("__") and name not in _NOT_WRITES
         )
         try:
             _INPLACE[func] = known
