@@ -652,6 +652,11 @@ class Recorder:
         # Dispatch-level tensors carry no autograd metadata: graph facts stay unknown ("none").
         self._context(ev)
         self.watch.event(ev, "implicit", src, dst)
+        if kind == _COPY_INTO and ev.dst_version is not None:
+            # Seen below the ADInplaceOrView kernel, which bumps the written tensor's version
+            # counter once the op returns (a write-back `x[:, 0] = f(x[:, 0])`): record the
+            # version the tensor has afterwards, as for an API-level copy_.
+            ev.dst_version += 1
         self._append(ev)
         return None
 

@@ -942,14 +942,25 @@ _FATAL_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM",) if hasattr(signa
 _SAVED_HANDLERS: dict[int, Any] = {}
 
 
+#: Called as ``hook(signum, monotonic time the signal arrived)`` after the trace is written
+#: on a fatal signal (the launch's report, see copytrace._bootstrap).
+SIGNAL_HOOKS: list[Callable[[int, float], None]] = []
+
+
 def _on_fatal_signal(signum: int, frame: Any) -> None:
     """Write the active trace, then die of the signal as the program would have."""
+    arrived = time.monotonic()
     target = _ACTIVE_TRACE[0] or _FINISHING[0]
     try:
         if target is not None and target._pid == os.getpid():
             target._finish_on_signal(signum)
     except BaseException as err:  # never keep a dying process alive
         print(f"copytrace: could not write the trace on signal {signum}: {err}", file=sys.stderr)
+    for hook in list(SIGNAL_HOOKS):
+        try:
+            hook(signum, arrived)
+        except BaseException as err:  # never keep a dying process alive
+            print(f"copytrace: on signal {signum}: {err}", file=sys.stderr)
     try:
         sys.stderr.flush()
     except Exception:
