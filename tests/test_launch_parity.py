@@ -84,7 +84,7 @@ def _facts(out: Path, script_names: tuple[str, ...]) -> tuple[list, list, Any]:
         for e in run.events
     ]
     findings = [(f.code, f.bytes, [name(s) for s in f.call_sites], f.steps) for f in analyze(trace)]
-    return events, findings, run.attrs.get("copytrace.exit") if hasattr(run, "attrs") else None
+    return events, findings, run.attrs.get("copytrace.exit")
 
 
 def test_three_ways_in_give_the_same_events_and_findings(tmp_path: Path) -> None:
@@ -113,3 +113,5 @@ def test_three_ways_in_give_the_same_events_and_findings(tmp_path: Path) -> None
     for way in ("run", "cm"):
         assert facts[way][0] == events, way
         assert facts[way][1] == findings, way
+    # the exception the program ended with is recorded by every way in
+    assert {way: f[2] for way, f in facts.items()} == dict.fromkeys(outs, "ValueError")
