@@ -179,6 +179,59 @@ def test_ema_helper_loaded_by_assign_writes_into_the_model() -> None:
     assert f.call_sites == [site("ema-load", "__init__")]
 
 
+class _DecayScale(torch.optim.lr_scheduler.LRScheduler):
+    """A scheduler keeping a tensor it updates in place (a loss-scale-like factor)."""
+
+    def __init__(self, opt: torch.optim.Optimizer) -> None:
+        self.scale = torch.ones(())
+        super().__init__(opt)
+
+    def get_lr(self) -> list[float]:
+        if self.last_epoch > 0:
+            self.scale.mul_(0.5)
+        return [base * float(self.scale) for base in self.base_lrs]
+
+
+def test_scheduler_handover_shares_its_tensor_state() -> None:
+    def program(t: Any) -> None:
+        model = nn.Linear(8, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        parent = _DecayScale(opt)
+        child = _DecayScale(torch.optim.SGD(nn.Linear(8, 4).parameters(), lr=0.1))
+        child.load_state_dict(parent.state_dict())  # site: sched-handover
+        for _ in range(2):
+            _train(model, opt, 1)
+            parent.step()  # halves the child's scale too
+        program.scale = float(child.scale)  # type: ignore[attr-defined]
+
+    t, findings = traced(program)
+    assert program.scale == 0.25  # type: ignore[attr-defined]
+    f = only(findings, "aliasing-snapshot")
+    assert f.call_sites == [site("sched-handover", "program")] and f.bytes == 4
+    # no recorded call made the alias (__dict__.update): one load_state_dict alias event
+    assert [(e.op, e.alias, e.stale) for e in t.events if e.snapshot] == [
+        ("load_state_dict", True, True)
+    ]
+
+
+def test_stock_scheduler_handover_without_in_place_change_is_clean() -> None:
+    def program(t: Any) -> None:
+        model = nn.Linear(8, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=torch.tensor(0.1))
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+        opt2 = torch.optim.SGD(nn.Linear(8, 4).parameters(), lr=torch.tensor(0.1))
+        sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=1, gamma=0.5)
+        sched2.load_state_dict(sched.state_dict())  # shares base_lrs / _last_lr tensors
+        opt2.load_state_dict(opt.state_dict())  # param groups are deep-copied
+        for _ in range(3):
+            _train(model, opt, 1)
+            sched.step()  # replaces _last_lr, writes only opt's own lr tensor
+
+    t, findings = traced(program)
+    assert findings == []  # also: torch's own lr clones are not redundant copies
+    assert any(e.snapshot and not e.stale for e in t.events)
+
+
 @pytest.mark.parametrize(
     "hand",
     [

@@ -221,7 +221,9 @@ def redundant_copy(events: list[Ev]) -> list[Finding]:
     # is deepcopy-in-loop's business, not a redundant copy.
     # A copy written in place is not interchangeable with another copy of the same source
     # (one clone per consumer that modifies its argument): neither is redundant.
-    copies = [e for e in events if _is_copy(e) and e.op != "deepcopy"]
+    # Copies made inside a torch function (a scheduler cloning its learning rates) are not
+    # the user's to fold or reuse.
+    copies = [e for e in events if _is_copy(e) and e.op != "deepcopy" and not e.via]
     unwritten = [e for e in copies if not e.inplace_writes and e.op not in _OWN_RULE]
     # (a) the same unchanged source view copied to the same kind of result within a step
     same: dict[tuple, list[Ev]] = {}
