@@ -801,12 +801,13 @@ class FunctionMode(TorchFunctionMode):
             op = self._table.get(func)
         except TypeError:  # an unhashable callable
             op = None
-        if self._fresh and args and (id(args[0]) in self._fresh or self._written):
+        fresh = self._fresh
+        if fresh and args and (id(args[0]) in fresh or self._written):
             self._copies.call(func, args, kwargs)  # a write into (or use of) a fresh copy
         if op is None or self._rec.active is not None:
             return func(*args, **kwargs)
-        if func is _GETITEM and _basic_index(args):
-            return func(*args, **kwargs)
+        if func is _GETITEM and (type(args[1]) in _BASIC_INDEX or _basic_index(args)):
+            return func(*args, **kwargs)  # x[i], x[a:b]: a view, no event
         return self._rec.api_call(op, func, args, kwargs)
 
 
