@@ -232,6 +232,37 @@ def test_stock_scheduler_handover_without_in_place_change_is_clean() -> None:
     assert any(e.snapshot and not e.stale for e in t.events)
 
 
+class _ParamEma:
+    """An EMA helper (not a module) holding Parameters made from the model's state_dict():
+    they share the model's storage, although the aliases state_dict() returned are gone."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.shadow = {
+            k: nn.Parameter(v, requires_grad=False)
+            for k, v in model.state_dict().items()  # site: param-ema
+        }
+
+
+@pytest.mark.parametrize("keep", [True, False], ids=["kept", "dropped"])
+def test_snapshot_followed_by_storage_after_its_aliases_are_gone(keep: bool) -> None:
+    def program(t: Any) -> None:
+        torch.manual_seed(0)
+        model = nn.Linear(8, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        ema = _ParamEma(model)
+        if not keep:
+            del ema  # nobody but the model holds the storage: the near miss
+        _train(model, opt, 2)
+        program.keep = ema if keep else None  # type: ignore[attr-defined]
+
+    t, findings = traced(program)
+    if not keep:
+        assert findings == []
+        return
+    f = only(findings, "aliasing-snapshot")
+    assert f.call_sites == [site("param-ema", "__init__")] and f.bytes == 144
+
+
 @pytest.mark.parametrize(
     "hand",
     [

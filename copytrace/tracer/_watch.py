@@ -136,7 +136,9 @@ class Watch:
         self._backward_seq = -1  # newest backward root of this step (autograd sequence nr)
         self._scan_skip = 0  # steps left before the next search for live derived tensors
         self._scan_backoff = 1
-        self.snapshots: list[tuple[weakref.ref, int, CopyEvent]] = []
+        # state_dict() aliases: (alias, version, event, storage, source, storage use count
+        # without the alias); followed by the storage once the alias is gone
+        self.snapshots: list[tuple[Any, ...]] = []
         self._written: dict[Any, tuple[tuple[int, str], ...]] = {}
         self.copies = Fresh(rec.note_error)  # in-place writes into fresh copies
         self.handovers = Handovers(rec)  # state_dict() handovers between live holders
@@ -148,7 +150,7 @@ class Watch:
         for table in (self.writes, self.rebinds):
             events.extend(p.alias.ev for p in table.values())
         events.extend(entry[1] for entry in self.attached)
-        events.extend(ev for _, _, ev in self.snapshots)
+        events.extend(entry[2] for entry in self.snapshots)
         events.extend(self.copies.events())
         events.extend(self.handovers.events())
         return events
@@ -185,7 +187,12 @@ class Watch:
         elif op == "detach" and _from_state_dict(ev):
             ev.snapshot = True
             if len(self.snapshots) < _MAX_SNAPSHOTS:
-                self.snapshots.append((weakref.ref(out), _version(out), ev))
+                storage = out.untyped_storage()
+                self.snapshots.append((
+                    weakref.ref(out), _version(out), ev, weakref.ref(storage),
+                    weakref.ref(src), _use_count(storage) - 1,
+                ))  # fmt: skip
+                del storage
         if ev.graph == "attached" and not ev.alias and len(self.attached) < _MAX_ATTACHED:
             self.attached.append((weakref.ref(out), ev, *_life_token(out.grad_fn)))
         if (
@@ -477,14 +484,22 @@ class Watch:
 
     def _check_snapshots(self) -> None:
         keep = []
-        for ref, version, ev in self.snapshots:
+        for entry in self.snapshots:
+            ref, version, ev, storage_ref, src_ref, alone = entry
             t = ref()
             if t is None:
-                continue
+                # The alias is gone; another tensor may still hold its storage (a Parameter
+                # made from it, a view): follow the storage and the source's version counter.
+                storage, t = storage_ref(), src_ref()
+                count = _use_count(storage) if storage is not None else -1
+                del storage
+                if t is None or count < 0 or count <= alone:
+                    continue  # nobody but the source holds the storage any more
             if _version(t) != version:
                 ev.stale = True
                 continue
-            keep.append((ref, version, ev))
+            del t
+            keep.append(entry)
         self.snapshots = keep
 
 
@@ -533,6 +548,14 @@ def _version(t: Any) -> int | None:
         return t._version
     except Exception:  # inference tensors have no version counter
         return None
+
+
+def _use_count(storage: Any) -> int:
+    """References to the storage (tensors on it, and its Python object); -1 if unknown."""
+    try:
+        return torch._C._storage_Use_Count(storage._cdata)
+    except Exception:  # a torch without this private API: never followed past the alias
+        return -1
 
 
 def _from_state_dict(ev: CopyEvent) -> bool:
