@@ -26,6 +26,7 @@ Nothing here keeps a tensor, a storage or a holder alive; errors are counted, ne
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import time
@@ -290,10 +291,7 @@ def _wrap_state_dict(orig: Any, here: Any) -> Any:
             rec.note_error(err)
         return result
 
-    state_dict.__wrapped__ = orig  # type: ignore[attr-defined]
-    state_dict.__qualname__ = getattr(orig, "__qualname__", "state_dict")
-    state_dict.__doc__ = getattr(orig, "__doc__", None)
-    return state_dict
+    return functools.wraps(orig)(state_dict)
 
 
 def _wrap_load(orig: Any, here: Any) -> Any:
@@ -324,10 +322,7 @@ def _wrap_load(orig: Any, here: Any) -> Any:
             given.clear()
         return result
 
-    load_state_dict.__wrapped__ = orig  # type: ignore[attr-defined]
-    load_state_dict.__qualname__ = getattr(orig, "__qualname__", "load_state_dict")
-    load_state_dict.__doc__ = getattr(orig, "__doc__", None)
-    return load_state_dict
+    return functools.wraps(orig)(load_state_dict)
 
 
 def install(here: Any) -> None:
