@@ -26,6 +26,8 @@ HAZARDS: dict[str, Hazard] = {
     for h in (
         Hazard("data-inplace", "error",
                "in-place write through `.data` (or `.data =`) to a tensor saved for backward"),
+        Hazard("lost-inplace-write", "error",
+               "in-place write into the fresh copy advanced indexing returned, then dropped"),
         Hazard("graph-retaining-copy", "warning",
                "attached copy outlives its step, keeping its autograd graph alive"),
         Hazard("aliasing-snapshot", "warning",

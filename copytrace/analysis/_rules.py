@@ -115,6 +115,10 @@ def _is_copy(e: Ev) -> bool:
     )
 
 
+#: Copies another rule reports in full (tensor-ctor-copy): not reported again as redundant.
+_OWN_RULE = frozenset(("tensor_ctor", "new_tensor"))
+
+
 # --- data-inplace ----------------------------------------------------------------------------
 def data_inplace(events: list[Ev]) -> list[Finding]:
     out = []
@@ -166,10 +170,11 @@ def graph_retaining_copy(events: list[Ev]) -> list[Finding]:
                 f"{_plural(acc.count, 'attached ' + e.op + ' result')} "
                 f"({e.grad_fn or 'in the graph'}) outlived "
                 f"{'its step' if acc.count == 1 else 'their steps'} with the autograd graph, "
-                "and no backward ran through that graph: "
+                "itself or through a tensor computed from it (a running total), and no "
+                "backward ran through that graph: "
                 f"{format_bytes(acc.bytes)} of saved tensors kept alive",
-                "Keep `t.detach()` (or `t.item()` for a number) instead, or make the copy "
-                "under `torch.no_grad()`.",
+                "Keep `t.detach()` (or `t.item()` for a number) instead, also when adding it "
+                "to a total, or make the copy under `torch.no_grad()`.",
             )
         )
     return out
@@ -178,28 +183,51 @@ def graph_retaining_copy(events: list[Ev]) -> list[Finding]:
 # --- aliasing-snapshot ------------------------------------------------------------------------
 def aliasing_snapshot(events: list[Ev]) -> list[Finding]:
     accs = _accs((e.site, e, e.bytes_logical, ()) for e in events if e.snapshot and e.stale)
-    return [
-        acc.finding(
-            "aliasing-snapshot",
-            f"`state_dict()` returned {_plural(acc.count, 'tensor')} that share storage with "
-            "the live model, and they were changed in place (e.g. by `optimizer.step()`) while "
-            "they were kept: the snapshot no longer holds the values it was taken with "
-            f"({format_bytes(acc.bytes)})",
-            "Copy the values: `{k: v.detach().clone() for k, v in model.state_dict().items()}` "
-            "(or `copy.deepcopy(model.state_dict())`).",
+    out = []
+    for acc in accs.values():
+        handover = [e for e in acc.events if e.op != "detach"]
+        if not handover:
+            out.append(
+                acc.finding(
+                    "aliasing-snapshot",
+                    f"`state_dict()` returned {_plural(acc.count, 'tensor')} that share storage "
+                    "with the live model, and they were changed in place (e.g. by "
+                    "`optimizer.step()`) while they were kept: the snapshot no longer holds "
+                    f"the values it was taken with ({format_bytes(acc.bytes)})",
+                    "Copy the values: `{k: v.detach().clone() for k, v in "
+                    "model.state_dict().items()}` (or `copy.deepcopy(model.state_dict())`).",
+                )
+            )
+            continue
+        holder = (handover[0].via or "load_state_dict").split(".")[0]
+        out.append(
+            acc.finding(
+                "aliasing-snapshot",
+                f"`load_state_dict(other.state_dict())` left {_plural(acc.count, 'tensor')} "
+                f"({holder} state, {format_bytes(acc.bytes)}) aliased to the live source: "
+                "`state_dict()` returns references and the load kept them (a no-op `.to`, or "
+                "`assign=True`), and an in-place update of the source (e.g. its `step()`) "
+                "then changed what the other holder sees",
+                "Hand over a copy of the state: `b.load_state_dict(copy.deepcopy("
+                "a.state_dict()))`, or clone each state tensor (`v.detach().clone()`).",
+            )
         )
-        for acc in accs.values()
-    ]
+    return out
 
 
 # --- redundant-copy -------------------------------------------------------------------------------
 def redundant_copy(events: list[Ev]) -> list[Finding]:
     # deepcopy makes independent state on purpose (a target net, a snapshot): repeating it
     # is deepcopy-in-loop's business, not a redundant copy.
-    copies = [e for e in events if _is_copy(e) and e.op != "deepcopy"]
+    # A copy written in place is not interchangeable with another copy of the same source
+    # (one clone per consumer that modifies its argument): neither is redundant.
+    # Copies made inside a torch function (a scheduler cloning its learning rates) are not
+    # the user's to fold or reuse.
+    copies = [e for e in events if _is_copy(e) and e.op != "deepcopy" and not e.via]
+    unwritten = [e for e in copies if not e.inplace_writes and e.op not in _OWN_RULE]
     # (a) the same unchanged source view copied to the same kind of result within a step
     same: dict[tuple, list[Ev]] = {}
-    for e in copies:
+    for e in unwritten:
         key = (
             e.step, e.src_storage, e.src_offset, e.src_stride, e.shape, e.src_version, e.dtype,
             e.dst_device,
@@ -256,6 +284,42 @@ def redundant_copy(events: list[Ev]) -> list[Finding]:
                 f"copied again and dropped, {format_bytes(acc.bytes)} allocated for nothing",
                 "Fold the chain into one call, e.g. a single `t.to(device, dtype)` or one "
                 "`clone()`.",
+            )
+        )
+    return out
+
+
+# --- lost-inplace-write ----------------------------------------------------------------------
+#: copytrace.op of a gather into fresh storage (advanced indexing and its relatives).
+INDEX_OPS = frozenset(("index", "index_select", "masked_select", "take", "gather",
+                       "take_along_dim"))  # fmt: skip
+_INDEX_FORM = {
+    "index": "x[idx]", "index_select": "index_select", "masked_select": "masked_select",
+    "take": "take", "gather": "gather", "take_along_dim": "take_along_dim",
+}  # fmt: skip
+
+
+def lost_inplace_write(events: list[Ev]) -> list[Finding]:
+    accs = _accs(
+        ((e.write_site, e.site), e, e.bytes_logical, (e.write_site, e.site))
+        for e in events
+        if e.op in INDEX_OPS and e.write_site and e.error is None and not e.group
+    )
+    out = []
+    for acc in accs.values():
+        e = acc.events[0]
+        form = _INDEX_FORM.get(e.op, e.op)
+        out.append(
+            acc.finding(
+                "lost-inplace-write",
+                f"an in-place write went into the fresh copy that advanced indexing "
+                f"(`{form}`, {_what(e)}) returned, and the copy was then dropped unused: "
+                f"the write never reached the indexed tensor "
+                f"({_plural(acc.count, 'time')}, {format_bytes(acc.bytes)} written and lost)",
+                "Write through index assignment, which writes into the tensor itself: "
+                "`x[idx] = value`, `x[idx] *= 2`, `x.index_fill_(0, idx, 0)` or "
+                "`x.index_copy_(0, idx, src)`; for `nn.init`, initialise a new tensor and "
+                "assign it: `w[idx] = nn.init.normal_(torch.empty_like(w[idx]))`.",
             )
         )
     return out
@@ -482,6 +546,7 @@ def noop_conversion(events: list[Ev]) -> list[Finding]:
 #: The rules, in report order.
 RULES: tuple[Callable[[list[Ev]], list[Finding]], ...] = (
     data_inplace,
+    lost_inplace_write,
     graph_retaining_copy,
     aliasing_snapshot,
     redundant_copy,

@@ -164,7 +164,11 @@ def _run_traced(
             _recorder.warm_up()
         spy = _pyspy.start(out_dir, fmt=args.py_spy_format, rate=args.py_spy_rate)
     session = None if launcher else _bootstrap.start_session(force=True)
-    status = _run_program(target, is_module, prog_args)
+    status, kept, error = _run_program(target, is_module, prog_args)
+    # Stop tracing while the program's globals are alive, as COPYTRACE=1 does at exit:
+    # the last step's checks (graphs kept alive, stale snapshots) must see them.
+    _bootstrap.stop_session(error)
+    del kept, error
     gc.collect()  # the program's leftovers (a DataLoader iterator...) let their workers go
     profile = spy.stop() if spy is not None else None
     if spy is not None and profile is None:
@@ -214,29 +218,38 @@ def _print_pyspy_summary(profile: Path, trace_path: Path | None, out_dir: Path) 
         print(f"copytrace: py-spy profile {profile} (not analysed: {err})", file=sys.stderr)
 
 
-def _run_program(target: str, is_module: bool, prog_args: list[str]) -> int:
-    """Run the program in this process like ``python`` would; return its exit status."""
+def _run_program(
+    target: str, is_module: bool, prog_args: list[str]
+) -> tuple[int, Any, BaseException | None]:
+    """Run the program in this process like ``python`` would.
+
+    Returns:
+        ``(exit status, what keeps the program's globals alive, the exception it ended
+        with or None)``: its globals (a normal end) or the exception, whose traceback holds
+        them; the caller keeps them until tracing stops, as they live until ``atexit``
+        under ``python``.
+    """
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [target, *prog_args]
     sys.path.insert(0, os.getcwd() if is_module else str(Path(target).resolve().parent))
     try:
         if is_module:
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
+            kept = runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
             # An absolute path, as python itself gives __main__.__file__ (a script may chdir).
-            runpy.run_path(os.path.abspath(target), run_name="__main__")
-    except SystemExit as exc:
-        return _exit_status(exc.code)
-    except KeyboardInterrupt:
+            kept = runpy.run_path(os.path.abspath(target), run_name="__main__")
+    except SystemExit as exc:  # an exit status, not an error (as under COPYTRACE=1)
+        return _exit_status(exc.code), exc, None
+    except KeyboardInterrupt as exc:
         traceback.print_exc()
-        return 130
-    except BaseException:  # the program's own error: show it as python would, exit 1
+        return 130, exc, exc
+    except BaseException as exc:  # the program's own error: show it as python would, exit 1
         _print_program_traceback()
-        return 1
+        return 1, exc, exc
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
-    return 0
+    return 0, kept, None
 
 
 def _print_program_traceback() -> None:

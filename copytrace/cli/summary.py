@@ -93,9 +93,11 @@ def format_summary(model: ReportModel, top_n: int = 10) -> str:
             f"{_share(steady.share_pct)} (median {_share(steady.median_share_pct)})"
             + (f"; {', '.join(extra)}" if extra else "")
         )
+    failed = t.events - t.copy_count - t.alias_count - t.noop_count  # calls that raised
     lines.append(
         f"events: {t.events} = {t.copy_count} copies + {t.alias_count} aliases + "
-        f"{t.noop_count} no-ops ({t.group_count} deepcopy groups)"
+        f"{t.noop_count} no-ops{f' + {failed} failed calls' if failed else ''} "
+        f"({t.group_count} deepcopy groups)"
     )
     lines.append(
         f"bytes copied {format_bytes(t.bytes_copied)} ({t.bytes_copied} B), allocated "

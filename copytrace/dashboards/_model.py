@@ -9,7 +9,9 @@ Definitions used throughout:
   false), so a group's children are never counted twice.
 - Every event has exactly one *kind*: ``noop`` (the call returned its input object,
   ``copytrace.noop``), else ``alias`` (the result shares storage, ``copytrace.alias``), else
-  ``copy`` (real work: new storage, or data written by ``copy_``).
+  ``copy`` (real work: new storage, or data written by ``copy_``). A *copy* counted in
+  totals is a ``copy`` event whose call did not raise (``copytrace.error`` absent), as in
+  ``copytrace check``'s budgets; a failed call is counted apart.
 - *Bytes copied* is the logical size (numel x element size) of the results of ``copy``
   events: the data actually written. Aliases and no-ops copy nothing. *Bytes allocated* is
   new storage (``copytrace.bytes_allocated``; 0 for ``copy_`` into an existing tensor).
@@ -438,8 +440,8 @@ class EventTemplate:
 
     @property
     def bytes_copied(self) -> int:
-        """Logical bytes for a ``copy`` event, 0 for aliases and no-ops."""
-        return self.bytes_logical if self.kind == "copy" else 0
+        """Logical bytes for a ``copy`` event, 0 for aliases, no-ops and failed calls."""
+        return self.bytes_logical if self.kind == "copy" and not self.error else 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -1120,8 +1122,9 @@ def build_model(
                 row.events += 1
                 kind = tpl.kind
                 if kind == "copy":
-                    row.copy_count += 1
-                    row.bytes_copied += tpl.bytes_logical
+                    if not tpl.error:  # a failed call is not a copy
+                        row.copy_count += 1
+                        row.bytes_copied += tpl.bytes_logical
                 elif kind == "alias":
                     row.alias_count += 1
                 else:
@@ -1240,7 +1243,7 @@ def build_model(
         totals.copy_time_ns += time_ns
         totals.time_by_kind_ns[t.kind] += time_ns
         if t.kind == "copy":
-            totals.copy_count += count
+            totals.copy_count += count - errors  # a failed call is not a copy
         elif t.kind == "alias":
             totals.alias_count += count
         else:
@@ -1253,7 +1256,7 @@ def build_model(
                 if tr is None:
                     tr = table[tkey] = TransferRow(*dkey)
                 tr.count += count
-                tr.copy_count += count if t.kind == "copy" else 0
+                tr.copy_count += count - errors if t.kind == "copy" else 0
                 tr.bytes_allocated += count * t.bytes_allocated
                 tr.bytes_logical += count * t.bytes_logical
                 tr.non_blocking_count += count if t.non_blocking else 0
@@ -1354,7 +1357,7 @@ def build_model(
 def _add_cube(row: Any, c: CubeRow) -> None:
     row.count += c.count
     if c.kind == "copy":
-        row.copy_count += c.count
+        row.copy_count += c.count - c.errors  # a failed call is not a copy
     elif c.kind == "alias":
         row.alias_count += c.count
     else:

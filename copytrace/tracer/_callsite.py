@@ -1,4 +1,10 @@
-"""Find the user's call site: the first Python frame outside copytrace, torch and the stdlib.
+"""Find the user's call site: the first Python frame outside copytrace, torch, the stdlib and
+installed packages (``site-packages`` / ``dist-packages``).
+
+A ``__torch_function__`` / ``__torch_dispatch__`` handler on the way (torch's own modes such
+as ``with torch.device(...)``'s ``DeviceContext``, or a mode the program defines) is passed
+through: it neither names the ``via`` nor counts as the user's frame, since the call it
+handles is the user's.
 
 Only called for copy/alias events, never for the ordinary ops that pass through the modes.
 Whether a code object belongs to user code is decided once per code object and cached.
@@ -36,10 +42,12 @@ def _library_prefixes() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 
 _PREFIXES: tuple[tuple[str, ...], tuple[str, ...]] | None = None
-_USER, _TORCH, _OTHER = 0, 1, 2
+# _LIB: torch or an installed package (names the via); _OTHER: copytrace, the stdlib;
+# _MODE: a mode's handler, passed through.
+_USER, _LIB, _OTHER, _MODE = 0, 1, 2, 3
 _KIND: dict[CodeType, int] = {}
-# site-packages lives below the stdlib dir on some layouts; third-party code there is user code.
 _SITE_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+_MODE_HANDLERS = frozenset(("__torch_function__", "__torch_dispatch__"))
 
 
 def _kind(filename: str) -> int:
@@ -54,16 +62,26 @@ def _kind(filename: str) -> int:
     if path.startswith(own[0]) if own else False:
         return _OTHER  # copytrace itself
     if path.startswith(own[1:]):
-        return _TORCH
+        return _LIB
+    # An installed package (also when site-packages lies below the stdlib dir): not the
+    # user's code, e.g. typing_extensions' `deprecated` wrapper around a torch function.
+    if any(marker in path for marker in _SITE_MARKERS):
+        return _LIB
     for prefix in stdlib:
         if path.startswith(prefix):
-            rest = os.sep + path[len(prefix) :]
-            return _USER if any(marker in rest for marker in _SITE_MARKERS) else _OTHER
+            return _OTHER
     return _USER
 
 
+def _code_kind(code: CodeType) -> int:
+    if code.co_name in _MODE_HANDLERS:
+        return _MODE
+    return _kind(code.co_filename)
+
+
 def is_library_file(filename: str) -> bool:
-    """True when ``filename`` belongs to copytrace, torch or the standard library."""
+    """True when ``filename`` belongs to copytrace, torch, the standard library or an
+    installed package."""
     return _kind(filename) != _USER
 
 
@@ -76,10 +94,10 @@ def _walk(frame: FrameType | None) -> tuple[FrameType | None, str | None]:
         code = frame.f_code
         kind = kinds.get(code)
         if kind is None:
-            kind = kinds[code] = _kind(code.co_filename)
+            kind = kinds[code] = _code_kind(code)
         if kind == _USER:
             return frame, via
-        if kind == _TORCH and via is None:
+        if kind == _LIB and via is None:
             via = getattr(code, "co_qualname", code.co_name)
         frame = frame.f_back
     return None, via

@@ -63,11 +63,14 @@ class CopyEvent:
         src_version, dst_version: the input's version counter at the call / the result's
             right after it (in-place writes move a counter; ``.data`` writes do not).
         inplace_writes: on a ``data_get`` of a tensor that requires grad, in-place writes
-            made through this ``.data`` alias or its views (``None`` when not watched).
+            made through this ``.data`` alias or its views; on an API-level copy into new
+            storage, in-place calls on the result while it lived (``None`` when not watched).
         saved_by: on a ``data_get`` / ``data_set``, the autograd nodes (``AddmmBackward0.mat2``)
             that had saved the tensor before the write / rebinding and that a later backward
             then ran: the gradient they computed used the changed values.
-        write_site: ``file:line function`` of that in-place write (or rebinding).
+        write_site: ``file:line function`` of that in-place write (or rebinding); on an
+            advanced-indexing copy, of the first in-place write into it when it then died
+            unused (a lost write).
         src_name: ``Module.path.param`` of the written tensor, when it is a parameter or
             buffer of a module seen in forward.
         retained_bytes: on an attached copy, bytes of saved tensors its autograd graph still

@@ -89,6 +89,8 @@ def engage(rec: Any, native: Any, full: bool) -> NativeFunctionMode:
     native.set_api_hooks(rec.api_table, rec.api_before, rec.api_after, watch.before_api)
     native.set_watch_writes(bool(watch.aliases))
     _warnshim.install(native)
+    copies = watch.copies  # in-place writes into fresh copies (_fresh.py)
+    native.set_copy_hooks(copies.fresh, copies.written, copies.call, torch.Tensor.__getitem__)
     if full:
         if _OPS is None:
             _OPS = aten_ops()
@@ -110,6 +112,7 @@ def disengage(rec: Any) -> None:
     native.set_owner(False)
     native.set_watch_writes(False)
     native.set_api_hooks(None, None, None, None)
+    native.set_copy_hooks(None, None, None, None)
     rec.internal_detaches += native.internal_detaches()
     errors = native.errors()
     if errors:

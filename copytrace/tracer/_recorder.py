@@ -33,9 +33,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from copytrace.tracer import _watch
+from copytrace.tracer import _handover, _watch
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._events import CopyEvent
+from copytrace.tracer._fresh import INDEX_OPS
 
 __all__ = ["Recorder", "active_recorder"]
 
@@ -51,6 +52,24 @@ _MAX_SPANS = 200_000
 _TAG = "copytrace"  # key in grad_fn.metadata: (module path, "file:line") of the forward call
 
 # --- API-level table: function-mode callable -> op name ----------------------------------
+_GETITEM = _Tensor.__getitem__
+_BASIC_INDEX = frozenset((int, bool, slice, type(None), type(Ellipsis)))
+
+
+def _basic_index(args: tuple) -> bool:
+    """Whether ``Tensor.__getitem__(*args)`` is basic indexing (ints, slices, None, ...),
+    which returns a view: the cheap test on the path every ``x[i]`` takes."""
+    index = args[1] if len(args) > 1 else None
+    kind = type(index)
+    if kind in _BASIC_INDEX:
+        return True
+    if kind is tuple:
+        for item in index:
+            if type(item) not in _BASIC_INDEX:
+                return False
+        return True
+    return False
+
 _CONVERSIONS = (
     "to", "cpu", "cuda", "type", "float", "double", "half", "bfloat16", "int", "long",
     "short", "char", "byte", "bool", "contiguous",
@@ -73,7 +92,15 @@ def _api_table() -> dict[Any, str]:
         _Tensor.numpy: "numpy",
         _Tensor.reshape: "reshape",  # a view when strides allow, else a hidden copy
         torch.reshape: "reshape",
+        # Advanced indexing gathers into fresh storage (aten::index and its relatives).
+        # Tensor.__getitem__ also sees every basic index: FunctionMode lets those through.
+        _GETITEM: "index",
     }
+    for name in INDEX_OPS[1:]:
+        for owner in (torch, _Tensor):
+            fn = getattr(owner, name, None)
+            if fn is not None:
+                table[fn] = name
     for name in _CONVERSIONS:
         fn = getattr(_Tensor, name, None)
         if fn is not None:
@@ -426,6 +453,10 @@ class Recorder:
             return None
         if op == "deepcopy" and len(args) > 1 and args[1] is not None and id(args[0]) in args[1]:
             return None  # memo hit: deepcopy returns an earlier copy
+        if op == "index" and _basic_index(args):
+            return None  # x[i], x[a:b]: a view (the C handler lets these through itself)
+        if kwargs and op in INDEX_OPS and kwargs.get("out") is not None:
+            return None  # gathers into an existing tensor: no fresh copy
         # detach_() clears requires_grad in place: read the input's state before the call.
         src_rg = args[0].requires_grad if op == "detach_" and args else None
         pending = _Pending()
@@ -564,6 +595,8 @@ class Recorder:
                 ev.graph = "detached"
             else:
                 ev.graph = "none"
+        if ev.alias and op == "index":
+            return  # a zero-dim integer index selects a view: not a copy
         ev.transfer = _transfer(ev.src_device, ev.dst_device)
         if ev.transfer == "h2d":
             ev.pinned = src.is_pinned()
@@ -624,6 +657,11 @@ class Recorder:
         # Dispatch-level tensors carry no autograd metadata: graph facts stay unknown ("none").
         self._context(ev)
         self.watch.event(ev, "implicit", src, dst)
+        if kind == _COPY_INTO and ev.dst_version is not None:
+            # Seen below the ADInplaceOrView kernel, which bumps the written tensor's version
+            # counter once the op returns (a write-back `x[:, 0] = f(x[:, 0])`): record the
+            # version the tensor has afterwards, as for an API-level copy_.
+            ev.dst_version += 1
         self._append(ev)
         return None
 
@@ -757,6 +795,9 @@ class FunctionMode(TorchFunctionMode):
         super().__init__()
         self._rec = rec
         self._table = rec.api_table
+        self._copies = rec.watch.copies  # in-place writes into fresh copies (_fresh.py)
+        self._fresh = self._copies.fresh  # both dicts live as long as the watch
+        self._written = self._copies.written
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
@@ -765,8 +806,13 @@ class FunctionMode(TorchFunctionMode):
             op = self._table.get(func)
         except TypeError:  # an unhashable callable
             op = None
+        fresh = self._fresh
+        if fresh and args and (id(args[0]) in fresh or self._written):
+            self._copies.call(func, args, kwargs)  # a write into (or use of) a fresh copy
         if op is None or self._rec.active is not None:
             return func(*args, **kwargs)
+        if func is _GETITEM and (type(args[1]) in _BASIC_INDEX or _basic_index(args)):
+            return func(*args, **kwargs)  # x[i], x[a:b]: a view, no event
         return self._rec.api_call(op, func, args, kwargs)
 
 
@@ -916,6 +962,7 @@ def install_patches() -> None:
     torch.utils.swap_tensors = _traced_swap_tensors
     torch.from_numpy = _traced_from_numpy
     torch.nn.Parameter.__deepcopy__ = _traced_param_deepcopy
+    _handover.install(_here)
 
 
 def remove_patches() -> None:
@@ -929,3 +976,4 @@ def remove_patches() -> None:
         torch.from_numpy = _ORIG_FROM_NUMPY
     if torch.nn.Parameter.__dict__.get("__deepcopy__") is _traced_param_deepcopy:
         torch.nn.Parameter.__deepcopy__ = _ORIG_PARAM_DEEPCOPY
+    _handover.remove()

@@ -696,6 +696,12 @@ class Trace:
         return self.start()
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.note_exit(exc_type, exc)
+        self.stop()
+
+    def note_exit(self, exc_type: Any, exc: Any) -> None:
+        """Record how the traced program ended (``copytrace.exit``) before :meth:`stop`:
+        ``exc_type`` / ``exc`` of the exception it raised, or None for a normal end."""
         if exc_type is not None and self._exit is None:
             if issubclass(exc_type, SystemExit):
                 code = getattr(exc, "code", None)
@@ -704,7 +710,6 @@ class Trace:
                     self._exit_error = self._exit
             else:
                 self._exit = self._exit_error = exc_type.__name__
-        self.stop()
 
     def __call__(self, fn: F) -> F:
         """Use the trace as a decorator: ``fn`` runs traced; each call writes the trace."""
@@ -937,14 +942,25 @@ _FATAL_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM",) if hasattr(signa
 _SAVED_HANDLERS: dict[int, Any] = {}
 
 
+#: Called as ``hook(signum, monotonic time the signal arrived)`` after the trace is written
+#: on a fatal signal (the launch's report, see copytrace._bootstrap).
+SIGNAL_HOOKS: list[Callable[[int, float], None]] = []
+
+
 def _on_fatal_signal(signum: int, frame: Any) -> None:
     """Write the active trace, then die of the signal as the program would have."""
+    arrived = time.monotonic()
     target = _ACTIVE_TRACE[0] or _FINISHING[0]
     try:
         if target is not None and target._pid == os.getpid():
             target._finish_on_signal(signum)
     except BaseException as err:  # never keep a dying process alive
         print(f"copytrace: could not write the trace on signal {signum}: {err}", file=sys.stderr)
+    for hook in list(SIGNAL_HOOKS):
+        try:
+            hook(signum, arrived)
+        except BaseException as err:  # never keep a dying process alive
+            print(f"copytrace: on signal {signum}: {err}", file=sys.stderr)
     try:
         sys.stderr.flush()
     except Exception:

@@ -34,6 +34,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from copytrace.tracer._callsite import user_frame
+from copytrace.tracer._fresh import INDEX_OPS as _INDEX_OPS
+from copytrace.tracer._fresh import Fresh
+from copytrace.tracer._handover import Handovers
 
 if TYPE_CHECKING:
     from copytrace.tracer._events import CopyEvent
@@ -52,6 +55,9 @@ BACKWARD_FUNCTIONS = (_Tensor.backward, torch.autograd.backward, torch.autograd.
 _MAX_NODES = 200_000
 _MAX_ATTACHED = 100_000
 _MAX_SNAPSHOTS = 100_000
+#: Results that are not a fresh copy the program goes on using: copy_ writes into its dst,
+#: deepcopy results are independent state, implicit copies are internal to torch.
+_NOT_FRESH = frozenset(("copy_", "deepcopy", "implicit", "data_set", "swap_tensors"))
 
 
 def _site(frame: Any) -> str | None:
@@ -125,9 +131,17 @@ class Watch:
         self.aliases: dict[int, _Alias] = {}
         self.writes: dict[int, _Pending] = {}  # id(storage) -> pending write
         self.rebinds: dict[int, _Pending] = {}  # id(tensor) -> pending `.data =` rebinding
-        self.attached: list[tuple[weakref.ref, CopyEvent]] = []  # this step's attached copies
-        self.snapshots: list[tuple[weakref.ref, int, CopyEvent]] = []
+        # this step's attached copies: (result, event, life token of its grad_fn, its seq nr)
+        self.attached: list[tuple[weakref.ref, CopyEvent, Any, int]] = []
+        self._backward_seq = -1  # newest backward root of this step (autograd sequence nr)
+        self._scan_skip = 0  # steps left before the next search for live derived tensors
+        self._scan_backoff = 1
+        # state_dict() aliases: (alias, version, event, storage, source, storage use count
+        # without the alias); followed by the storage once the alias is gone
+        self.snapshots: list[tuple[Any, ...]] = []
         self._written: dict[Any, tuple[tuple[int, str], ...]] = {}
+        self.copies = Fresh(rec.note_error)  # in-place writes into fresh copies
+        self.handovers = Handovers(rec)  # state_dict() handovers between live holders
 
     def live_events(self) -> list[CopyEvent]:
         """Events whose facts a later check may still change (an exporter holds them back)."""
@@ -135,8 +149,10 @@ class Watch:
         events = [entry.ev for entry in self.aliases.copy().values()]
         for table in (self.writes, self.rebinds):
             events.extend(p.alias.ev for p in table.values())
-        events.extend(ev for _, ev in self.attached)
-        events.extend(ev for _, _, ev in self.snapshots)
+        events.extend(entry[1] for entry in self.attached)
+        events.extend(entry[2] for entry in self.snapshots)
+        events.extend(self.copies.events())
+        events.extend(self.handovers.events())
         return events
 
     # -- every event ----------------------------------------------------------------------
@@ -171,9 +187,21 @@ class Watch:
         elif op == "detach" and _from_state_dict(ev):
             ev.snapshot = True
             if len(self.snapshots) < _MAX_SNAPSHOTS:
-                self.snapshots.append((weakref.ref(out), _version(out), ev))
+                storage = out.untyped_storage()
+                self.snapshots.append((
+                    weakref.ref(out), _version(out), ev, weakref.ref(storage),
+                    weakref.ref(src), _use_count(storage) - 1,
+                ))  # fmt: skip
+                del storage
         if ev.graph == "attached" and not ev.alias and len(self.attached) < _MAX_ATTACHED:
-            self.attached.append((weakref.ref(out), ev))
+            self.attached.append((weakref.ref(out), ev, *_life_token(out.grad_fn)))
+        if (
+            not ev.alias
+            and out is not src
+            and op not in _NOT_FRESH
+            and (ev.bytes_allocated > 0 or op in _INDEX_OPS)
+        ):
+            self.copies.watch(out, ev, op in _INDEX_OPS)
 
     def _watch_alias(self, alias: torch.Tensor, src: torch.Tensor, ev: CopyEvent) -> None:
         key = id(alias)
@@ -272,11 +300,21 @@ class Watch:
 
     def check_backward(self, func: Any, args: tuple, kwargs: dict) -> None:
         """Check the graph a backward entry point is about to run. Never raises."""
+        try:
+            self._note_backward(func, args, kwargs)
+        except Exception as err:
+            self.rec.note_error(err)
         if self.writes or self.rebinds:
             try:
                 self._check_backward(func, args, kwargs)
             except Exception as err:
                 self.rec.note_error(err)
+
+    def _note_backward(self, func: Any, args: tuple, kwargs: dict) -> None:
+        for root in _backward_roots(func, args, kwargs):
+            seq = root._sequence_nr()
+            if seq > self._backward_seq:
+                self._backward_seq = seq
 
     def _check_backward(self, func: Any, args: tuple, kwargs: dict) -> None:
         roots = _backward_roots(func, args, kwargs)
@@ -354,6 +392,7 @@ class Watch:
         try:
             self._check_retained(final)
             self._check_snapshots()
+            self.handovers.check()
         except Exception as err:
             self.rec.note_error(err)
 
@@ -364,6 +403,8 @@ class Watch:
         self.writes.clear()
         self.rebinds.clear()
         self.snapshots.clear()
+        self.copies.clear()
+        self.handovers.clear()
 
     def _check_retained(self, final: bool) -> None:
         attached, self.attached = self.attached, []
@@ -371,14 +412,23 @@ class Watch:
         keep_alive: list[Any] = []  # node wrappers, so that ids in `seen` stay unique
         leaves: set[int] = set()
         found: list[tuple[CopyEvent, dict[int, Any]]] = []
-        for ref, ev in attached:
+        derived: dict[int, tuple[CopyEvent, Any]] = {}  # seq nr -> (event, life token)
+        newest_backward, self._backward_seq = self._backward_seq, -1
+        for ref, ev, life, seq in attached:
             t = ref()
             if t is None:
+                # The copy is gone; its graph may live on in a tensor derived from it (a
+                # running total). Only nodes no backward of this step can have run through
+                # (newer than its newest root) are searched for.
+                if life is not None and life() is not None and seq > newest_backward:
+                    derived[seq] = (ev, life)
                 continue
             grad_fn = t.grad_fn
             del t
             if grad_fn is not None:
                 found.append((ev, _saved_storages(grad_fn, seen, keep_alive, leaves)))
+        if derived:
+            found.extend(self._derived(derived, seen, keep_alive, leaves))
         counted = leaves  # a storage kept alive by several graphs counts once, first
         retained: list[tuple[CopyEvent, int]] = []
         for ev, saved in found:
@@ -399,25 +449,113 @@ class Watch:
         for ev, nbytes in retained:
             ev.retained_bytes = (ev.retained_bytes or 0) + nbytes
 
+    def _derived(
+        self, derived: dict[int, tuple[CopyEvent, Any]], seen: set, keep: list, leaves: set
+    ) -> list[tuple[CopyEvent, dict[int, Any]]]:
+        """Graphs of gone copies still reachable from a live tensor: found by walking the
+        graphs of the live tensors that have a grad_fn (a search of the heap, so it backs
+        off while it finds nothing)."""
+        if self._scan_skip > 0:
+            self._scan_skip -= 1
+            return []
+        out = []
+        search: set[int] = set()
+        hold: list[Any] = []
+        for root in _live_graph_roots():
+            for node in _walk([root], search, hold):
+                entry = derived.get(node._sequence_nr())
+                if entry is None:
+                    continue
+                try:
+                    mine = node.metadata.get(_LIFE) is entry[1]()
+                except Exception:
+                    mine = False
+                if mine:
+                    del derived[node._sequence_nr()]
+                    out.append((entry[0], _saved_storages(node, seen, keep, leaves)))
+            if not derived:
+                break
+        if any(saved for _, saved in out):
+            self._scan_backoff = 1
+        else:
+            self._scan_skip = self._scan_backoff
+            self._scan_backoff = min(2 * self._scan_backoff, 64)
+        return out
+
     def _check_snapshots(self) -> None:
         keep = []
-        for ref, version, ev in self.snapshots:
+        for entry in self.snapshots:
+            ref, version, ev, storage_ref, src_ref, alone = entry
             t = ref()
             if t is None:
-                continue
+                # The alias is gone; another tensor may still hold its storage (a Parameter
+                # made from it, a view): follow the storage and the source's version counter.
+                storage, t = storage_ref(), src_ref()
+                count = _use_count(storage) if storage is not None else -1
+                del storage
+                if t is None or count < 0 or count <= alone:
+                    continue  # nobody but the source holds the storage any more
             if _version(t) != version:
                 ev.stale = True
                 continue
-            keep.append((ref, version, ev))
+            del t
+            keep.append(entry)
         self.snapshots = keep
 
 
 # --- helpers -------------------------------------------------------------------------------------
+_LIFE = "copytrace.life"  # key in grad_fn.metadata: a token that lives as long as the node
+
+
+class _Life:
+    """Put into a grad_fn's metadata: a weak reference to it tells whether the node (which
+    cannot be weakly referenced itself) is still alive, without keeping it alive."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _life_token(grad_fn: Any) -> tuple[Any, int]:
+    """``(weakref to a token in grad_fn.metadata, grad_fn's sequence nr)``, or (None, -1)."""
+    if grad_fn is None:
+        return None, -1
+    try:
+        token = _Life()
+        grad_fn.metadata[_LIFE] = token
+        return weakref.ref(token), grad_fn._sequence_nr()
+    except Exception:  # nodes without metadata (custom C++ functions)
+        return None, -1
+
+
+def _live_graph_roots() -> list[Any]:
+    """grad_fn of every live tensor that has one (type() only: isinstance() would run
+    ``__class__`` of lazy proxies found on the heap)."""
+    import gc
+
+    roots = []
+    for obj in gc.get_objects():
+        if issubclass(type(obj), _Tensor):
+            try:
+                grad_fn = obj.grad_fn
+            except Exception:
+                continue
+            if grad_fn is not None:
+                roots.append(grad_fn)
+    return roots
+
+
 def _version(t: Any) -> int | None:
     try:
         return t._version
     except Exception:  # inference tensors have no version counter
         return None
+
+
+def _use_count(storage: Any) -> int:
+    """References to the storage (tensors on it, and its Python object); -1 if unknown."""
+    try:
+        return torch._C._storage_Use_Count(storage._cdata)
+    except Exception:  # a torch without this private API: never followed past the alias
+        return -1
 
 
 def _from_state_dict(ev: CopyEvent) -> bool:

@@ -314,6 +314,45 @@ PyObject* g_before = nullptr;
 PyObject* g_after = nullptr;
 PyObject* g_write_hook = nullptr;  // called for every call while g_watch_writes
 std::atomic<bool> g_watch_writes{false};
+// In-place writes into fresh copies (copytrace/tracer/_fresh.py): g_fresh maps id(tensor) of
+// the live copies to their entries, g_written holds the written advanced-index results that
+// wait for a use. g_copy_hook(func, args, kwargs) runs only for a call whose first argument is
+// in g_fresh, or any call while g_written is not empty.
+PyObject* g_fresh = nullptr;
+PyObject* g_written = nullptr;
+PyObject* g_copy_hook = nullptr;
+PyObject* g_getitem = nullptr;  // Tensor.__getitem__: basic indexing returns a view, no event
+
+// An index of ints, slices, None, Ellipsis (or a tuple of them): basic indexing.
+inline bool basic_item(PyObject* o) {
+  return PyLong_Check(o) || PySlice_Check(o) || o == Py_None || o == Py_Ellipsis;
+}
+
+inline bool basic_index(PyObject* args) {
+  if (PyTuple_GET_SIZE(args) < 2) return false;
+  PyObject* index = PyTuple_GET_ITEM(args, 1);
+  if (basic_item(index)) return true;
+  if (!PyTuple_CheckExact(index)) return false;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(index); ++i) {
+    if (!basic_item(PyTuple_GET_ITEM(index, i))) return false;
+  }
+  return true;
+}
+
+inline bool copy_hook_wanted(PyObject* args) {
+  if (g_copy_hook == nullptr || g_fresh == nullptr || PyDict_GET_SIZE(g_fresh) == 0) return false;
+  if (g_written != nullptr && PyDict_GET_SIZE(g_written) > 0) return true;
+  if (PyTuple_GET_SIZE(args) == 0) return false;
+  PyObject* key = PyLong_FromVoidPtr(PyTuple_GET_ITEM(args, 0));  // id(args[0])
+  if (key == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  int found = PyDict_Contains(g_fresh, key);
+  Py_DECREF(key);
+  if (found < 0) PyErr_Clear();
+  return found == 1;
+}
 
 
 inline PyObject* call_through(PyObject* func, PyObject* args, PyObject* kwargs) {
@@ -382,6 +421,12 @@ PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs
     PyObject* r = PyObject_CallFunctionObjArgs(g_write_hook, func, args, kwargs, nullptr);
     if (r == nullptr) swallow(); else Py_DECREF(r);
   }
+  if (copy_hook_wanted(args)) {
+    NoTorchFunction guard;
+    PyObject* r = PyObject_CallFunctionObjArgs(g_copy_hook, func, args, kwargs, nullptr);
+    if (r == nullptr) swallow(); else Py_DECREF(r);
+  }
+  if (func == g_getitem && basic_index(args)) return call_through(func, args, kwargs);
   PyObject* op = PyDict_GetItemWithError(g_table, func);  // borrowed
   if (op == nullptr) {
     if (PyErr_Occurred()) PyErr_Clear();  // an unhashable callable
@@ -517,6 +562,18 @@ PyMethodDef g_warn_def = {"warn", reinterpret_cast<PyCFunction>(
                           METH_VARARGS | METH_KEYWORDS,
                           "warnings.warn, counting stacklevel as untraced (copytrace)"};
 
+void set_copy_hooks(py::object fresh, py::object written, py::object hook, py::object getitem) {
+  auto swap = [](PyObject*& slot, py::object& value) {
+    PyObject* old = slot;
+    slot = value.is_none() ? nullptr : value.release().ptr();
+    Py_XDECREF(old);
+  };
+  swap(g_fresh, fresh);
+  swap(g_written, written);
+  swap(g_copy_hook, hook);
+  swap(g_getitem, getitem);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -553,6 +610,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, "A warnings.warn that calls `orig` with the stacklevel counted as untraced");
   m.def("set_api_hooks", &set_api_hooks, "table, before, after, write_hook (None clears)");
   m.def("set_watch_writes", [](bool on) { g_watch_writes.store(on); });
+  m.def("set_copy_hooks", &set_copy_hooks,
+        "fresh (dict), written (dict), hook, Tensor.__getitem__ (None clears)");
   // torch requires the handler's __self__ to be the mode object (python_arg_parser.cpp)
   m.def("bind_torch_function", [](py::object mode) {
     return py::reinterpret_steal<py::object>(PyCFunction_New(&g_tf_def, mode.ptr()));
