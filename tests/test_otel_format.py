@@ -19,6 +19,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+from _require import require_module
 
 import copytrace
 from copytrace.dashboards import build_model, load_trace
@@ -96,11 +97,9 @@ def check_with_protobuf(line: str) -> None:
     """Parse the line with the official OTLP protobuf definitions (strict: unknown fields
     fail). Protobuf's own JSON mapping wants bytes as base64, where OTLP/JSON says hex: the
     ids are converted first, which also proves they are hex of the right length."""
-    try:  # installed with the otlp extra
-        from google.protobuf import json_format
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
-    except ImportError:
-        return
+    # opentelemetry-proto comes with the test extra (and the otlp extra)
+    json_format = require_module("google.protobuf.json_format")
+    pb = require_module("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
     doc = json.loads(line)
     for rs in doc["resourceSpans"]:
         for ss in rs["scopeSpans"]:
@@ -270,7 +269,7 @@ def test_exporters_named_by_env(monkeypatch, capsys):
     assert "not supported" in capsys.readouterr().err
     assert exporters_from_env({"OTEL_TRACES_EXPORTER": "nosuch"}) == []
     assert "not installed" in capsys.readouterr().err
-    http = pytest.importorskip("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+    http = require_module("opentelemetry.exporter.otlp.proto.http.trace_exporter")
     (exp,) = exporters_from_env({"OTEL_TRACES_EXPORTER": "otlp"})  # http/protobuf by default
     assert isinstance(exp, http.OTLPSpanExporter)
     exp.shutdown()

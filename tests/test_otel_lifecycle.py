@@ -4,6 +4,7 @@ a real subprocess; a file cut mid-write is readable up to its last whole line.""
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import signal
 import subprocess
@@ -79,9 +80,26 @@ def _run(tmp_path: Path, mode: str, **env: str) -> tuple[subprocess.CompletedPro
     return subprocess.CompletedProcess(p.args, p.returncode, "ready\n" + stdout, stderr), out
 
 
+def _raw_spans(path: Path, name: str) -> list[dict]:
+    """The spans called ``name`` in the file, as OTLP/JSON objects (read without the loader)."""
+    out = []
+    for line in _lines(path):
+        for rs in json.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                out += [sp for sp in ss["spans"] if sp["name"] == name]
+    return out
+
+
 def _check(out: Path, exit_reason: str, error: bool) -> None:
     files = list(out.glob("*.otlp.jsonl*"))
     assert len(files) == 1, files
+    # The run span's status: OTLP STATUS_CODE_ERROR (2) with the exit reason as its message
+    # when the program ended by an error, no status (unset) when it ended normally.
+    (run_span,) = _raw_spans(files[0], "copytrace.run")
+    if error:
+        assert run_span["status"] == {"code": 2, "message": exit_reason}
+    else:
+        assert "status" not in run_span
     data = load_trace(files[0])
     assert data.bad_lines == 0  # closed cleanly: every line whole
     (run,) = data.runs

@@ -1,7 +1,8 @@
 """Open the HTML report in a real browser: headless Chromium driven by Playwright.
 
 Uses the system Chromium (Debian's ``chromium`` package, ``/usr/bin/chromium``); never a
-browser downloaded by ``playwright install``. Skips when Playwright or Chromium is missing.
+browser downloaded by ``playwright install``. Skips when Playwright or Chromium is missing
+(fails under ``COPYTRACE_REQUIRE_INTEGRATION=1``, as CI runs it).
 Set ``COPYTRACE_CHROMIUM`` to use another Chromium binary.
 
 The report is built from two runs of the synthetic trace of ``tests/_tracegen.py`` (so the
@@ -17,9 +18,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _require import require_module, require_or_skip
 from _tracegen import SCRIPT_MODULE, write_trace
 
-pytest.importorskip("playwright.sync_api")
+require_module("playwright.sync_api", allow_module_level=True)
 
 CHROMIUM = (
     os.environ.get("COPYTRACE_CHROMIUM")
@@ -28,7 +30,7 @@ CHROMIUM = (
     or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
 )
 if not CHROMIUM:
-    pytest.skip("no chromium binary (apt-get install chromium)", allow_module_level=True)
+    require_or_skip("no chromium binary (apt-get install chromium)", allow_module_level=True)
 
 ARGS = [
     "--no-sandbox",
