@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from _require import require_module
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
-from _require import require_module
 
 import copytrace
 from copytrace.dashboards import build_model, load_trace
