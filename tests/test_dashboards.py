@@ -15,6 +15,8 @@ import types
 from pathlib import Path
 
 import pytest
+from _realtrace import HAZARD_CODE as REAL_HAZARD_CODE
+from _realtrace import write_real_trace
 from _tracegen import (
     HAZARD_SPAN_NOT_LOADED,
     MS,
@@ -320,12 +322,12 @@ def test_hazards_from_findings(trace_file: Path) -> None:
     assert (hz["contiguous"], hz["clone"]) == (0, 2)
 
 
-@HAZARD_SPAN_NOT_LOADED
 def test_run_analysis(monkeypatch: pytest.MonkeyPatch, trace_file: Path) -> None:
-    data = load_trace(trace_file)
-    monkeypatch.setitem(sys.modules, "copytrace.analysis", None)  # import fails
-    assert run_analysis(data) == (None, "not installed")
+    real = load_trace(write_real_trace(trace_file.parent / "real"))
+    findings, status = run_analysis(real)
+    assert status == "ran" and [f.code for f in findings or []] == [REAL_HAZARD_CODE]
 
+    data = load_trace(trace_file)
     fake = types.ModuleType("copytrace.analysis")
     fake.analyze = lambda trace: [{"code": "X1", "severity": "warning", "message": "m",  # type: ignore[attr-defined]
                                    "fix": "f", "event_ids": [trace.events[0].span_id]}]  # fmt: skip
@@ -333,15 +335,16 @@ def test_run_analysis(monkeypatch: pytest.MonkeyPatch, trace_file: Path) -> None
     findings, status = run_analysis(data)
     assert status == "ran" and len(findings or []) == 1
     model = build_model(data, analyze=True)
-    assert [h.code for h in model.hazards] == ["CT-TEST", "X1"]  # same severity: by code
+    assert [h.code for h in model.hazards if h.source == "analysis"] == ["X1"]
 
     def boom(trace: object) -> list:
         raise RuntimeError("bad <input>")
 
     fake.analyze = boom  # type: ignore[attr-defined]
+    assert run_analysis(data) == (None, "failed: RuntimeError: bad <input>")
     model = build_model(data, analyze=True)
     assert model.analysis == "failed: RuntimeError: bad <input>"
-    assert [h.code for h in model.hazards] == ["CT-TEST"]
+    assert [h for h in model.hazards if h.source == "analysis"] == []
 
 
 @HAZARD_SPAN_NOT_LOADED

@@ -26,7 +26,7 @@ import torch.nn as nn
 
 import copytrace
 from copytrace import CopyEvent
-from copytrace.analysis import HAZARDS, Finding, analyze, format_findings, span_events
+from copytrace.analysis import HAZARDS, Finding, analyze, format_findings
 from copytrace.dashboards import load_trace
 
 _SOURCE = Path(__file__).read_text().splitlines()
@@ -555,19 +555,6 @@ def test_findings_from_a_trace_file_match_memory(tmp_path: Path) -> None:
             (f.code, f.bytes, f.call_sites, f.steps) for f in in_memory
         ]
         assert all(f.span_ids for f in from_file)
-
-
-def test_span_events_attach_hazards_to_their_events() -> None:
-    t, findings = traced(_copy_twice)
-    by_seq = span_events(t.events)
-    assert sorted(by_seq) == findings[0].event_seqs
-    name, attrs = by_seq[findings[0].event_seqs[0]][0]
-    assert name == "copytrace.hazard"
-    assert attrs["copytrace.hazard.code"] == "redundant-copy"
-    assert set(attrs) == {
-        "copytrace.hazard.code", "copytrace.hazard.severity", "copytrace.hazard.message",
-        "copytrace.hazard.fix",
-    }  # fmt: skip
 
 
 def test_analyze_accepts_a_trace_and_filters_codes() -> None:

@@ -823,10 +823,6 @@ class SdkSink:
         )
         self._ctx[run.span_hex] = self._run_span.get_span_context()
 
-    @property
-    def run_context(self) -> SpanContext | None:
-        return self._run_span.get_span_context() if self._run_span is not None else None
-
     def sampled(self) -> bool:
         """Whether the provider's sampler kept the run span (the whole trace)."""
         span = self._run_span
