@@ -30,7 +30,6 @@ scores are in the output (and in the README's development section).
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import json
 import os
 import random
@@ -50,7 +49,8 @@ NO_TESTS = {5, 33}
 
 @dataclass(frozen=True)
 class Target:
-    """One module under mutation: its functions (mutmut's mangled names, globs) and tests."""
+    """One module under mutation: its functions (``name`` or ``Class.method``; empty: all
+    of them) and the test files that may kill their mutants."""
 
     file: str
     functions: tuple[str, ...]
@@ -61,37 +61,39 @@ TARGETS = {
     "recorder": Target(
         "copytrace/tracer/_recorder.py",
         (
-            "xǁRecorderǁ_record_api__mutmut_*",
-            "x__nbytes__mutmut_*",
-            "x__storage_ptr__mutmut_*",
-            "x__storage_nbytes__mutmut_*",
-            "x__transfer__mutmut_*",
-            "x__device_str__mutmut_*",
-            "x__shape__mutmut_*",
-            "x__tag_grad_fn__mutmut_*",
+            "Recorder._record_api",
+            "_nbytes",
+            "_storage_ptr",
+            "_storage_nbytes",
+            "_transfer",
+            "_device_str",
+            "_shape",
+            "_tag_grad_fn",
         ),
         ("tests/test_tracer_ops.py", "tests/test_cases.py"),
     ),
     "rules": Target(
         "copytrace/analysis/_rules.py",
-        ("*",),
+        (),
         ("tests/test_hazards.py",),
     ),
     "otel": Target(
         "copytrace/tracer/_otel.py",
         (
-            "x__any_value__mutmut_*",
-            "x__attributes__mutmut_*",
-            "x__span_json__mutmut_*",
-            "x_event_attributes__mutmut_*",
-            "x__times__mutmut_*",
-            "xǁ_Encoderǁ*",
-            "xǁFileSinkǁ_encode__mutmut_*",
-            "xǁSdkSinkǁwrite__mutmut_*",
-            "xǁExportPipelineǁ_plan__mutmut_*",
-            "x_append_hazard_span__mutmut_*",
-            "x_iter_lines__mutmut_*",
-            "x_pack_lines__mutmut_*",
+            "_any_value",
+            "_attributes",
+            "_span_json",
+            "event_attributes",
+            "_times",
+            "_Encoder.attr",
+            "_Encoder.attrs",
+            "_Encoder.span",
+            "FileSink._encode",
+            "SdkSink.write",
+            "ExportPipeline._plan",
+            "append_hazard_span",
+            "iter_lines",
+            "pack_lines",
         ),
         ("tests/test_otel_format.py", "tests/test_export.py", "tests/test_promises.py"),
     ),
@@ -113,6 +115,45 @@ timeout_multiplier = 5.0
 _PRELOAD = "import torch._dynamo  # noqa: F401  (benchmarks/mutation.py: preload)\n"
 
 
+def _only_functions(path: Path, keep: tuple[str, ...]) -> None:
+    """Mark every top-level function and method of ``path`` not in ``keep`` with mutmut's
+    ``# pragma: no mutate block``: no mutants, and no trampoline (some functions run while
+    their class is being created, before mutmut's trampoline could find them)."""
+    import libcst as cst
+
+    pragma = cst.Comment("# pragma: no mutate block")
+
+    class Pin(cst.CSTTransformer):
+        def __init__(self) -> None:
+            self.classes: list[str] = []
+            self.depth = 0
+
+        def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+            self.classes.append(node.name.value)
+            return True
+
+        def leave_ClassDef(self, node: cst.ClassDef, new: cst.ClassDef) -> cst.ClassDef:
+            self.classes.pop()
+            return new
+
+        def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+            self.depth += 1
+            return True
+
+        def leave_FunctionDef(self, node: cst.FunctionDef, new: cst.FunctionDef) -> cst.FunctionDef:
+            self.depth -= 1
+            name = ".".join([*self.classes, node.name.value])
+            if self.depth or name in keep or not isinstance(new.body, cst.IndentedBlock):
+                return new
+            header = new.body.header.with_changes(
+                whitespace=cst.SimpleWhitespace("  "), comment=pragma
+            )
+            return new.with_changes(body=new.body.with_changes(header=header))
+
+    tree = cst.parse_module(path.read_text(encoding="utf-8"))
+    path.write_text(tree.visit(Pin()).code, encoding="utf-8")
+
+
 def _prepare(work: Path, target: Target) -> None:
     """A copy of the package and the tests with the target's mutmut configuration."""
     if work.exists():
@@ -120,6 +161,8 @@ def _prepare(work: Path, target: Target) -> None:
     work.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(ROOT / "copytrace", work / "copytrace", ignore=ignore)
+    if target.functions:
+        _only_functions(work / target.file, target.functions)
     for name in ("tests", "docs", "examples"):  # tests read the docs and run the examples
         shutil.copytree(ROOT / name, work / name, ignore=ignore)
     shutil.copy(ROOT / "README.md", work / "README.md")
@@ -157,13 +200,8 @@ def run_target(name: str, target: Target, args: argparse.Namespace) -> dict[str,
     t0 = time.monotonic()
     # 1. generate the mutants and the test-to-function map (no mutant run: the glob matches none)
     _mutmut(work, [_module_prefix(target) + "no_such_function__mutmut_*"], log)
-    prefix = _module_prefix(target)
     every = sorted(_results(work, target))
-    chosen = [
-        m
-        for m in every
-        if any(fnmatch.fnmatch(m.removeprefix(prefix), g) for g in target.functions)
-    ]
+    chosen = every
     if args.max_mutants and len(chosen) > args.max_mutants:
         chosen = sorted(random.Random(args.seed).sample(chosen, args.max_mutants))
     # 2. run the chosen mutants
@@ -180,7 +218,7 @@ def run_target(name: str, target: Target, args: argparse.Namespace) -> dict[str,
     return {
         "target": name,
         "file": target.file,
-        "generated_in_file": len(every),
+        "generated": len(every),
         "run": len(chosen),
         "killed": len(killed),
         "timeout": len(timeout),
@@ -224,8 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(res)
         score = "n/a" if res["score"] is None else f"{res['score']:.0%}"
         print(
-            f"{name:9} {res['file']}: {res['run']} mutants run (of {res['generated_in_file']} in "
-            f"the file), killed {res['killed']} + timeout {res['timeout']}, survived "
+            f"{name:9} {res['file']}: {res['run']} mutants run (of {res['generated']}), killed {res['killed']} + timeout {res['timeout']}, survived "
             f"{len(res['survived'])}, no tests {len(res['no_tests'])}, other "
             f"{len(res['other'])}: score {score} ({res['seconds']} s)",
             flush=True,

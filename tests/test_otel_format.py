@@ -7,7 +7,9 @@ import base64
 import copy
 import gzip
 import json
+import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -294,7 +296,7 @@ def test_resource_service_name_and_torchrun_ranks(tmp_path, monkeypatch):
         1,
         8,
     )
-    assert res["process.pid"] > 0 and res["process.command_args"]
+    assert res["process.pid"] == os.getpid() and res["process.command_args"] == sys.orig_argv
     monkeypatch.setenv("OTEL_SERVICE_NAME", "trainer")
     assert _otel.make_resource().attributes["service.name"] == "trainer"
     monkeypatch.delenv("OTEL_SERVICE_NAME")
