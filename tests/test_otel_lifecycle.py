@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -241,19 +240,20 @@ def test_forked_child_does_not_write_into_the_parents_file(tmp_path):
     assert run.has_run_span and len(run.events) == 60
 
 
-def test_export_thread_does_not_delay_exit(tmp_path):
-    """The export thread is a daemon and stop() joins it: the program exits promptly."""
+def test_export_thread_does_not_block_exit(tmp_path):
+    """The export thread is a daemon and stop() joins it: the program exits (a hang fails by
+    the timeout; how long exit takes is measured by benchmarks/startup.py)."""
     script = tmp_path / "quick.py"
     script.write_text(
         "import sys, torch, copytrace\n"
         "with copytrace.trace(sys.argv[1]) as t:\n"
         "    torch.ones(2).clone()\n"
     )
-    t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "out")], capture_output=True, text=True,
         env=_env(), timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert time.monotonic() - t0 < 60
-    assert list((tmp_path / "out").glob("*.otlp.jsonl.gz"))
+    (path,) = (tmp_path / "out").glob("*.otlp.jsonl.gz")
+    (run,) = load_trace(path).runs
+    assert run.has_run_span and [e.op for e in run.events] == ["clone"]
