@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import time
 import warnings
 from pathlib import Path
@@ -42,6 +43,10 @@ def _raw_spans(path: Path) -> list[dict[str, Any]]:
         for ss in rs["scopeSpans"]
         for sp in ss["spans"]
     ]
+
+
+def ids_of(spans: list[dict[str, Any]]) -> set[str]:
+    return {s["spanId"] for s in spans}
 
 
 def _attrs(items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -191,6 +196,7 @@ def test_hazards_span_holds_every_finding_in_full(tmp_path: Path) -> None:
     (hz,) = [s for s in spans if s["name"] == "copytrace.hazards"]
     assert spans[-1] is hz  # the last line of the file
     assert (hz["traceId"], hz["parentSpanId"]) == (run["traceId"], run["spanId"])
+    assert re.fullmatch("[0-9a-f]{16}", hz["spanId"]) and hz["spanId"] not in ids_of(spans[:-1])
     assert hz["startTimeUnixNano"] == hz["endTimeUnixNano"] == run["endTimeUnixNano"]
     assert _attrs(hz["attributes"]) == {"copytrace.hazards": 2}
     ids = {s["name"]: [] for s in spans}

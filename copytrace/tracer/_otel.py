@@ -1023,7 +1023,6 @@ class ExportPipeline:
         self.errors = 0
         self.closed = False
         self.export_seconds = 0.0
-        self.events_written = 0
         self.waited_seconds = 0.0  # time the traced thread waited for the worker
 
     def begin(self) -> None:
@@ -1146,12 +1145,10 @@ class ExportPipeline:
                 if held and id(ev) in held:
                     self._held[id(ev)] = (sid, parent)
                     continue
-                self.events_written += 1
                 yield (sid, parent, ev, None)
         for ev in chunk.late:
             planned = self._held.pop(id(ev), None)
             if planned is not None:
-                self.events_written += 1
                 yield (planned[0], planned[1], ev, None)
 
     def _call(self, i: int, fn: Callable[..., Any], *args: Any) -> None:
