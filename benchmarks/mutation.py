@@ -162,6 +162,18 @@ def _only_functions(path: Path, keep: tuple[str, ...], skip: tuple[str, ...] = (
     path.write_text(tree.visit(Pin()).code, encoding="utf-8")
 
 
+#: mutmut calls a mutated function through its trampoline (a frame in mutmut's package): the
+#: call-site walk must skip that frame as it skips copytrace's own, or every event's call site
+#: would be the trampoline. (file, text, replacement) applied to the copy.
+_PATCHES = (
+    (
+        "copytrace/tracer/_callsite.py",
+        "    if path.startswith(own[0]) if own else False:",
+        "    if path.startswith((own[0], _dir_of(__import__('mutmut').__file__))) if own else False:",
+    ),
+)
+
+
 def _prepare(work: Path, target: Target) -> None:
     """A copy of the package and the tests with the target's mutmut configuration."""
     if work.exists():
@@ -169,6 +181,12 @@ def _prepare(work: Path, target: Target) -> None:
     work.mkdir(parents=True)
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     shutil.copytree(ROOT / "copytrace", work / "copytrace", ignore=ignore)
+    for file, text, replacement in _PATCHES:
+        path = work / file
+        source = path.read_text(encoding="utf-8")
+        if text not in source:
+            raise SystemExit(f"benchmarks/mutation.py: update _PATCHES: {text!r} not in {file}")
+        path.write_text(source.replace(text, replacement), encoding="utf-8")
     if target.functions or target.skip:
         _only_functions(work / target.file, target.functions, target.skip)
     for name in ("tests", "docs", "examples"):  # tests read the docs and run the examples

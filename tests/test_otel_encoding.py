@@ -100,19 +100,24 @@ def test_export_events_returns_the_spans_exported() -> None:
 
 
 def test_events_held_across_flushes_are_written_once_with_their_late_facts(tmp_path) -> None:
-    """Attached copies are watched until their step ends (graph-retaining-copy): a flush in
-    between holds them back, and they are written later, once, with ``retained_bytes``."""
+    """A ``state_dict()`` snapshot is watched until its source changes (aliasing-snapshot):
+    the flushes in between hold its events back; they are written later, once, with
+    ``copytrace.stale``."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    x = torch.randn(4, 8)
-    history = []
+    model = nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(5, 4)
     with copytrace.trace(tmp_path, flush_events=1) as t:
-        for _ in range(3):
-            history.append(model(x).pow(2).mean().clone())
-            t.step()
+        best = model.state_dict()  # step 0: unchanged at the step's end, still watched
+        t.step()  # a flush
+        t.step()  # another: still unchanged
+        model(x).pow(2).mean().backward()
+        opt.step()  # step 2 changes it in place
+        t.step()
     (run,) = copytrace.load_trace(t.trace_path).runs
-    assert run.attrs["copytrace.flushes"] == 3  # one at each step boundary
-    assert [e.op for e in run.events] == ["clone"] * 3
-    # x (128 B), the ReLU output (256 B) and pow's input (16 B) saved per step
-    assert [e.attrs["copytrace.retained_bytes"] for e in run.events] == [400] * 3
-    assert len({e.span_id for e in run.events}) == 3
+    assert run.attrs["copytrace.flushes"] == 3
+    snaps = [e for e in run.events if e.attrs.get("copytrace.snapshot")]
+    assert [e.op for e in snaps] == ["detach", "detach"]  # weight and bias, once each
+    assert [e.attrs.get("copytrace.stale") for e in snaps] == [True, True]
+    assert len({e.span_id for e in run.events}) == len(run.events) == 2
+    assert sorted(best) == ["bias", "weight"]
