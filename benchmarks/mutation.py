@@ -69,6 +69,7 @@ TARGETS = {
             "_nbytes",
             "_storage_ptr",
             "_storage_nbytes",
+            "_is_fake",
             "_transfer",
             "_device_str",
             "_shape",
