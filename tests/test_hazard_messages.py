@@ -227,6 +227,42 @@ def test_deepcopy_in_loop() -> None:
     ]
 
 
+def _deepcopy_tensors_and_dicts(t: Any) -> None:
+    w = torch.ones(4)  # 16 B
+    keep = []
+    for _ in range(3):
+        keep.append(copy.deepcopy(w))  # site: deepcopy-tensor
+        t.step()
+    for _ in range(3):
+        keep.append(copy.deepcopy({"w": w}))  # site: deepcopy-dict
+        t.step()
+
+
+def test_deepcopy_in_loop_of_a_tensor_and_of_a_state_dict() -> None:
+    message = "copy.deepcopy of {} ran 3 times in 3 steps ({}), 48 B allocated"  # 3 x 16 B
+    assert findings(_deepcopy_tensors_and_dicts) == [
+        (
+            "deepcopy-in-loop",
+            "warning",
+            message.format("torch.Tensor", "0-2"),
+            "Allocate the copy once and refresh it with `dst.copy_(src)` each step.",
+            48,
+            [0, 1, 2],
+            [site("deepcopy-tensor", "_deepcopy_tensors_and_dicts")],
+        ),
+        (
+            "deepcopy-in-loop",
+            "warning",
+            message.format("builtins.dict", "3-5"),
+            "Allocate the copy once and refresh it in place each step: "
+            "`for k, v in sd.items(): snap[k].copy_(v)`.",
+            48,
+            [3, 4, 5],
+            [site("deepcopy-dict", "_deepcopy_tensors_and_dicts")],
+        ),
+    ]
+
+
 def _ctor(t: Any) -> None:
     w = torch.ones(10, requires_grad=True)
     with warnings.catch_warnings():
