@@ -75,7 +75,7 @@ TARGETS = {
             "_shape",
             "_tag_grad_fn",
         ),
-        ("tests/test_tracer_ops.py", "tests/test_cases.py"),
+        ("tests/test_tracer_ops.py", "tests/test_cases.py", "tests/test_recorder_facts.py"),
     ),
     "rules": Target(
         "copytrace/analysis/_rules.py",
@@ -102,7 +102,12 @@ TARGETS = {
             "iter_lines",
             "pack_lines",
         ),
-        ("tests/test_otel_format.py", "tests/test_export.py", "tests/test_promises.py"),
+        (
+            "tests/test_otel_format.py",
+            "tests/test_otel_encoding.py",
+            "tests/test_export.py",
+            "tests/test_promises.py",
+        ),
     ),
 }
 
