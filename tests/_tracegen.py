@@ -1,4 +1,10 @@
-"""Write small synthetic copytrace trace files (OTLP/JSON lines) with known contents.
+"""Write synthetic copytrace trace files (OTLP/JSON lines) with known contents.
+
+The report, summary and browser tests use traces of the real tracer (``tests/_realtrace.py``);
+this generator is for what a real trace cannot give cheaply: exact times and devices (an h2d
+copy on a CPU-only machine), cut and duplicated files, and large traces for the sampling and
+size tests. ``tests/test_tracegen_schema.py`` checks that what it writes has the attribute
+names and types of a real trace's spans, so that tests on it test the format the tracer writes.
 
 The trace written by :func:`write_trace` (times relative to ``T0``, ms):
 
@@ -15,10 +21,12 @@ The trace written by :func:`write_trace` (times relative to ``T0``, ms):
   ``contiguous`` at 70 ms, 4 ms, 16000 B / 16000 B, module ``encoder``, backward,
   ``train.py:11 forward``.
 
-The h2d ``to`` carries a ``copytrace.hazard`` span event (code ``CT-TEST``); the run span
-carries ``copytrace.overhead_ns`` = 1.5 ms.
+The run span carries ``copytrace.overhead_ns`` = 1.5 ms. As the tracer does when tracing
+stops, a last line holds a ``copytrace.hazards`` span (child of the run span, at its end) with
+one ``copytrace.hazard`` span event: code ``CT-TEST``, warning, 8000 B, call site
+``train.py:20 main``, naming the h2d ``to`` (span id 12).
 
-Spans are spread over three lines (events, steps, run), as a batching exporter writes them.
+Spans are spread over four lines (events, steps, run, hazards), as the tracer writes them.
 
 :func:`write_many` writes a larger trace (``n`` events over ``n // 100`` steps) for the
 sampling tests.
@@ -30,6 +38,18 @@ import gzip
 import json
 from pathlib import Path
 from typing import Any
+
+import pytest
+
+from copytrace.tracer._otel import _OMITTED_DEFAULTS
+
+#: Mark for tests of hazards read back from a trace file. The loader reads ``copytrace.hazard``
+#: events only on event spans, where the tracer never writes them, and skips the
+#: ``copytrace.hazards`` span where it does: these tests fail until it reads that span. Strict,
+#: so that they report XPASS as a failure then, and this mark must go.
+HAZARD_SPAN_NOT_LOADED = pytest.mark.xfail(
+    strict=True, reason="the loader does not read the copytrace.hazards span yet"
+)
 
 T0 = 1_700_000_000_000_000_000
 MS = 1_000_000
@@ -48,16 +68,30 @@ def _value(v: Any) -> dict[str, Any]:
     return {"stringValue": str(v)}
 
 
-HAZARD_EVENT = {
-    "timeUnixNano": str(T0 + 34 * MS),
-    "name": "copytrace.hazard",
-    "attributes": [
-        {"key": "copytrace.hazard.code", "value": {"stringValue": "CT-TEST"}},
-        {"key": "copytrace.hazard.severity", "value": {"stringValue": "warning"}},
-        {"key": "copytrace.hazard.message", "value": {"stringValue": "h2d copy <every> step"}},
-        {"key": "copytrace.hazard.fix", "value": {"stringValue": "move it out of the loop"}},
-    ],
-}
+def hazard_event(time_ms: float, span_ids: list[int], call_site: str, nbytes: int) -> dict:
+    """One ``copytrace.hazard`` span event, as the tracer writes it on its hazards span."""
+    attrs = {
+        "copytrace.hazard.code": "CT-TEST",
+        "copytrace.hazard.severity": "warning",
+        "copytrace.hazard.message": "h2d copy <every> step",
+        "copytrace.hazard.fix": "move it out of the loop",
+        "copytrace.hazard.call_sites": [call_site],
+        "copytrace.hazard.bytes": nbytes,
+        "copytrace.hazard.span_ids": [f"{i:016x}" for i in span_ids],
+    }
+    return {
+        "timeUnixNano": str(T0 + round(time_ms * MS)),
+        "name": "copytrace.hazard",
+        "attributes": [{"key": k, "value": _value(v)} for k, v in attrs.items()],
+    }
+
+
+def hazards_span(trace_id: str, run_id: int, end_ms: float, events: list[dict]) -> dict:
+    """The ``copytrace.hazards`` span the tracer appends when tracing stops."""
+    span = _span(trace_id, 99, run_id, "copytrace.hazards", end_ms, end_ms,
+                 {"copytrace.hazards": len(events)})  # fmt: skip
+    span["events"] = events
+    return span
 
 
 def _span(
@@ -69,16 +103,16 @@ def _span(
     end_ms: float,
     attrs: dict[str, Any],
 ) -> dict[str, Any]:
+    span = {"traceId": trace_id, "spanId": f"{span_id:016x}"}
+    if parent is not None:  # as the tracer writes it: no parentSpanId on the root span
+        span["parentSpanId"] = f"{parent:016x}"
     return {
-        "traceId": trace_id,
-        "spanId": f"{span_id:016x}",
-        "parentSpanId": f"{parent:016x}" if parent is not None else "",
+        **span,
         "name": name,
         "kind": 1,
         "startTimeUnixNano": str(T0 + round(start_ms * MS)),
         "endTimeUnixNano": str(T0 + round(end_ms * MS)),
         "attributes": [{"key": k, "value": _value(v)} for k, v in attrs.items()],
-        "status": {},
     }
 
 
@@ -124,7 +158,12 @@ def _event(
     if module is not None:
         attrs["copytrace.module"] = module
     attrs.update(extra)
-    return attrs
+    # as the tracer writes them: no empty lists, no flag or count at its default value
+    return {
+        k: v
+        for k, v in attrs.items()
+        if v != [] and not (k in _OMITTED_DEFAULTS and v == _OMITTED_DEFAULTS[k])
+    }
 
 
 def trace_lines(pid: int = 4242, trace_id: str | None = None) -> list[str]:
@@ -292,7 +331,6 @@ def trace_lines(pid: int = 4242, trace_id: str | None = None) -> list[str]:
             ),
         ),
     ]
-    spans_events[2]["events"] = [HAZARD_EVENT]
     spans_steps = [
         _span(tid, step_ids[i], run_id, "copytrace.step", a, b, {"copytrace.step": i})
         for i, (a, b) in enumerate(((0, 30), (30, 60), (60, 100)))
@@ -339,7 +377,10 @@ def trace_lines(pid: int = 4242, trace_id: str | None = None) -> list[str]:
         }
         return json.dumps(doc, separators=(",", ":"))
 
-    return [line(spans_events), line(spans_steps), line(spans_run)]
+    spans_hazards = [
+        hazards_span(tid, run_id, 100, [hazard_event(100, [12], "train.py:20 main", 8000)])
+    ]
+    return [line(spans_events), line(spans_steps), line(spans_run), line(spans_hazards)]
 
 
 def write_trace(
@@ -382,13 +423,15 @@ def write_many(
 
     Events cycle through: ``to`` no-op (``loop.py:5 main``), ``detach`` alias
     (``loop.py:6 main``), ``clone`` copy of 4000 B (``model.py:20 forward``, module ``net``)
-    and, every ``large_every``-th event instead, a 4 MiB ``clone`` (``loop.py:9 main``). Every
-    ``hazard_every``-th event carries a ``copytrace.hazard`` span event.
+    and, every ``large_every``-th event instead, a 4 MiB ``clone`` (``loop.py:9 main``). A last
+    line holds the ``copytrace.hazards`` span with one ``copytrace.hazard`` span event per call
+    site (as the analyser reports them), naming every ``hazard_every``-th event of that site.
     """
     directory.mkdir(parents=True, exist_ok=True)
     tid = f"{pid:032x}"
     n_steps = max(1, n // 100)
     spans = []
+    hazards: dict[str, tuple[list[int], int]] = {}  # call site -> (span ids, bytes)
     for i in range(n):
         step = min(i // 100, n_steps - 1)
         t = step * 10 + (i % 100) * 0.09 + 0.01
@@ -410,7 +453,9 @@ def write_many(
             ev["code.file.path"] = "model.py"
         span = _span(tid, 1000 + i, 100 + step, f"copytrace.{ev['copytrace.op']}", t, t + 0.05, ev)
         if i % hazard_every == 0:
-            span["events"] = [HAZARD_EVENT]
+            site = f"{ev['code.file.path']}:{ev['code.line.number']} {ev['code.function.name']}"
+            ids, nbytes = hazards.get(site, ([], 0))
+            hazards[site] = ([*ids, 1000 + i], nbytes + ev["copytrace.bytes_logical"])
         spans.append(span)
     spans += [
         _span(tid, 100 + s, 1, "copytrace.step", s * 10, (s + 1) * 10, {"copytrace.step": s})
@@ -420,7 +465,12 @@ def write_many(
         _span(tid, 1, None, "copytrace.run", 0, n_steps * 10, {"copytrace.steps": n_steps})
     )
     resource = {"attributes": [{"key": "process.pid", "value": {"intValue": str(pid)}}]}
-    doc = {"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": spans}]}]}
+    lines = []
+    findings = [hazard_event(n_steps * 10, ids, site, b) for site, (ids, b) in hazards.items()]
+    for group in (spans, [hazards_span(tid, 1, n_steps * 10, findings)] if findings else []):
+        if group:
+            doc = {"resourceSpans": [{"resource": resource, "scopeSpans": [{"spans": group}]}]}
+            lines.append(json.dumps(doc, separators=(",", ":")) + "\n")
     path = directory / f"copytrace-many-{pid}.otlp.jsonl"
-    path.write_text(json.dumps(doc, separators=(",", ":")) + "\n", encoding="utf-8")
+    path.write_text("".join(lines), encoding="utf-8")
     return path

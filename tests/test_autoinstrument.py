@@ -124,7 +124,6 @@ def test_python_dash_m_with_fork_spawn_and_dataloader_workers(tmp_path):
     (pkg / "__init__.py").write_text("")
     (pkg / "train.py").write_text(_MP_PROGRAM)
     out = tmp_path / "out"
-    t0 = time.time()
     proc = subprocess.run(
         [sys.executable, "-m", "mpdemo.train"],
         capture_output=True, text=True, cwd=tmp_path, timeout=240,
@@ -146,7 +145,6 @@ def test_python_dash_m_with_fork_spawn_and_dataloader_workers(tmp_path):
     assert not list(out.glob(".copytrace-launch-*")), "launch markers left behind"
     html = (out / "report.html").read_text(encoding="utf-8")
     assert all(f.name in html for f in out.glob("copytrace-*.otlp.jsonl*"))
-    assert time.time() - t0 < 200
 
 
 # --- one report per launch -----------------------------------------------------------------------

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from _tracegen import SCRIPT_MODULE, write_many, write_trace
+from _realtrace import BYTES_COPIED, CONTIGUOUS_SITE, HAZARD_CODE, write_real_trace
+from _tracegen import HAZARD_SPAN_NOT_LOADED, SCRIPT_MODULE, write_many, write_trace
 
 from copytrace.cli import main
 
@@ -120,11 +121,41 @@ def test_summary(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert by_op[0].split() == ["contiguous", "1", "1", "0", "0", "15.6", "KiB", "15.6", "KiB",
                                 "4.00", "ms"]  # fmt: skip
     assert "cpu -> cuda:0" in out
-    hz = lines[lines.index("hazards:") + 3]
-    assert hz.split()[:3] == ["warning", "CT-TEST", "1"] and "h2d copy <every> step" in hz
 
     assert main(["summary", str(tmp_path)]) == 0  # default --top 10
     assert SCRIPT_MODULE in capsys.readouterr().out  # plain text: not escaped
+
+
+def test_summary_of_a_real_trace(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The program of tests/_realtrace.py, traced for real: counts, bytes and the hazard."""
+    write_real_trace(tmp_path)
+    capsys.readouterr()
+    assert main(["summary", str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert err == ""
+    lines = out.splitlines()
+    assert "events: 7 = 5 copies + 1 aliases + 1 no-ops (1 deepcopy groups)" in out
+    assert f"bytes copied 23.9 KiB ({BYTES_COPIED} B)" in out  # 24440 B
+    assert "cross-device 0 B in 0 events" in out and "hazards: 1" in out
+    top = lines[lines.index("top call sites by bytes copied:") + 3]
+    assert top.split()[:4] == ["1", "15.6", "KiB", "65.5%"]  # 16000 / 24440
+    assert CONTIGUOUS_SITE in top
+    hz = lines[lines.index("hazards:") + 3]
+    assert hz.split()[:3] == ["warning", HAZARD_CODE, "1"]
+    assert SCRIPT_MODULE in out  # a module, as plain text
+
+
+@HAZARD_SPAN_NOT_LOADED
+def test_summary_no_analysis_shows_the_hazards_of_the_trace_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """A real trace: ``--no-analysis`` shows the hazards the tracer wrote into the file."""
+    write_real_trace(tmp_path)
+    capsys.readouterr()
+    assert main(["summary", str(tmp_path), "--no-analysis"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    hz = lines[lines.index("hazards:") + 3]
+    assert hz.split()[:3] == ["warning", HAZARD_CODE, "1"], hz
 
 
 @pytest.mark.parametrize("command", ["report", "summary"])

@@ -15,7 +15,17 @@ import types
 from pathlib import Path
 
 import pytest
-from _tracegen import MS, SCRIPT_MODULE, T0, trace_lines, write_many, write_trace
+from _realtrace import HAZARD_CODE as REAL_HAZARD_CODE
+from _realtrace import write_real_trace
+from _tracegen import (
+    HAZARD_SPAN_NOT_LOADED,
+    MS,
+    SCRIPT_MODULE,
+    T0,
+    trace_lines,
+    write_many,
+    write_trace,
+)
 
 from copytrace._errors import TraceFileError
 from copytrace.dashboards import (
@@ -93,7 +103,7 @@ def test_load_groups_spans_into_a_run(trace_file: Path) -> None:
     assert clone.op == "clone"
     assert clone.parent_id == run.steps[0].span_id
     assert clone.attrs["copytrace.shape"] == [10, 100]
-    assert clone.attrs["copytrace.alias"] is False
+    assert "copytrace.alias" not in clone.attrs  # false: left out, as the tracer does
     assert clone.attrs["copytrace.module"] == SCRIPT_MODULE
 
 
@@ -109,7 +119,6 @@ def test_totals_do_not_double_count_groups(trace_file: Path) -> None:
     assert t.group_count == 1
     assert t.error_count == 0
     assert (t.cross_device_count, t.cross_device_bytes) == (1, 8000)
-    assert t.hazard_count == 1  # the copytrace.hazard span event
 
 
 def test_run_metadata(trace_file: Path) -> None:
@@ -257,15 +266,18 @@ def test_event_columns(trace_file: Path) -> None:
     assert (h2d["src_device"], h2d["dst_device"], h2d["transfer"]) == ("cpu", "cuda:0", "h2d")
     assert h2d["aten"] == ("aten::_to_copy", "aten::copy_")
     assert (h2d["duration_ns"], h2d["bytes_allocated"], h2d["step"]) == (3 * MS, 8000, 1)
-    assert h2d["non_blocking"] is True and h2d["hazard"] == 0
+    assert h2d["non_blocking"] is True
     assert events[3]["group"] == "torch.nn.modules.linear.Linear"
     assert events[0]["graph"] == "attached" and events[0]["module"] == SCRIPT_MODULE
     assert events[0]["shape"] == (10, 100) and events[0]["hazard"] is None
     assert len(model.templates) == 7  # all differ (the deepcopy children in their bytes)
 
 
-def test_hazards_from_span_events(trace_file: Path) -> None:
+@HAZARD_SPAN_NOT_LOADED
+def test_hazards_from_the_hazards_span(trace_file: Path) -> None:
     model = build_model(load_trace(trace_file))
+    assert model.totals.hazard_count == 1  # the one copytrace.hazard event
+    assert model.event(2)["hazard"] == 0  # the h2d to, named by span id
     (h,) = model.hazards
     assert (h.code, h.severity, h.source) == ("CT-TEST", "warning", "trace")
     assert (h.message, h.fix) == ("h2d copy <every> step", "move it out of the loop")
@@ -287,6 +299,7 @@ class _Finding:
     event_ids: list
 
 
+@HAZARD_SPAN_NOT_LOADED
 def test_hazards_from_findings(trace_file: Path) -> None:
     data = load_trace(trace_file)
     clone_id, contiguous_id = f"{10:016x}", f"{17:016x}"
@@ -310,10 +323,11 @@ def test_hazards_from_findings(trace_file: Path) -> None:
 
 
 def test_run_analysis(monkeypatch: pytest.MonkeyPatch, trace_file: Path) -> None:
-    data = load_trace(trace_file)
-    monkeypatch.setitem(sys.modules, "copytrace.analysis", None)  # import fails
-    assert run_analysis(data) == (None, "not installed")
+    real = load_trace(write_real_trace(trace_file.parent / "real"))
+    findings, status = run_analysis(real)
+    assert status == "ran" and [f.code for f in findings or []] == [REAL_HAZARD_CODE]
 
+    data = load_trace(trace_file)
     fake = types.ModuleType("copytrace.analysis")
     fake.analyze = lambda trace: [{"code": "X1", "severity": "warning", "message": "m",  # type: ignore[attr-defined]
                                    "fix": "f", "event_ids": [trace.events[0].span_id]}]  # fmt: skip
@@ -321,17 +335,19 @@ def test_run_analysis(monkeypatch: pytest.MonkeyPatch, trace_file: Path) -> None
     findings, status = run_analysis(data)
     assert status == "ran" and len(findings or []) == 1
     model = build_model(data, analyze=True)
-    assert [h.code for h in model.hazards] == ["CT-TEST", "X1"]  # same severity: by code
+    assert [h.code for h in model.hazards if h.source == "analysis"] == ["X1"]
 
     def boom(trace: object) -> list:
         raise RuntimeError("bad <input>")
 
     fake.analyze = boom  # type: ignore[attr-defined]
+    assert run_analysis(data) == (None, "failed: RuntimeError: bad <input>")
     model = build_model(data, analyze=True)
     assert model.analysis == "failed: RuntimeError: bad <input>"
-    assert [h.code for h in model.hazards] == ["CT-TEST"]
+    assert [h for h in model.hazards if h.source == "analysis"] == []
 
 
+@HAZARD_SPAN_NOT_LOADED
 def test_sample_events_keeps_hazards_and_large_copies(tmp_path: Path) -> None:
     model = build_model(load_trace(write_many(tmp_path, 3000)))
     assert model.n_events == 3000
@@ -354,6 +370,7 @@ def test_sample_events_keeps_hazards_and_large_copies(tmp_path: Path) -> None:
     assert set(hazards) <= set(sample_events(model, 5))
 
 
+@HAZARD_SPAN_NOT_LOADED
 def test_sample_events_raises_the_large_threshold_to_stay_bounded(tmp_path: Path) -> None:
     model = build_model(load_trace(write_many(tmp_path, 3000, large_every=10)))
     info = SampleInfo()
@@ -400,11 +417,16 @@ def test_payload_is_compact_json(trace_file: Path) -> None:
     assert [S[i] for i in back["tpl"]["op"]] == ["clone", "detach", "to", "deepcopy", "deepcopy",
                                                   "to", "contiguous"]  # fmt: skip
     assert sum(back["cube"]["n"]) == EVENTS and sum(back["cube"]["bc"]) == BYTES_COPIED
-    assert [S[back["hazards"][0]["code"]]] == ["CT-TEST"]
-    assert back["pts"]["hz"] == [-1, -1, 0, -1, -1, -1, -1]
     assert back["steps"]["stage"] == [0, 1, 2] and back["stages"] == ["warmup", "steady", "tail"]
     assert back["runs"][0]["overhead_ns"] == 1_500_000
     assert len(text) < 20_000
+
+
+@HAZARD_SPAN_NOT_LOADED
+def test_payload_points_at_the_hazards_of_the_trace_file(trace_file: Path) -> None:
+    back = json.loads(dump_payload(build_payload(build_model(load_trace(trace_file)), title="t")))
+    assert [back["S"][h["code"]] for h in back["hazards"]] == ["CT-TEST"]
+    assert back["pts"]["hz"] == [-1, -1, 0, -1, -1, -1, -1]  # the h2d to, third event
 
 
 def test_truncated_last_line_is_skipped_and_counted(tmp_path: Path) -> None:

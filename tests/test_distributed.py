@@ -10,14 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch.distributed as dist
+from _require import require_or_skip
 
 from copytrace.dashboards import load_trace
 
-pytestmark = pytest.mark.skipif(
-    not dist.is_available() or not dist.is_gloo_available(), reason="needs torch.distributed + gloo"
-)
+if not dist.is_available() or not dist.is_gloo_available():
+    require_or_skip("needs torch.distributed + gloo", allow_module_level=True)
 
 DDP_SCRIPT = """
 import torch

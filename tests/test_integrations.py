@@ -8,6 +8,7 @@ import warnings
 
 import pytest
 import torch
+from _require import require_module
 
 import copytrace
 from copytrace.dashboards import load_trace
@@ -26,8 +27,8 @@ def _one_run(out):
 def lightning():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pytest.importorskip("pytorch_lightning")
-        return pytest.importorskip("copytrace.integrations.lightning")
+        require_module("pytorch_lightning")
+        return require_module("copytrace.integrations.lightning")
 
 
 def _fit(lightning, callback, root):
@@ -94,8 +95,8 @@ def test_lightning_callback_joins_an_active_trace(lightning, tmp_path):
 def test_hf_trainer_callback_traces_training_and_writes_report(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        pytest.importorskip("transformers")
-        hf = pytest.importorskip("copytrace.integrations.hf")
+        require_module("transformers")
+        hf = require_module("copytrace.integrations.hf")
         from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
     config = GPT2Config(vocab_size=32, n_positions=16, n_embd=16, n_layer=1, n_head=2,

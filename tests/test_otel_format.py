@@ -7,12 +7,15 @@ import base64
 import copy
 import gzip
 import json
+import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
+from _require import require_module
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
@@ -96,11 +99,9 @@ def check_with_protobuf(line: str) -> None:
     """Parse the line with the official OTLP protobuf definitions (strict: unknown fields
     fail). Protobuf's own JSON mapping wants bytes as base64, where OTLP/JSON says hex: the
     ids are converted first, which also proves they are hex of the right length."""
-    try:  # installed with the otlp extra
-        from google.protobuf import json_format
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as pb
-    except ImportError:
-        return
+    # opentelemetry-proto comes with the test extra (and the otlp extra)
+    json_format = require_module("google.protobuf.json_format")
+    pb = require_module("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
     doc = json.loads(line)
     for rs in doc["resourceSpans"]:
         for ss in rs["scopeSpans"]:
@@ -270,7 +271,7 @@ def test_exporters_named_by_env(monkeypatch, capsys):
     assert "not supported" in capsys.readouterr().err
     assert exporters_from_env({"OTEL_TRACES_EXPORTER": "nosuch"}) == []
     assert "not installed" in capsys.readouterr().err
-    http = pytest.importorskip("opentelemetry.exporter.otlp.proto.http.trace_exporter")
+    http = require_module("opentelemetry.exporter.otlp.proto.http.trace_exporter")
     (exp,) = exporters_from_env({"OTEL_TRACES_EXPORTER": "otlp"})  # http/protobuf by default
     assert isinstance(exp, http.OTLPSpanExporter)
     exp.shutdown()
@@ -295,7 +296,7 @@ def test_resource_service_name_and_torchrun_ranks(tmp_path, monkeypatch):
         1,
         8,
     )
-    assert res["process.pid"] > 0 and res["process.command_args"]
+    assert res["process.pid"] == os.getpid() and res["process.command_args"] == sys.orig_argv
     monkeypatch.setenv("OTEL_SERVICE_NAME", "trainer")
     assert _otel.make_resource().attributes["service.name"] == "trainer"
     monkeypatch.delenv("OTEL_SERVICE_NAME")

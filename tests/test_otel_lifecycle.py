@@ -4,12 +4,12 @@ a real subprocess; a file cut mid-write is readable up to its last whole line.""
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -79,9 +79,26 @@ def _run(tmp_path: Path, mode: str, **env: str) -> tuple[subprocess.CompletedPro
     return subprocess.CompletedProcess(p.args, p.returncode, "ready\n" + stdout, stderr), out
 
 
+def _raw_spans(path: Path, name: str) -> list[dict]:
+    """The spans called ``name`` in the file, as OTLP/JSON objects (read without the loader)."""
+    out = []
+    for line in _lines(path):
+        for rs in json.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                out += [sp for sp in ss["spans"] if sp["name"] == name]
+    return out
+
+
 def _check(out: Path, exit_reason: str, error: bool) -> None:
     files = list(out.glob("*.otlp.jsonl*"))
     assert len(files) == 1, files
+    # The run span's status: OTLP STATUS_CODE_ERROR (2) with the exit reason as its message
+    # when the program ended by an error, no status (unset) when it ended normally.
+    (run_span,) = _raw_spans(files[0], "copytrace.run")
+    if error:
+        assert run_span["status"] == {"code": 2, "message": exit_reason}
+    else:
+        assert "status" not in run_span
     data = load_trace(files[0])
     assert data.bad_lines == 0  # closed cleanly: every line whole
     (run,) = data.runs
@@ -223,19 +240,20 @@ def test_forked_child_does_not_write_into_the_parents_file(tmp_path):
     assert run.has_run_span and len(run.events) == 60
 
 
-def test_export_thread_does_not_delay_exit(tmp_path):
-    """The export thread is a daemon and stop() joins it: the program exits promptly."""
+def test_export_thread_does_not_block_exit(tmp_path):
+    """The export thread is a daemon and stop() joins it: the program exits (a hang fails by
+    the timeout; how long exit takes is measured by benchmarks/startup.py)."""
     script = tmp_path / "quick.py"
     script.write_text(
         "import sys, torch, copytrace\n"
         "with copytrace.trace(sys.argv[1]) as t:\n"
         "    torch.ones(2).clone()\n"
     )
-    t0 = time.monotonic()
     proc = subprocess.run(
         [sys.executable, str(script), str(tmp_path / "out")], capture_output=True, text=True,
         env=_env(), timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    assert time.monotonic() - t0 < 60
-    assert list((tmp_path / "out").glob("*.otlp.jsonl.gz"))
+    (path,) = (tmp_path / "out").glob("*.otlp.jsonl.gz")
+    (run,) = load_trace(path).runs
+    assert run.has_run_span and [e.op for e in run.events] == ["clone"]

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _require import require_or_skip
 
 import copytrace
 from copytrace.dashboards import load_trace
@@ -123,9 +124,7 @@ class Phoenix:
 
 def _missing(what: str) -> None:
     """Skip, or fail where CI says the integration tests must run."""
-    if os.environ.get("COPYTRACE_REQUIRE_INTEGRATION", "").strip() not in ("", "0"):
-        pytest.fail(f"{what} (COPYTRACE_REQUIRE_INTEGRATION is set)")
-    pytest.skip(what)
+    require_or_skip(what)
 
 
 @pytest.fixture(scope="module")

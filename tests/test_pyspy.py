@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from _require import require_or_skip
 
 from copytrace import _pyspy
 
@@ -205,7 +206,7 @@ def test_cannot_attach_is_one_line_and_no_recorder(tmp_path, monkeypatch, capsys
     else:
         exe = _real_permission_denied(tmp_path)
         if exe is None:
-            pytest.skip("needs root, setpriv and py-spy")
+            require_or_skip("needs root, setpriv and py-spy")
     monkeypatch.setenv(_pyspy.PYSPY_ENV, str(exe))
     assert _pyspy.start(tmp_path / "out", timeout_s=20) is None
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
@@ -221,8 +222,9 @@ def _have_py_spy() -> bool:
     return _pyspy.find_py_spy() is not None
 
 
-@pytest.mark.skipif(not _have_py_spy(), reason="py-spy not installed")
 def test_raw_output_of_real_py_spy_parses(tmp_path):
+    if not _have_py_spy():
+        require_or_skip("py-spy not installed")
     child = subprocess.Popen(
         [
             sys.executable,
@@ -233,7 +235,7 @@ def test_raw_output_of_real_py_spy_parses(tmp_path):
     try:
         spy = _pyspy.start(tmp_path, pid=child.pid, fmt="raw", rate=200, subprocesses=False)
         if spy is None:
-            pytest.skip("py-spy cannot attach here")
+            require_or_skip("py-spy cannot attach here")
         time.sleep(0.6)
         path = spy.stop()
     finally:
@@ -246,8 +248,9 @@ def test_raw_output_of_real_py_spy_parses(tmp_path):
 
 
 # --- copytrace run --py-spy ----------------------------------------------------------------------
-@pytest.mark.skipif(not _have_py_spy(), reason="py-spy not installed")
 def test_copytrace_run_py_spy_end_to_end(tmp_path):
+    if not _have_py_spy():
+        require_or_skip("py-spy not installed")
     script = tmp_path / "copies.py"
     script.write_text(
         textwrap.dedent(
@@ -271,7 +274,7 @@ def test_copytrace_run_py_spy_end_to_end(tmp_path):
         timeout=240,
     )  # fmt: skip
     if "cannot attach" in proc.stderr:
-        pytest.skip("py-spy cannot attach here: " + proc.stderr)
+        require_or_skip("py-spy cannot attach here: " + proc.stderr)
     assert proc.returncode == 4, proc.stderr  # the program's status, not py-spy's
     profiles = list(out.glob("copytrace-*.speedscope.json"))
     assert len(profiles) == 1, sorted(out.iterdir())

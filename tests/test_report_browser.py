@@ -1,25 +1,35 @@
 """Open the HTML report in a real browser: headless Chromium driven by Playwright.
 
 Uses the system Chromium (Debian's ``chromium`` package, ``/usr/bin/chromium``); never a
-browser downloaded by ``playwright install``. Skips when Playwright or Chromium is missing.
+browser downloaded by ``playwright install``. Skips when Playwright or Chromium is missing
+(fails under ``COPYTRACE_REQUIRE_INTEGRATION=1``, as CI runs it).
 Set ``COPYTRACE_CHROMIUM`` to use another Chromium binary.
 
-The report is built from two runs of the synthetic trace of ``tests/_tracegen.py`` (so the
-rank selector shows), whose module ``<script>alert(1)</script>`` must appear as text.
+The report is built from two real traces of the small program of ``tests/_realtrace.py``
+(ranks 0 and 1, so the rank selector shows), whose module ``Net.<script>alert(1)</script>``
+must appear as text.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from _tracegen import SCRIPT_MODULE, write_trace
+from _realtrace import (
+    CONTIGUOUS_SITE,
+    COPIES,
+    HAZARD_CODE,
+    SCRIPT_MODULE,
+    write_real_trace,
+)
+from _require import require_module, require_or_skip
 
-pytest.importorskip("playwright.sync_api")
+require_module("playwright.sync_api", allow_module_level=True)
 
 CHROMIUM = (
     os.environ.get("COPYTRACE_CHROMIUM")
@@ -28,7 +38,7 @@ CHROMIUM = (
     or ("/usr/bin/chromium" if os.path.exists("/usr/bin/chromium") else None)
 )
 if not CHROMIUM:
-    pytest.skip("no chromium binary (apt-get install chromium)", allow_module_level=True)
+    require_or_skip("no chromium binary (apt-get install chromium)", allow_module_level=True)
 
 ARGS = [
     "--no-sandbox",
@@ -58,9 +68,9 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from copytrace.dashboards import write_report
 
     root = tmp_path_factory.mktemp("browser")
-    write_trace(root / "trace", pid=1)
-    write_trace(root / "trace", pid=2)
-    return write_report(root / "trace", root / "report.html", analyze=False)
+    write_real_trace(root / "trace", rank=0)
+    write_real_trace(root / "trace", rank=1)
+    return write_report(root / "trace", root / "report.html")
 
 
 class _Page:
@@ -105,11 +115,14 @@ def test_every_figure_renders_without_errors(loaded: _Page) -> None:
     assert [u for u in loaded.requests if not u.startswith("file:")] == []
     # the headline answers: copy-time share of a step and the top sources of copy bytes
     kpis = page.locator("#ct-kpis").inner_text()
+    # 3 steps per run: warm-up, steady, last: one steady step each
     assert "COPY TIME SHARE OF EACH STEP (STEADY STATE)" in kpis.upper()
-    assert "16.7%" in kpis  # step 1 of each run: 5 ms of 30 ms
+    assert re.search(r"\b2 steady steps; median \d+(\.\d+)?%", kpis), kpis
+    assert "47.7 KiB" in kpis  # 2 x 24440 B copied
+    assert f"{2 * COPIES} real copies \u00b7 2 aliases \u00b7 2 no-op conversions" in kpis
     top = page.locator("#ct-top-bytes li")
-    assert top.count() == 4
-    assert top.first.inner_text().startswith("1\ntrain.py:11 forward")
+    assert top.count() == 4  # the call sites that copied bytes: contiguous, clone, ctor, deepcopy
+    assert top.first.inner_text().startswith("1\n" + CONTIGUOUS_SITE)
 
 
 def test_hover_on_a_timeline_point_shows_the_call_site(loaded: _Page) -> None:
@@ -117,15 +130,15 @@ def test_hover_on_a_timeline_point_shows_the_call_site(loaded: _Page) -> None:
     page.locator("#fig-timeline").scroll_into_view_if_needed()
     points = page.locator("#fig-timeline .scatterlayer .trace .point")
     # 5 copies in each of the 2 runs (aliases hidden by default), plus a hazard mark on each
-    # run's h2d copy
-    assert points.count() == 12
+    # run's torch.tensor copy
+    assert points.count() == 2 * COPIES + 2
     box = points.first.bounding_box()
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     hover = page.locator("#fig-timeline .hoverlayer")
     hover.locator("text").first.wait_for(timeout=5_000)
     text = hover.text_content() or ""
-    assert "call site: train.py:" in text
-    assert "bytes: allocated" in text and "shape [10, 100]" in text
+    assert "call site: _realtrace.py:" in text
+    assert "bytes: allocated" in text and "shape [" in text
     page.mouse.move(1, 1)
 
 
@@ -133,14 +146,14 @@ def test_trace_strings_show_as_text(loaded: _Page) -> None:
     page = loaded.page
     assert page.evaluate("document.scripts.length") == 3  # plotly.js, data, report script
     table = page.locator("#ct-sources-table").inner_text()
-    assert SCRIPT_MODULE in table  # the module of train.py:10, as text
+    assert SCRIPT_MODULE in table  # the module of the clone and detach, as text
     page.locator("#ct-groupby button[data-v=module]").click()
     assert SCRIPT_MODULE in page.locator("#ct-sources-table").inner_text()
     page.locator("#ct-groupby button[data-v=site]").click()
     # plotly text (treemap labels) shows it too, as text, not markup
     assert SCRIPT_MODULE in (page.locator("#fig-treemap").text_content() or "")
     hazards = page.locator("#ct-hazards-body").inner_text()
-    assert "h2d copy <every> step" in hazards and "CT-TEST" in hazards
+    assert HAZARD_CODE in hazards and "`torch.tensor(t)` of an existing tensor" in hazards
     assert loaded.dialogs == [] and loaded.errors == []
 
 
@@ -150,21 +163,23 @@ def test_click_through_and_rank_selector(browser: Any, report: Path) -> None:
     try:
         page.locator("#ct-top-bytes li").first.click()
         assert page.locator("#ct-focus-ev").is_visible()
-        assert "train.py:11 forward" in page.locator("#ct-focus-ev").inner_text()
+        assert CONTIGUOUS_SITE in page.locator("#ct-focus-ev").inner_text()
         rows = page.locator("#ct-events-body tr")
-        assert rows.count() == 1 + 4  # header + contiguous and detach, in 2 runs
+        assert rows.count() == 1 + 2  # header + the contiguous of each of the 2 runs
         assert "contiguous" in rows.nth(1).inner_text()
         rows.nth(1).click()  # zooms the timeline on the event's step, shows its details
         detail = page.locator("#ct-detail")
-        assert detail.is_visible() and "train.py:11 forward" in detail.inner_text()
+        assert detail.is_visible() and CONTIGUOUS_SITE in detail.inner_text()
         page.locator("#ct-focus-ev button").click()
         assert not page.locator("#ct-focus-ev").is_visible()
 
         options = page.eval_on_selector_all("#ct-rank option", "els => els.map(e => e.text)")
-        assert options == ["all 2 runs", "pid 1", "pid 2"]
+        assert options[0] == "all 2 runs" and len(options) == 3, options
+        assert [o.split(" (")[0] for o in options[1:]] == ["rank 0", "rank 1"], options
         page.select_option("#ct-rank", "1")
-        assert page.locator("#fig-timeline .scatterlayer .trace .point").count() == 6
-        assert "15.6 KiB" in page.locator("#ct-top-bytes").inner_text()  # one run's contiguous
+        assert page.locator("#fig-timeline .scatterlayer .trace .point").count() == COPIES + 1
+        top = page.locator("#ct-top-bytes").inner_text()
+        assert "15.6 KiB" in top  # one run's contiguous: CONTIGUOUS_BYTES
         page.select_option("#ct-rank", "all")
         assert "31.3 KiB" in page.locator("#ct-top-bytes").inner_text()  # 2 x 16000 B
         assert loaded.errors == [] and loaded.dialogs == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import gc
 import weakref
+from collections import Counter
 
 import pytest
 import torch
@@ -303,7 +304,16 @@ def test_results_identical_traced_and_untraced():
 
     plain = program()
     traced_result, events, _ = traced(program)
-    assert len(events) > 0
+    kinds = Counter((e.op, e.group, e.alias, e.noop) for e in events)
+    assert kinds == {
+        ("deepcopy", True, False, False): 1,  # ema = deepcopy(model): one group ...
+        ("deepcopy", False, False, False): 4,  # ... of 2 weights and 2 biases
+        ("to", False, True, True): 3,  # x.to("cpu") on the CPU: a no-op, once per iteration
+        ("copy_", False, False, False): 12,  # EMA update: 4 parameters x 3 iterations
+        # state_dict() detaches 4 tensors; out.detach(), loss.detach(); 4 p.detach()
+        ("detach", False, True, False): 4 + 2 + 4,
+        ("clone", False, False, False): 4 + 4,  # the snapshot's clones; 4 .detach().clone()
+    }
     for a, b in zip(
         torch.utils._pytree.tree_leaves(plain),
         torch.utils._pytree.tree_leaves(traced_result),
@@ -344,7 +354,9 @@ def test_tracer_keeps_no_tensor_alive():
             refs += [weakref.ref(a), weakref.ref(b), weakref.ref(c), weakref.ref(d.weight)]
             del a, b, c, d
     gc.collect()
-    assert len(t.events) >= 9
+    # per iteration: clone, detach, and a deepcopy group with its 2 copies (weight, bias)
+    assert [e.op for e in t.events] == ["clone", "detach", "deepcopy", "deepcopy", "deepcopy"] * 3
+    assert len(t.events) == 15
     assert [r() for r in refs] == [None] * len(refs)
 
 

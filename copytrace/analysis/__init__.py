@@ -47,7 +47,6 @@ __all__ = [
     "normalize_codes",
     "parse_bytes",
     "severity_codes",
-    "span_events",
     "step_totals",
 ]
 
@@ -114,33 +113,6 @@ def check(
     if findings is None:
         findings = _analyze_runs(runs, None)
     return check_budget(runs, findings, budget), findings
-
-
-def span_events(events: Sequence[Any]) -> dict[int, list[tuple[str, dict[str, Any]]]]:
-    """Hazards as OpenTelemetry span events, for the exporter.
-
-    Args:
-        events: the recorded :class:`copytrace.CopyEvent` list.
-
-    Returns:
-        ``seq -> [("copytrace.hazard", attributes), ...]`` for every event that shows a
-        finding. Attributes: ``copytrace.hazard.code``, ``.severity``, ``.message``, ``.fix``
-        (strings). Never raises: on an internal error it returns what it has.
-    """
-    out: dict[int, list[tuple[str, dict[str, Any]]]] = {}
-    try:
-        for f in analyze(list(events)):
-            attrs = {
-                "copytrace.hazard.code": f.code,
-                "copytrace.hazard.severity": f.severity,
-                "copytrace.hazard.message": f.message,
-                "copytrace.hazard.fix": f.fix,
-            }
-            for seq in f.event_seqs:
-                out.setdefault(seq, []).append(("copytrace.hazard", attrs))
-    except Exception:  # hazards are advisory: never let them break the export
-        pass
-    return out
 
 
 def format_findings(findings: Sequence[Finding], limit: int | None = None) -> str:

@@ -211,7 +211,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument(
         "--no-analysis",
         action="store_true",
-        help="do not run the hazard analyser (copytrace.analysis) even if it is installed",
+        help="do not run the hazard analyser (copytrace.analysis): show only the hazards the trace file holds",
     )
     parser.set_defaults(handler=handle)
     return parser

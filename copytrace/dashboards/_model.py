@@ -24,7 +24,6 @@ Definitions used throughout:
 
 from __future__ import annotations
 
-import importlib
 import linecache
 import math
 import os
@@ -508,7 +507,7 @@ class ReportModel:
         transfers_by_run: ``(run index, row)`` per run and device pair.
         groups: Deepcopy groups, in time order.
         hazards: Hazards, most severe first.
-        analysis: ``ran``, ``failed: <error>``, ``not installed`` or ``skipped``.
+        analysis: ``ran``, ``failed: <error>`` or ``skipped``.
         cube: Aggregates per (run, module, call site, op, kind, graph, phase).
         templates: Distinct event descriptions.
         site_labels: Short display label per call-site key.
@@ -929,24 +928,19 @@ def hazard_from_finding(finding: Any) -> HazardRow:
 
 
 def run_analysis(trace: TraceData) -> tuple[list[Any] | None, str]:
-    """Run ``copytrace.analysis.analyze`` on a trace if that package exists.
+    """Run ``copytrace.analysis.analyze`` on a trace.
 
     Args:
         trace: What :func:`~copytrace.dashboards.load_trace` returned.
 
     Returns:
-        ``(findings, status)``: the findings and ``ran``; or None and ``not installed`` /
-        ``failed: <ExceptionType>: <message>``.
+        ``(findings, status)``: the findings and ``ran``; or None and
+        ``failed: <ExceptionType>: <message>`` (the report is written without hazards).
     """
+    from copytrace.analysis import analyze
+
     try:
-        analysis = importlib.import_module("copytrace.analysis")
-    except ImportError:
-        return None, "not installed"
-    analyze = getattr(analysis, "analyze", None)
-    if not callable(analyze):
-        return None, "not installed"
-    try:
-        return list(analyze(trace) or []), "ran"
+        return list(analyze(trace)), "ran"
     except Exception as err:  # the report must not die with the analyser
         return None, f"failed: {type(err).__name__}: {err}"
 

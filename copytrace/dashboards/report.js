@@ -899,7 +899,6 @@
     const box = clear($("ct-hazards-body"));
     if (!D.hazards.length) {
       const why = D.analysis === "ran" ? "The hazard analyser found nothing." :
-        D.analysis === "not installed" ? "No hazard analyser is installed (copytrace.analysis), and the trace carries no copytrace.hazard events." :
           D.analysis === "skipped" ? "The hazard analyser was not run, and the trace carries no copytrace.hazard events." :
             "The hazard analyser " + D.analysis + ".";
       box.appendChild(el("div", { class: "empty", text: why }));

@@ -823,10 +823,6 @@ class SdkSink:
         )
         self._ctx[run.span_hex] = self._run_span.get_span_context()
 
-    @property
-    def run_context(self) -> SpanContext | None:
-        return self._run_span.get_span_context() if self._run_span is not None else None
-
     def sampled(self) -> bool:
         """Whether the provider's sampler kept the run span (the whole trace)."""
         span = self._run_span
@@ -1027,7 +1023,6 @@ class ExportPipeline:
         self.errors = 0
         self.closed = False
         self.export_seconds = 0.0
-        self.events_written = 0
         self.waited_seconds = 0.0  # time the traced thread waited for the worker
 
     def begin(self) -> None:
@@ -1150,12 +1145,10 @@ class ExportPipeline:
                 if held and id(ev) in held:
                     self._held[id(ev)] = (sid, parent)
                     continue
-                self.events_written += 1
                 yield (sid, parent, ev, None)
         for ev in chunk.late:
             planned = self._held.pop(id(ev), None)
             if planned is not None:
-                self.events_written += 1
                 yield (planned[0], planned[1], ev, None)
 
     def _call(self, i: int, fn: Callable[..., Any], *args: Any) -> None:
