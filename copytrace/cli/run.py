@@ -9,6 +9,9 @@ Everything after the script (or ``-m module``) belongs to the program, including
 a ``--`` before it ends copytrace's own options. The program sees its own ``sys.argv``, and
 its exit status is copytrace's.
 
+Before the program starts, every ``COPYTRACE_*`` variable is checked and the output
+directory must be writable: otherwise one line says what is wrong and the exit status is 2.
+
 Processes the program starts (``multiprocessing`` children, DataLoader workers,
 subprocesses) are traced too, each into its own trace file in the same directory, and the
 report merges them. A launcher such as ``copytrace run -m torch.distributed.run
@@ -131,7 +134,9 @@ def run(args: argparse.Namespace) -> int:
             sys.path.pop(0)
         if not found:
             raise CopytraceError(f"no module named {target}")
+    _env.settings()  # SettingError (exit 2) names the first variable not accepted
     out_dir = Path(args.output or _env.output_dir()).absolute()
+    _check_writable(out_dir)
     launcher = _is_launcher(target, is_module)
 
     _bootstrap.activate(
@@ -142,6 +147,28 @@ def run(args: argparse.Namespace) -> int:
     finally:
         _bootstrap.finish()  # no-op when already finished; never raises
         _bootstrap.reset()
+
+
+def _check_writable(out_dir: Path) -> None:
+    """Create ``out_dir`` (as the trace would) and write a probe file into it.
+
+    Raises:
+        CopytraceError: the directory cannot be created or written to.
+    """
+    import tempfile
+
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir, prefix=".copytrace-probe-"):
+            pass
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise CopytraceError(f"output directory {out_dir} is not writable ({reason})") from None
+
+
+#: Set when the program ended with an unhandled KeyboardInterrupt: ``console_main`` then
+#: ends the process with SIGINT, as python itself does.
+INTERRUPTED = [False]
 
 
 def _run_traced(
@@ -227,8 +254,9 @@ def _run_program(target: str, is_module: bool, prog_args: list[str]) -> int:
             runpy.run_path(os.path.abspath(target), run_name="__main__")
     except SystemExit as exc:
         return _exit_status(exc.code)
-    except KeyboardInterrupt:
-        traceback.print_exc()
+    except KeyboardInterrupt:  # as python prints it; the status is SIGINT's (see INTERRUPTED)
+        _print_program_traceback()
+        INTERRUPTED[0] = True
         return 130
     except BaseException:  # the program's own error: show it as python would, exit 1
         _print_program_traceback()
