@@ -35,7 +35,7 @@ def test_report_directory_default_output(tmp_path: Path, capsys: pytest.CaptureF
     assert out == f"copytrace: report written to {expected} (7 events, 31000 bytes copied)\n"
     assert err == ""
     page = expected.read_text(encoding="utf-8")
-    assert 'id="ct-data"' in page and "* plotly.js v" in page and SCRIPT_MODULE not in page
+    assert 'id="ct-data"' in page and 'id="ct-plotly"' in page and SCRIPT_MODULE not in page
 
 
 def test_report_file_default_and_explicit_output(

@@ -191,12 +191,19 @@ def _run_traced(
             _recorder.warm_up()
         spy = _pyspy.start(out_dir, fmt=args.py_spy_format, rate=args.py_spy_rate)
     session = None if launcher else _bootstrap.start_session(force=True)
-    status = _run_program(target, is_module, prog_args)
-    gc.collect()  # the program's leftovers (a DataLoader iterator...) let their workers go
-    profile = spy.stop() if spy is not None else None
-    if spy is not None and profile is None:
-        print("copytrace: py-spy wrote no profile", file=sys.stderr)
-    result = _bootstrap.finish()
+    saved_argv = sys.argv[:]
+    # The program's argv stays until its trace is written: the run span records it as the
+    # command (``train.py --epochs 1``, as under plain python), not copytrace's own.
+    sys.argv = [target, *prog_args]
+    try:
+        status = _run_program(target, is_module, prog_args)
+        gc.collect()  # the program's leftovers (a DataLoader iterator...) let their workers go
+        profile = spy.stop() if spy is not None else None
+        if spy is not None and profile is None:
+            print("copytrace: py-spy wrote no profile", file=sys.stderr)
+        result = _bootstrap.finish()
+    finally:
+        sys.argv = saved_argv
     trace_path, stats = result["trace"], result["stats"]
     if session is not None:
         if trace_path is None:
@@ -243,8 +250,7 @@ def _print_pyspy_summary(profile: Path, trace_path: Path | None, out_dir: Path) 
 
 def _run_program(target: str, is_module: bool, prog_args: list[str]) -> int:
     """Run the program in this process like ``python`` would; return its exit status."""
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = [target, *prog_args]
+    saved_path = sys.path[:]
     sys.path.insert(0, os.getcwd() if is_module else str(Path(target).resolve().parent))
     try:
         if is_module:
@@ -262,7 +268,6 @@ def _run_program(target: str, is_module: bool, prog_args: list[str]) -> int:
         _print_program_traceback()
         return 1
     finally:
-        sys.argv = saved_argv
         sys.path[:] = saved_path
     return 0
 
