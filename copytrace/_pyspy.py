@@ -1095,9 +1095,7 @@ def _section(i: int, path: Path, stats: SampleStats, traced: Any, fig: Any) -> s
     )
     # Drawn by the page's report.js once plotly.js is ready (inlined compressed, or from
     # the CDN); the figure's JSON is escaped so that no string can close the script element.
-    fig_json = (
-        fig.to_json().replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-    )
+    fig_json = fig.to_json().replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     div = (
         f'<div id="copytrace-pyspy-{i}" class="fig plotly-graph-div"></div>'
         f'<script type="application/json" class="ct-fig" data-div="copytrace-pyspy-{i}">'

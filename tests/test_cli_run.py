@@ -192,9 +192,7 @@ def test_ctrl_c_under_copytrace_run_looks_untraced(tmp_path):
     expected = traceback_of(plain)
     # 2 frames of the script (module level, wait()), each with its source line.
     frames = [ln.strip() for ln in expected if ln.startswith("  File ")]
-    assert frames == [
-        f'File "{script}", line 10, in <module>', f'File "{script}", line 6, in wait'
-    ]
+    assert frames == [f'File "{script}", line 10, in <module>', f'File "{script}", line 6, in wait']
     assert traceback_of(traced) == expected
     assert "runpy" not in traced and "copytrace/cli" not in traced
     assert (tmp_path / "out" / "report.html").is_file()  # the trace and report still written

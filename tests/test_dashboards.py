@@ -510,7 +510,9 @@ def test_render_html(trace_file: Path, tmp_path: Path) -> None:
         assert f'data-fig="{fig}"' in page
     # self-contained: plotly.js inlined exactly once (gzip + base64), nothing loaded from the
     # network
-    packed = re.findall(r'<script type="application/gzip\+base64" id="ct-plotly">([^<]*)</script>', page)
+    packed = re.findall(
+        r'<script type="application/gzip\+base64" id="ct-plotly">([^<]*)</script>', page
+    )
     assert len(packed) == 1
     js = gzip.decompress(base64.b64decode(packed[0])).decode()
     assert js == plotly.offline.get_plotlyjs()

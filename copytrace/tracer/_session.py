@@ -838,11 +838,15 @@ class Trace:
             attrs["copytrace.compiled_ran_eagerly"] = self.level == "full"
         return attrs
 
-    def report(self, path: str | os.PathLike[str] | None = None) -> Path:
+    def report(
+        self, path: str | os.PathLike[str] | None = None, *, display: bool | None = None
+    ) -> Path:
         """Write the interactive HTML report of this trace.
 
         Args:
             path: the HTML file; default ``<output_dir>/report.html``.
+            display: also show the report in the notebook's output (default: when running
+                in a Jupyter kernel).
 
         Returns:
             The report path.
@@ -850,7 +854,7 @@ class Trace:
         Raises:
             CopytraceError: the trace has not been written (still running, or ``write=False``).
         """
-        from copytrace.dashboards import write_report
+        from copytrace.dashboards import _notebook, write_report
 
         target = self._delegate or self
         if target.trace_path is None:
@@ -858,7 +862,21 @@ class Trace:
                 "the trace has not been written yet: call report() after the with block"
             )
         out = Path(path) if path is not None else target.output_dir / "report.html"
-        return write_report(target.trace_path, out)
+        written = write_report(target.trace_path, out)
+        if display or (display is None and _notebook.in_notebook()):
+            _notebook.display_report(written)
+        return written
+
+    # -- rich output in notebooks (the summary; see copytrace.dashboards._notebook) ------------
+    def _repr_html_(self) -> str:
+        from copytrace.dashboards._notebook import trace_summary_html
+
+        return trace_summary_html(self)
+
+    def _repr_markdown_(self) -> str:
+        from copytrace.dashboards._notebook import trace_summary_markdown
+
+        return trace_summary_markdown(self)
 
     # -- hooks ------------------------------------------------------------------------------------
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
