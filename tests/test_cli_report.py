@@ -105,7 +105,10 @@ def test_summary(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert "command: train.py --epochs 1" in out
     assert "devices cpu, cuda:0" in out
     assert "tracer overhead 1.50 ms" in out
-    assert "copy time share of a step (steady state, 1 steps): 16.7% (median 16.7%); " in out
+    assert (
+        "copy time share of a step (steady state, 1 steps): 16.7% (median 16.7%), "
+        "5.00 ms copy time per step; " in out
+    )
     assert "events: 7 = 5 copies + 1 aliases + 1 no-ops (1 deepcopy groups)" in out
     assert "bytes copied 30.3 KiB (31000 B)" in out
     assert "cross-device 7.8 KiB in 1 events" in out

@@ -225,3 +225,9 @@ def test_headline_shows_copy_time_per_step_and_says_when_the_share_is_noisy(
     assert per_step == _fmt_ns(steady.copy_time_ns / steady.steps) + " copy time per step"
     noisy = page.locator("#ct-noisy").inner_text()
     assert noisy.startswith("Noisy: the share varies between steps")
+    # copytrace summary says the same, with the same numbers
+    from copytrace.cli.summary import format_summary
+
+    text = format_summary(model)
+    assert f", {_fmt_ns(steady.copy_time_ns / steady.steps)} copy time per step" in text
+    assert "\n  noisy: the share varies between steps (middle half " in text
