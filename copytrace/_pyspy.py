@@ -87,9 +87,9 @@ KERNEL, API, TRACER = "copy kernel", "copy API", "copytrace"
 # --- recording ---------------------------------------------------------------------------------
 def find_py_spy() -> str | None:
     """The py-spy executable: ``$COPYTRACE_PY_SPY``, next to ``sys.executable``, or on PATH."""
-    env = os.environ.get(PYSPY_ENV)
+    env = _env.setting(PYSPY_ENV)
     if env:
-        return env
+        return str(env)
     here = Path(sys.executable).with_name("py-spy")
     if here.is_file() and os.access(here, os.X_OK):
         return str(here)
