@@ -231,3 +231,21 @@ def test_headline_shows_copy_time_per_step_and_says_when_the_share_is_noisy(
     text = format_summary(model)
     assert f", {_fmt_ns(steady.copy_time_ns / steady.steps)} copy time per step" in text
     assert "\n  noisy: the share varies between steps (middle half " in text
+
+
+@pytest.mark.parametrize(
+    "command, title",
+    [
+        ("/venv/bin/python /venv/bin/copytrace run -o out --py-spy /a/b/fit.py --steps 6",
+         "fit.py --steps 6"),
+        ("fit.py --steps 6", "fit.py --steps 6"),
+        ("python3.11 -m copytrace run -m pkg.train --lr 1", "-m pkg.train --lr 1"),
+        ("/usr/bin/copytrace run -- /a/x.py 'two words'", "x.py 'two words'"),
+    ],
+)  # fmt: skip
+def test_short_title_is_the_program_and_its_arguments(command, title):
+    from copytrace.dashboards._html import short_command
+
+    assert short_command(command) == title
+    assert short_command("train.py " + "x" * 100).endswith("...")
+    assert len(short_command("train.py " + "x" * 100)) == 80

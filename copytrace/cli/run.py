@@ -118,6 +118,7 @@ def _is_launcher(target: str, is_module: bool) -> bool:
 def run(args: argparse.Namespace) -> int:
     from copytrace import _bootstrap
 
+    INTERRUPTED[0] = False
     target, is_module, prog_args = _split_command(args)
     if not is_module and not Path(target).is_file():
         what = "not a script (a directory)" if Path(target).is_dir() else "no such script"
