@@ -57,6 +57,8 @@ def _run_span(spans: list[dict]) -> dict:
         ("COPYTRACE_AUTO_STEP", "banana",
          "COPYTRACE_AUTO_STEP: not 'banana'; use 1 or 0 (or true/false, yes/no, on/off)"),
         ("COPYTRACE_LEVEL", "fast", "COPYTRACE_LEVEL: not 'fast'; use full or api"),
+        ("COPYTRACE_OBSERVER", "cuda",
+         "COPYTRACE_OBSERVER: not 'cuda'; use auto, native or python"),
         ("COPYTRACE_COMPRESSION", "zstd", "COPYTRACE_COMPRESSION: not 'zstd'; use gzip or none"),
         ("COPYTRACE_MAX_EVENTS", "-5", "COPYTRACE_MAX_EVENTS: not '-5'; use a whole number >= 0"),
         ("COPYTRACE_FLUSH_EVENTS", "1.5",
@@ -95,7 +97,8 @@ def test_accepted_values_are_typed_and_empty_means_unset():
     }  # fmt: skip
     assert _env.trace_options(env) == {
         "max_events": 5, "auto_step": False, "schedule": {"wait": 1, "active": 2},
-        "level": "api", "compression": "gzip", "flush_events": 4096, "flush_seconds": 0.5,
+        "level": "api",
+        "observer": "auto", "compression": "gzip", "flush_events": 4096, "flush_seconds": 0.5,
     }  # fmt: skip
     assert _env.check(env) == []
 
@@ -103,11 +106,9 @@ def test_accepted_values_are_typed_and_empty_means_unset():
 def test_trace_options_cover_every_option_trace_reads_from_the_environment():
     # Each option named by the docstring of Trace as defaulting to a COPYTRACE_* variable.
     doc = copytrace.Trace.__doc__
-    from_env = {
-        opt for opt in ("schedule", "compression", "flush_events", "flush_seconds", "level")
-        if f"$COPYTRACE_{opt.upper()}" in doc
-    }  # fmt: skip
-    assert from_env == {"schedule", "compression", "flush_events", "flush_seconds", "level"}
+    options = ("schedule", "compression", "flush_events", "flush_seconds", "level", "observer")
+    from_env = {opt for opt in options if f"$COPYTRACE_{opt.upper()}" in doc}
+    assert from_env == set(options)
     assert from_env | {"max_events", "auto_step"} == set(_env.trace_options({}))
 
 

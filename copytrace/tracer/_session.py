@@ -187,6 +187,9 @@ class Trace:
             (default 5, ``$COPYTRACE_FLUSH_SECONDS``).
         level: one of ``copytrace._env.LEVELS`` (default ``"full"``, ``$COPYTRACE_LEVEL``);
             see :func:`trace`.
+        observer: one of ``copytrace._env.OBSERVERS`` (default ``"auto"``,
+            ``$COPYTRACE_OBSERVER``): ``"auto"``/``"native"`` copytrace's C++ observer where it
+            can be built, ``"python"`` the Python dispatch mode.
 
     Options left as None take their ``COPYTRACE_*`` variable (parsed by
     :mod:`copytrace._env`); a value not accepted raises ``copytrace.SettingError``.
