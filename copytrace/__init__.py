@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from copytrace._errors import CopytraceError, TraceFileError
+from copytrace._errors import CopytraceError, SettingError, TraceFileError
 
 __version__ = "0.1.0"
 
@@ -26,6 +26,7 @@ __all__ = [
     "CopytraceError",
     "Finding",
     "Schedule",
+    "SettingError",
     "Trace",
     "TraceFileError",
     "__version__",

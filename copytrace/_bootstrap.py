@@ -148,7 +148,7 @@ def activate(
         saved = {name: os.environ.get(name) for name in _ENV_NAMES}
     out = Path(output if output is not None else _env.output_dir()).absolute()
     if report is None:
-        report = _env.flag(_env.COPYTRACE_REPORT, True)
+        report = bool(_env.setting(_env.COPYTRACE_REPORT))
     launch = os.environ.get(_env.COPYTRACE_LAUNCH) or None
     if root is None:
         root = launch is None
@@ -186,7 +186,19 @@ def is_launcher() -> bool:
 
 
 def _hook() -> None:
-    """What the ``.pth`` hook runs under ``COPYTRACE=1``."""
+    """What the ``.pth`` hook runs under ``COPYTRACE=1``.
+
+    Every ``COPYTRACE_*`` variable is checked first: with one not accepted, one line names
+    it and the accepted values, and the program runs untraced. ``COPYTRACE`` is then set to
+    ``0`` for the processes it starts, so that the line is printed once per launch.
+    """
+    from copytrace import _env
+
+    errors = _env.check()
+    if errors:
+        _warn(f"{errors[0]}; tracing disabled")
+        os.environ[_env.COPYTRACE] = "0"
+        return
     activate()
     if "torch" in sys.modules:  # imported by another start-up hook before ours
         start_session()
@@ -682,8 +694,8 @@ def _write_launch_report(wait_s: float | None) -> Path | None:
         return None  # no process of this launch traced anything
     if wait_s is None:
         try:
-            wait_s = _env.number(_env.COPYTRACE_REPORT_WAIT, _env.DEFAULT_REPORT_WAIT_S)
-        except ValueError as err:
+            wait_s = float(_env.setting(_env.COPYTRACE_REPORT_WAIT))
+        except _env.SettingError as err:  # checked at start; the program may have changed it
             _warn(str(err))
             wait_s = _env.DEFAULT_REPORT_WAIT_S
     markers = _wait_for_launch(directory, wait_s)
@@ -765,10 +777,19 @@ def write_report_for(out: Path, files: list[Path], report: Path) -> Path:
 
 
 # --- the hook entry point ------------------------------------------------------------------------
-try:
-    from copytrace import _env as _e
+def _hook_main() -> None:
+    from copytrace import _env
 
-    if _e.enabled():
+    try:
+        on = _env.enabled()
+    except _env.SettingError as err:  # COPYTRACE itself is neither on nor off
+        _warn(f"{err}; tracing disabled")
+        return
+    if on:
         _hook()
+
+
+try:
+    _hook_main()
 except Exception as _err:  # pragma: no cover - the hook must never break start-up
     _warn(f"tracing disabled: {type(_err).__name__}: {_err}")

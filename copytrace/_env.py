@@ -29,6 +29,12 @@ variable                      default           meaning
 ``COPYTRACE_LEVEL``           ``full``          ``full``: both torch modes; ``api``: the
                                                 function mode only (cheaper, no implicit
                                                 copies)
+``COPYTRACE_OBSERVER``        ``auto``          how aten-level copies are seen: ``auto``
+                                                (copytrace's C++ observer where it can be
+                                                built, else the Python mode), ``native``
+                                                (the same; a failed build is an error) or
+                                                ``python``
+``COPYTRACE_CACHE_DIR``       (user cache)      where the C++ observer is built and cached
 ``COPYTRACE_PY_SPY``          (found)           the py-spy executable for ``copytrace run
                                                 --py-spy``; default: beside the interpreter,
                                                 else on ``PATH``
@@ -44,6 +50,11 @@ is not meant to be set by hand.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from copytrace._errors import SettingError
 
 __all__ = [
     "COPYTRACE",
@@ -59,14 +70,30 @@ __all__ = [
     "COPYTRACE_COMPRESSION",
     "COPYTRACE_FLUSH_EVENTS",
     "COPYTRACE_FLUSH_SECONDS",
+    "COPYTRACE_OBSERVER",
+    "COPYTRACE_CACHE_DIR",
     "DEFAULT_OUTPUT_DIR",
     "DEFAULT_MAX_EVENTS",
     "DEFAULT_REPORT_WAIT_S",
+    "DEFAULT_FLUSH_EVENTS",
+    "DEFAULT_FLUSH_SECONDS",
+    "LEVELS",
+    "COMPRESSIONS",
+    "OBSERVERS",
+    "SCHEDULE_FIELDS",
+    "SettingError",
+    "Setting",
+    "SETTINGS",
+    "setting",
+    "settings",
+    "check",
     "enabled",
     "output_dir",
-    "flag",
-    "number",
     "trace_options",
+    "parse_level",
+    "parse_compression",
+    "parse_observer",
+    "parse_schedule",
 ]
 
 #: Set to 1 to trace any Python program with no code change (read by the start-up hook).
@@ -91,62 +118,247 @@ COPYTRACE_PY_SPY = "COPYTRACE_PY_SPY"
 #: Steps traced, torch.profiler-style: ``wait=1,warmup=1,active=3,repeat=2,skip_first=10``.
 #: Unset: every step.
 COPYTRACE_SCHEDULE = "COPYTRACE_SCHEDULE"
-#: ``full`` (both modes) or ``api`` (the function mode only). Default: ``full``.
+#: One of :data:`LEVELS`. Default: ``full``.
 COPYTRACE_LEVEL = "COPYTRACE_LEVEL"
-#: Trace file compression: ``gzip`` (default) or ``none``.
+#: Trace file compression, one of :data:`COMPRESSIONS`. Default: ``gzip``.
 COPYTRACE_COMPRESSION = "COPYTRACE_COMPRESSION"
 #: Records buffered before they are flushed at a step boundary. Default: 4096 (0: at the end).
 COPYTRACE_FLUSH_EVENTS = "COPYTRACE_FLUSH_EVENTS"
 #: Seconds after which buffered records are flushed at the next step boundary. Default: 5.
 COPYTRACE_FLUSH_SECONDS = "COPYTRACE_FLUSH_SECONDS"
+#: One of :data:`OBSERVERS`. Default: ``auto``.
+COPYTRACE_OBSERVER = "COPYTRACE_OBSERVER"
+#: Directory where the C++ observer is built and cached. Default: ``$XDG_CACHE_HOME/copytrace``
+#: (``~/.cache/copytrace``).
+COPYTRACE_CACHE_DIR = "COPYTRACE_CACHE_DIR"
 
 DEFAULT_OUTPUT_DIR = "copytrace-out"
 DEFAULT_MAX_EVENTS = 1_000_000
 DEFAULT_REPORT_WAIT_S = 30.0
+DEFAULT_FLUSH_EVENTS = 4096
+DEFAULT_FLUSH_SECONDS = 5.0
 
-_FALSE = ("", "0", "false", "no", "off")
+#: Tracing levels, most complete first: ``full`` (both torch modes) and ``api`` (the
+#: function mode only). The accepted set of ``level=`` and ``COPYTRACE_LEVEL``.
+LEVELS: tuple[str, ...] = ("full", "api")
+#: Trace file compressions: the accepted set of ``compression=`` and ``COPYTRACE_COMPRESSION``.
+COMPRESSIONS: tuple[str, ...] = ("gzip", "none")
+#: How aten-level copies are seen: the accepted set of ``observer=`` and
+#: ``COPYTRACE_OBSERVER`` (the default first).
+OBSERVERS: tuple[str, ...] = ("auto", "native", "python")
+#: The fields of a schedule, as ``torch.profiler.schedule`` names them.
+SCHEDULE_FIELDS: tuple[str, ...] = ("wait", "warmup", "active", "repeat", "skip_first")
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
 
 
-def flag(name: str, default: bool) -> bool:
-    """Read a boolean variable: unset -> ``default``; ``0/false/no/off/""`` -> False."""
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    return value.strip().lower() not in _FALSE
+def _choices(values: tuple[str, ...]) -> str:
+    """``"a or b"``, ``"a, b or c"``."""
+    return values[0] if len(values) == 1 else ", ".join(values[:-1]) + " or " + values[-1]
 
 
-def number(name: str, default: float) -> float:
-    """Read a number; unset or empty -> ``default``.
+def _refuse(name: str, value: str, accepted: str) -> SettingError:
+    return SettingError(f"{name}: not {value!r}; use {accepted}")
+
+
+# --- parsers: text -> typed value, or SettingError naming the variable --------------------
+def _flag(name: str, text: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE:
+        return True
+    if low in _FALSE:
+        return False
+    raise _refuse(name, text, "1 or 0 (or true/false, yes/no, on/off)")
+
+
+def _whole(name: str, text: str) -> int:
+    try:
+        value = int(text.strip().replace("_", ""))
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise _refuse(name, text, "a whole number >= 0")
+    return value
+
+
+def _seconds(name: str, text: str) -> float:
+    try:
+        value = float(text.strip())
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):  # also refuses nan
+        raise _refuse(name, text, "a number of seconds >= 0")
+    return value
+
+
+def _one_of(values: tuple[str, ...]) -> Callable[[str, str], str]:
+    def parse(name: str, text: str) -> str:
+        low = text.strip().lower()
+        if low not in values:
+            raise _refuse(name, text, _choices(values))
+        return low
+
+    return parse
+
+
+def _text(name: str, text: str) -> str:
+    return text.strip()
+
+
+def parse_level(value: Any, name: str = "level") -> str:
+    """A tracing level, one of :data:`LEVELS` (case and blanks ignored).
 
     Raises:
-        ValueError: the value is not a number (the hook turns this into one warning).
+        SettingError: any other value (``level: not 'fast'; use full or api``).
     """
-    value = (os.environ.get(name) or "").strip()
-    if not value:
-        return default
-    try:
-        return float(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not a number") from None
+    return _one_of(LEVELS)(name, str(value))
+
+
+def parse_compression(value: Any, name: str = "compression") -> str:
+    """A trace file compression, one of :data:`COMPRESSIONS`.
+
+    Raises:
+        SettingError: any other value (``compression: not 'zstd'; use gzip or none``).
+    """
+    return _one_of(COMPRESSIONS)(name, str(value))
+
+
+def parse_observer(value: Any, name: str = "observer") -> str:
+    """An observer choice, one of :data:`OBSERVERS`.
+
+    Raises:
+        SettingError: any other value (``observer: not 'cuda'; use auto, native or python``).
+    """
+    return _one_of(OBSERVERS)(name, str(value))
+
+
+def parse_schedule(text: str, name: str = "schedule") -> dict[str, int]:
+    """``"wait=1,warmup=1,active=3,repeat=2,skip_first=10"`` (any subset, any order, ``,``
+    or ``;`` between fields) -> ``{"wait": 1, ...}``; every value a whole number >= 0 and
+    ``active`` >= 1.
+
+    Raises:
+        SettingError: an unknown field, a value that is not a whole number, ``active=0``.
+    """
+    values: dict[str, int] = {}
+    for part in text.replace(";", ",").split(","):
+        if not part.strip():
+            continue
+        field, sep, value = part.partition("=")
+        field = field.strip().replace("-", "_")
+        if not sep or field not in SCHEDULE_FIELDS or not value.strip().isdigit():
+            values = {}
+            break
+        values[field] = int(value)
+    if not values or values.get("active", 1) < 1:
+        raise _refuse(
+            name, text, "e.g. wait=1,warmup=1,active=3,repeat=2,skip_first=10 "
+            f"(fields {', '.join(SCHEDULE_FIELDS)}: whole numbers, active >= 1)",
+        )  # fmt: skip
+    return values
+
+
+def _schedule(name: str, text: str) -> dict[str, int]:
+    return parse_schedule(text, name)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One variable: its name, its value when unset (or empty) and its parser."""
+
+    name: str
+    default: Any
+    parse: Callable[[str, str], Any]
+
+
+#: Every variable copytrace reads, in the order of the table above.
+SETTINGS: dict[str, Setting] = {
+    s.name: s
+    for s in (
+        Setting(COPYTRACE, False, _flag),
+        Setting(COPYTRACE_OUTPUT, DEFAULT_OUTPUT_DIR, _text),
+        Setting(COPYTRACE_REPORT, True, _flag),
+        Setting(COPYTRACE_MAX_EVENTS, DEFAULT_MAX_EVENTS, _whole),
+        Setting(COPYTRACE_AUTO_STEP, True, _flag),
+        Setting(COPYTRACE_REPORT_WAIT, DEFAULT_REPORT_WAIT_S, _seconds),
+        Setting(COPYTRACE_SCHEDULE, None, _schedule),
+        Setting(COPYTRACE_COMPRESSION, COMPRESSIONS[0], _one_of(COMPRESSIONS)),
+        Setting(COPYTRACE_FLUSH_EVENTS, DEFAULT_FLUSH_EVENTS, _whole),
+        Setting(COPYTRACE_FLUSH_SECONDS, DEFAULT_FLUSH_SECONDS, _seconds),
+        Setting(COPYTRACE_LEVEL, LEVELS[0], _one_of(LEVELS)),
+        Setting(COPYTRACE_OBSERVER, OBSERVERS[0], _one_of(OBSERVERS)),
+        Setting(COPYTRACE_CACHE_DIR, None, _text),
+        Setting(COPYTRACE_PY_SPY, None, _text),
+        Setting(COPYTRACE_LAUNCH, None, _text),
+    )
+}
+
+
+def setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
+    """The typed value of variable ``name`` (its default when unset or empty).
+
+    Raises:
+        SettingError: the value is not accepted; the message names the variable, the value
+            and the accepted values.
+        KeyError: ``name`` is not one of :data:`SETTINGS`.
+    """
+    spec = SETTINGS[name]
+    text = (os.environ if environ is None else environ).get(name)
+    if text is None or not text.strip():
+        return spec.default
+    return spec.parse(name, text)
+
+
+def check(environ: Mapping[str, str] | None = None) -> list[SettingError]:
+    """Every variable whose value is not accepted, as errors (empty: all are fine)."""
+    errors = []
+    for name in SETTINGS:
+        try:
+            setting(name, environ)
+        except SettingError as err:
+            errors.append(err)
+    return errors
+
+
+def settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """``{variable: typed value}`` for every variable.
+
+    Raises:
+        SettingError: the first variable whose value is not accepted.
+    """
+    return {name: setting(name, environ) for name in SETTINGS}
 
 
 def enabled() -> bool:
-    """True when ``COPYTRACE`` asks for tracing."""
-    return flag(COPYTRACE, False)
+    """True when ``COPYTRACE`` asks for tracing.
+
+    Raises:
+        SettingError: ``COPYTRACE`` is neither on nor off (``COPYTRACE=banana``).
+    """
+    return bool(setting(COPYTRACE))
 
 
 def output_dir() -> str:
     """The output directory from ``COPYTRACE_OUTPUT`` or the default."""
-    return os.environ.get(COPYTRACE_OUTPUT) or DEFAULT_OUTPUT_DIR
+    return str(setting(COPYTRACE_OUTPUT))
 
 
-def trace_options() -> dict[str, object]:
-    """Keyword arguments for :class:`copytrace.Trace` from the variables above.
+def trace_options(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Keyword arguments for :class:`copytrace.Trace` from the variables above: every
+    option the environment sets (``max_events``, ``auto_step``, ``schedule`` (a dict or
+    None), ``level``, ``observer``, ``compression``, ``flush_events``, ``flush_seconds``).
 
     Raises:
-        ValueError: a variable holds something that is not a valid value.
+        SettingError: a variable holds a value that is not accepted.
     """
-    max_events = number(COPYTRACE_MAX_EVENTS, DEFAULT_MAX_EVENTS)
-    if max_events < 0 or max_events != int(max_events):
-        raise ValueError(f"{COPYTRACE_MAX_EVENTS} must be a whole number >= 0")
-    return {"max_events": int(max_events), "auto_step": flag(COPYTRACE_AUTO_STEP, True)}
+    return {
+        "max_events": setting(COPYTRACE_MAX_EVENTS, environ),
+        "auto_step": setting(COPYTRACE_AUTO_STEP, environ),
+        "schedule": setting(COPYTRACE_SCHEDULE, environ),
+        "level": setting(COPYTRACE_LEVEL, environ),
+        "observer": setting(COPYTRACE_OBSERVER, environ),
+        "compression": setting(COPYTRACE_COMPRESSION, environ),
+        "flush_events": setting(COPYTRACE_FLUSH_EVENTS, environ),
+        "flush_seconds": setting(COPYTRACE_FLUSH_SECONDS, environ),
+    }

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["CopytraceError", "TraceFileError"]
+__all__ = ["CopytraceError", "SettingError", "TraceFileError"]
 
 
 class CopytraceError(Exception):
@@ -11,3 +11,8 @@ class CopytraceError(Exception):
 
 class TraceFileError(CopytraceError):
     """A trace path is missing, empty, or holds no readable copytrace spans."""
+
+
+class SettingError(CopytraceError, ValueError):
+    """A setting (a ``COPYTRACE_*`` variable or a :class:`copytrace.Trace` option) holds a
+    value that is not accepted; the message names it and the accepted values."""

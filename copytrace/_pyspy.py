@@ -87,9 +87,9 @@ KERNEL, API, TRACER = "copy kernel", "copy API", "copytrace"
 # --- recording ---------------------------------------------------------------------------------
 def find_py_spy() -> str | None:
     """The py-spy executable: ``$COPYTRACE_PY_SPY``, next to ``sys.executable``, or on PATH."""
-    env = os.environ.get(PYSPY_ENV)
+    env = _env.setting(PYSPY_ENV)
     if env:
-        return env
+        return str(env)
     here = Path(sys.executable).with_name("py-spy")
     if here.is_file() and os.access(here, os.X_OK):
         return str(here)
@@ -1093,12 +1093,13 @@ def _section(i: int, path: Path, stats: SampleStats, traced: Any, fig: Any) -> s
         )
         or "<tr><td colspan='3'>no copy frame sampled</td></tr>"
     )
-    div = fig.to_html(
-        full_html=False,
-        include_plotlyjs=False,
-        div_id=f"copytrace-pyspy-{i}",
-        config={"displaylogo": False, "responsive": True},
-        default_width="100%",
+    # Drawn by the page's report.js once plotly.js is ready (inlined compressed, or from
+    # the CDN); the figure's JSON is escaped so that no string can close the script element.
+    fig_json = fig.to_json().replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    div = (
+        f'<div id="copytrace-pyspy-{i}" class="fig plotly-graph-div"></div>'
+        f'<script type="application/json" class="ct-fig" data-div="copytrace-pyspy-{i}">'
+        f"{fig_json}</script>"
     )
     return (
         f'<section id="pyspy-{i}">'

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -146,3 +147,52 @@ def test_ctrl_c_exit_status_is_the_same_traced(tmp_path):
     # 130 in a shell); writing the report at exit must not turn that into exit status 1.
     assert plain.returncode == traced.returncode == -2
     assert (tmp_path / "out" / "report.html").is_file()
+
+
+def _interrupted(cmd, cwd, env):
+    """Start ``cmd``, wait for its "ready" line, send SIGINT; return (status, stderr)."""
+    import signal
+
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        time.sleep(0.5)  # into the sleep that follows the print
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return proc.returncode, err
+
+
+def test_ctrl_c_under_copytrace_run_looks_untraced(tmp_path):
+    # A real SIGINT while the program sleeps: the traceback is the program's alone (no
+    # copytrace/cli/run.py, no runpy frames) and the status is python's own (killed by
+    # SIGINT: -2 here, 130 in a shell).
+    script = tmp_path / "sleepy.py"
+    script.write_text(
+        "import time\nimport torch\n\n\ndef wait():\n"
+        "    print('ready', flush=True); time.sleep(60)  # one line: SIGINT lands on it\n\n\n"
+        "torch.ones(2).clone()\nwait()\n"
+    )
+    plain_rc, plain = _interrupted([sys.executable, str(script)], tmp_path, _env())
+    traced_rc, traced = _interrupted(
+        [sys.executable, "-m", "copytrace", "run", "-o", "out", str(script)], tmp_path, _env()
+    )
+    assert plain_rc == traced_rc == -2
+
+    def traceback_of(stderr):
+        lines = stderr.splitlines()
+        start = lines.index("Traceback (most recent call last):")
+        end = lines.index("KeyboardInterrupt")
+        # without the ^^^ markers, which depend on the instruction the signal interrupted
+        return [ln for ln in lines[start : end + 1] if ln.strip(" ^~")]
+
+    expected = traceback_of(plain)
+    # 2 frames of the script (module level, wait()), each with its source line.
+    frames = [ln.strip() for ln in expected if ln.startswith("  File ")]
+    assert frames == [f'File "{script}", line 10, in <module>', f'File "{script}", line 6, in wait']
+    assert traceback_of(traced) == expected
+    assert "runpy" not in traced and "copytrace/cli" not in traced
+    assert (tmp_path / "out" / "report.html").is_file()  # the trace and report still written

@@ -5,6 +5,7 @@ The synthetic trace comes from ``tests/_tracegen.py``; its module docstring list
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import gzip
 import json
@@ -14,6 +15,7 @@ import sys
 import types
 from pathlib import Path
 
+import plotly.offline
 import pytest
 from _realtrace import HAZARD_CODE as REAL_HAZARD_CODE
 from _realtrace import write_real_trace
@@ -528,16 +530,24 @@ def test_render_html(trace_file: Path, tmp_path: Path) -> None:
     assert page.startswith("<!DOCTYPE html>")
     for fig in ("steps", "treemap", "timeline", "kinds", "transfers"):
         assert f'data-fig="{fig}"' in page
-    # self-contained: plotly.js inlined exactly once, nothing loaded from the network
-    assert len(re.findall(r"\* plotly\.js v\d", page)) == 1
+    # self-contained: plotly.js inlined exactly once (gzip + base64), nothing loaded from the
+    # network
+    packed = re.findall(
+        r'<script type="application/gzip\+base64" id="ct-plotly">([^<]*)</script>', page
+    )
+    assert len(packed) == 1
+    js = gzip.decompress(base64.b64decode(packed[0])).decode()
+    assert js == plotly.offline.get_plotlyjs()
+    assert len(packed[0]) < 0.45 * len(js)  # about 1.9 MB instead of 4.8 MB
     assert not re.search(r"<script[^>]*\ssrc=", page)
     assert "https://" not in page.split('id="ct-data"')[1].split("</script>")[0]
-    assert page.count("<script") == 3  # plotly.js, the data, the report script
+    # plotly.js, its unpacker, the data, the report script
+    assert page.count("<script") == 4
     # trace strings only as escaped JSON data: never as markup
     assert SCRIPT_MODULE not in page
     assert "\\u003cscript\\u003ealert(1)\\u003c/script\\u003e" in page
-    # header: title from the command
-    assert "<title>copytrace report: train.py --epochs 1</title>" in page
+    # header: title from the command: the program and its arguments
+    assert "<title>copytrace: train.py --epochs 1</title>" in page
     data = json.loads(page.split('id="ct-data">')[1].split("</script>")[0])
     assert data["totals"]["bc"] == BYTES_COPIED and data["totals"]["events"] == EVENTS
     assert "train.py:11 forward" in data["S"]
@@ -552,7 +562,7 @@ def test_render_html_escapes_title_and_cdn_mode(trace_file: Path, tmp_path: Path
         len(re.findall(r'<script[^>]*\ssrc="https://cdn\.plot\.ly/plotly-[\d.]+\.min\.js"', page))
         == 1
     )
-    assert "* plotly.js v" not in page
+    assert "* plotly.js v" not in page and 'id="ct-plotly"' not in page
     assert len(page) < 200_000
 
 

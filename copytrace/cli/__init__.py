@@ -9,6 +9,8 @@ Each subcommand lives in its own module (``copytrace/cli/<name>.py``) that defin
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -54,5 +56,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def console_main() -> None:
-    """Entry point of the ``copytrace`` console script."""
-    sys.exit(main())
+    """Entry point of the ``copytrace`` console script.
+
+    When ``copytrace run``'s program ended with an unhandled KeyboardInterrupt, the process
+    ends the way python's own does: killed by SIGINT (status 130 in a shell).
+    """
+    from copytrace.cli import run
+
+    status = main()
+    if run.INTERRUPTED[0] and status == 130 and hasattr(signal, "SIGINT"):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(status)

@@ -9,6 +9,9 @@ Everything after the script (or ``-m module``) belongs to the program, including
 a ``--`` before it ends copytrace's own options. The program sees its own ``sys.argv``, and
 its exit status is copytrace's.
 
+Before the program starts, every ``COPYTRACE_*`` variable is checked and the output
+directory must be writable: otherwise one line says what is wrong and the exit status is 2.
+
 Processes the program starts (``multiprocessing`` children, DataLoader workers,
 subprocesses) are traced too, each into its own trace file in the same directory, and the
 report merges them. A launcher such as ``copytrace run -m torch.distributed.run
@@ -115,6 +118,7 @@ def _is_launcher(target: str, is_module: bool) -> bool:
 def run(args: argparse.Namespace) -> int:
     from copytrace import _bootstrap
 
+    INTERRUPTED[0] = False
     target, is_module, prog_args = _split_command(args)
     if not is_module and not Path(target).is_file():
         what = "not a script (a directory)" if Path(target).is_dir() else "no such script"
@@ -131,7 +135,9 @@ def run(args: argparse.Namespace) -> int:
             sys.path.pop(0)
         if not found:
             raise CopytraceError(f"no module named {target}")
+    _env.settings()  # SettingError (exit 2) names the first variable not accepted
     out_dir = Path(args.output or _env.output_dir()).absolute()
+    _check_writable(out_dir)
     launcher = _is_launcher(target, is_module)
 
     _bootstrap.activate(
@@ -142,6 +148,28 @@ def run(args: argparse.Namespace) -> int:
     finally:
         _bootstrap.finish()  # no-op when already finished; never raises
         _bootstrap.reset()
+
+
+def _check_writable(out_dir: Path) -> None:
+    """Create ``out_dir`` (as the trace would) and write a probe file into it.
+
+    Raises:
+        CopytraceError: the directory cannot be created or written to.
+    """
+    import tempfile
+
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir, prefix=".copytrace-probe-"):
+            pass
+    except OSError as err:
+        reason = err.strerror or type(err).__name__
+        raise CopytraceError(f"output directory {out_dir} is not writable ({reason})") from None
+
+
+#: Set when the program ended with an unhandled KeyboardInterrupt: ``console_main`` then
+#: ends the process with SIGINT, as python itself does.
+INTERRUPTED = [False]
 
 
 def _run_traced(
@@ -164,16 +192,23 @@ def _run_traced(
             _recorder.warm_up()
         spy = _pyspy.start(out_dir, fmt=args.py_spy_format, rate=args.py_spy_rate)
     session = None if launcher else _bootstrap.start_session(force=True)
-    status, kept, error = _run_program(target, is_module, prog_args)
-    # Stop tracing while the program's globals are alive, as COPYTRACE=1 does at exit:
-    # the last step's checks (graphs kept alive, stale snapshots) must see them.
-    _bootstrap.stop_session(error)
-    del kept, error
-    gc.collect()  # the program's leftovers (a DataLoader iterator...) let their workers go
-    profile = spy.stop() if spy is not None else None
-    if spy is not None and profile is None:
-        print("copytrace: py-spy wrote no profile", file=sys.stderr)
-    result = _bootstrap.finish()
+    saved_argv = sys.argv[:]
+    # The program's argv stays until its trace is written: the run span records it as the
+    # command (``train.py --epochs 1``, as under plain python), not copytrace's own.
+    sys.argv = [target, *prog_args]
+    try:
+        status, kept, error = _run_program(target, is_module, prog_args)
+        # Stop tracing while the program's globals are alive, as COPYTRACE=1 does at exit:
+        # the last step's checks (graphs kept alive, stale snapshots) must see them.
+        _bootstrap.stop_session(error)
+        del kept, error
+        gc.collect()  # the program's leftovers (a DataLoader iterator...) let their workers go
+        profile = spy.stop() if spy is not None else None
+        if spy is not None and profile is None:
+            print("copytrace: py-spy wrote no profile", file=sys.stderr)
+        result = _bootstrap.finish()
+    finally:
+        sys.argv = saved_argv
     trace_path, stats = result["trace"], result["stats"]
     if session is not None:
         if trace_path is None:
@@ -221,7 +256,8 @@ def _print_pyspy_summary(profile: Path, trace_path: Path | None, out_dir: Path) 
 def _run_program(
     target: str, is_module: bool, prog_args: list[str]
 ) -> tuple[int, Any, BaseException | None]:
-    """Run the program in this process like ``python`` would.
+    """Run the program in this process like ``python`` would (``sys.argv`` is already the
+    program's).
 
     Returns:
         ``(exit status, what keeps the program's globals alive, the exception it ended
@@ -229,8 +265,7 @@ def _run_program(
         them; the caller keeps them until tracing stops, as they live until ``atexit``
         under ``python``.
     """
-    saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = [target, *prog_args]
+    saved_path = sys.path[:]
     sys.path.insert(0, os.getcwd() if is_module else str(Path(target).resolve().parent))
     try:
         if is_module:
@@ -240,14 +275,14 @@ def _run_program(
             kept = runpy.run_path(os.path.abspath(target), run_name="__main__")
     except SystemExit as exc:  # an exit status, not an error (as under COPYTRACE=1)
         return _exit_status(exc.code), exc, None
-    except KeyboardInterrupt as exc:
-        traceback.print_exc()
+    except KeyboardInterrupt as exc:  # as python prints it; the status is SIGINT's
+        _print_program_traceback()
+        INTERRUPTED[0] = True
         return 130, exc, exc
     except BaseException as exc:  # the program's own error: show it as python would, exit 1
         _print_program_traceback()
         return 1, exc, exc
     finally:
-        sys.argv = saved_argv
         sys.path[:] = saved_path
     return 0, kept, None
 

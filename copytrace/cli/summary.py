@@ -45,6 +45,22 @@ def _share(x: float | None) -> str:
     return f"{x:.3g}%"
 
 
+def _spread(model: ReportModel) -> tuple[float, float] | None:
+    """``(q1, q3)`` of the steady steps' copy-time shares (percent) when they are noisy: the
+    middle half spreads over more than half the median (the report's rule); else None."""
+    import statistics
+
+    shares = [
+        100 * s.copy_time_ns / s.duration_ns
+        for s in model.steps
+        if s.stage == "steady" and s.duration_ns
+    ]
+    if len(shares) < 4:
+        return None
+    q1, median, q3 = statistics.quantiles(shares, n=4, method="inclusive")
+    return (q1, q3) if median > 0 and q3 - q1 > 0.5 * median else None
+
+
 def format_summary(model: ReportModel, top_n: int = 10) -> str:
     """Format a report model as terminal text: headline numbers and top-N tables.
 
@@ -90,9 +106,16 @@ def format_summary(model: ReportModel, top_n: int = 10) -> str:
             extra.append(f"last step {_share(tail.share_pct)}")
         lines.append(
             f"copy time share of a step (steady state, {steady.steps} steps): "
-            f"{_share(steady.share_pct)} (median {_share(steady.median_share_pct)})"
+            f"{_share(steady.share_pct)} (median {_share(steady.median_share_pct)}), "
+            f"{format_ns(steady.copy_time_ns / steady.steps)} copy time per step"
             + (f"; {', '.join(extra)}" if extra else "")
         )
+        spread = _spread(model)
+        if spread is not None:
+            lines.append(
+                f"  noisy: the share varies between steps (middle half {_share(spread[0])} to "
+                f"{_share(spread[1])}); compare runs by the copy time per step"
+            )
     failed = t.events - t.copy_count - t.alias_count - t.noop_count  # calls that raised
     lines.append(
         f"events: {t.events} = {t.copy_count} copies + {t.alias_count} aliases + "

@@ -52,6 +52,7 @@ def write_report(
     offline: bool = True,
     max_points: int = MAX_TIMELINE_POINTS,
     analyze: bool = True,
+    progress: bool | None = None,
 ) -> Path:
     """Load a trace, aggregate it and write the HTML report.
 
@@ -62,6 +63,8 @@ def write_report(
         offline: Inline plotly.js (default) rather than loading it from the plotly CDN.
         max_points: Most events drawn on the timeline (every hazard kept beyond it).
         analyze: Run the hazard analyser (``copytrace.analysis``) when it is installed.
+        progress: Show a progress bar for each stage that takes longer than half a second
+            (default: in a Jupyter notebook only, in the notebook's own form).
 
     Returns:
         ``out_html`` as a :class:`~pathlib.Path`. The page shows bytes (copied, allocated,
@@ -72,5 +75,14 @@ def write_report(
             readable copytrace spans.
         OSError: If the report cannot be written.
     """
-    model = build_model(load_trace(path), analyze=analyze)
-    return render_html(model, out_html, offline=offline, max_points=max_points)
+    from copytrace.dashboards._progress import Progress, in_notebook
+
+    show = in_notebook() if progress is None else progress
+    with Progress("reading trace", None, "B", enabled=show) as bar:
+        trace = load_trace(path, progress=bar.update)
+    n_events = sum(len(run.events) for run in trace.runs)
+    with Progress("aggregating", n_events, "events", enabled=show) as bar:
+        model = build_model(trace, analyze=analyze, progress=bar.set_done)
+    del trace
+    with Progress("writing report", None, "B", enabled=show):
+        return render_html(model, out_html, offline=offline, max_points=max_points)

@@ -151,6 +151,22 @@ class TraceData:
         """All event and group spans of all runs."""
         return [ev for run in self.runs for ev in run.events]
 
+    def _repr_html_(self) -> str:  # the summary, as rich output in a notebook
+        from copytrace.dashboards._model import build_model
+        from copytrace.dashboards._notebook import summary_html
+
+        return summary_html(build_model(self, analyze=True), _where(self.files))
+
+    def _repr_markdown_(self) -> str:
+        from copytrace.dashboards._model import build_model
+        from copytrace.dashboards._notebook import summary_markdown
+
+        return summary_markdown(build_model(self, analyze=True), _where(self.files))
+
+
+def _where(files: list[Path]) -> str:
+    return str(files[0]) if len(files) == 1 else f"{len(files)} trace files"
+
 
 def decode_value(value: Any) -> Any:
     """Decode one OTLP/JSON ``AnyValue`` object into a plain Python value.

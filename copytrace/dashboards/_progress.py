@@ -1,6 +1,7 @@
 """Progress display on stderr while a large report is built.
 
-On a terminal, a tqdm bar that appears only when a stage takes longer than half a second.
+On a terminal, a tqdm bar that appears only when a stage takes longer than half a second;
+in a Jupyter notebook, the same bar in the notebook's own form (``tqdm.auto``: a widget).
 Elsewhere (a pipe, a CI log), one plain line every ten seconds once a stage has taken more
 than five, so short builds print nothing and long ones are not silent.
 """
@@ -12,11 +13,23 @@ import sys
 import time
 from typing import Any, TextIO
 
-__all__ = ["Progress"]
+__all__ = ["Progress", "in_notebook"]
 
 _TTY_DELAY_S = 0.5
 _PLAIN_DELAY_S = 5.0
 _PLAIN_EVERY_S = 10.0
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (ipykernel), where output can be rich."""
+    if "ipykernel" not in sys.modules:
+        return False
+    try:
+        from IPython import get_ipython
+    except ImportError:  # pragma: no cover - ipykernel depends on IPython
+        return False
+    shell = get_ipython()
+    return shell is not None and hasattr(shell, "kernel")
 
 
 def _size(n: float) -> str:
@@ -35,7 +48,8 @@ class Progress:
         total: Units of work in all (bytes or events), or None if unknown.
         unit: ``B`` for bytes (shown in KiB/MiB), else a word such as ``events``.
         stream: Where to write (default ``sys.stderr``).
-        enabled: Force on or off; default: on, as a bar on a TTY, as plain lines elsewhere.
+        enabled: Force on or off; default: on, as a bar on a TTY or in a notebook, as plain
+            lines elsewhere.
     """
 
     def __init__(
@@ -56,8 +70,21 @@ class Progress:
         self._bar: Any = None
         self.enabled = enabled
         isatty = getattr(self.stream, "isatty", None)
-        self.tty = bool(enabled and callable(isatty) and isatty())
-        if self.tty:
+        self.notebook = bool(enabled and stream is None and in_notebook())
+        self.tty = bool(enabled and (self.notebook or (callable(isatty) and isatty())))
+        if self.notebook:
+            from tqdm.auto import tqdm as auto_tqdm  # the notebook widget, where it can be
+
+            self._bar = auto_tqdm(
+                total=total,
+                desc=f"copytrace: {desc}",
+                unit=unit,
+                unit_scale=True,
+                unit_divisor=1024 if unit == "B" else 1000,
+                delay=_TTY_DELAY_S,
+                leave=False,
+            )
+        elif self.tty:
             try:
                 from tqdm import tqdm
             except ImportError:  # pragma: no cover - tqdm is a dependency

@@ -1,7 +1,12 @@
 /* copytrace report: builds every view from the JSON payload in #ct-data with Plotly.
  * Strings from the trace reach the page only through textContent (tables, lists) or esc()
- * (plotly text, which understands a little HTML). */
-(function () {
+ * (plotly text, which understands a little HTML).
+ * It waits for window.ctPlotly (set by the page: plotly.js unpacked or loaded); without
+ * plotly.js (offline with a --cdn report) every table and text is still drawn, and a note
+ * says why the charts are missing and how to get a self-contained report. */
+(function (main) {
+  (window.ctPlotly || Promise.resolve()).then(() => main(null), (err) => main(err || "failed"));
+})(function (plotlyError) {
   "use strict";
   const T_START = performance.now();
   const D = JSON.parse(document.getElementById("ct-data").textContent);
@@ -77,6 +82,34 @@
     return x.toFixed(d) + "%";
   }
   function pct(a, b) { return b ? (a / b) * 100 : 0; }
+  // Ticks in binary units (KiB, MiB...) for an axis of bytes from 0 to max, about 5 of them.
+  function bytesAxis(max) {
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let k = 0;
+    while (k < units.length - 1 && max >= 1024 * Math.pow(1024, k)) k++;
+    const u = Math.pow(1024, k);
+    const span = Math.max(max / u, 1e-9);
+    let step = 1;
+    for (const m of [1, 2, 5, 10, 20, 50, 100, 200, 500]) { step = m; if (span / m <= 5) break; }
+    if (span < 1) step = span <= 0.2 ? 0.05 : span <= 0.5 ? 0.1 : 0.25;
+    const tickvals = [], ticktext = [];
+    for (let v = 0; v <= span * 1.0001 + step; v += step) {
+      tickvals.push(v * u);
+      ticktext.push(v === 0 ? "0" : k === 0 ? Math.round(v) + " B" : (Number.isInteger(v) ? v : v.toFixed(2).replace(/0+$/, "")) + " " + units[k]);
+      if (v > span) break;
+    }
+    return { tickmode: "array", tickvals, ticktext };
+  }
+  function fmtSec(ms) { return (ms / 1e3).toFixed(ms < 1e5 ? 4 : 3) + " s"; }
+  // torch's __torch_function__ dispatch helper says nothing about where a copy came from
+  const NOISE_VIA = new Set(["handle_torch_function"]);
+  function viaName(si) { const v = S[si] || ""; return NOISE_VIA.has(v) ? "" : v; }
+  function quantile(values, q) {
+    if (!values.length) return null;
+    const s = values.slice().sort((a, b) => a - b);
+    const pos = (s.length - 1) * q, lo = Math.floor(pos), hi = Math.ceil(pos);
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo);
+  }
   function median(values) {
     if (!values.length) return null;
     const s = values.slice().sort((a, b) => a - b);
@@ -106,13 +139,23 @@
   function clear(node) { while (node.firstChild) node.removeChild(node.firstChild); return node; }
   function siteLabel(si) { const s = D.sites[si]; return s ? S[s.label] : S[si]; }
   function siteSource(si) { const s = D.sites[si]; return s ? S[s.source] : ""; }
-  function moduleLabel(mi) { return S[mi] || "(no module)"; }
+  function moduleLabel(mi) { return S[mi] || "outside any nn.Module"; }
   function layout(extra) {
     return Object.assign({ template: "plotly_white", font: FONT, hoverlabel: { align: "left" },
       margin: { l: 60, r: 20, t: 30, b: 45 }, paper_bgcolor: "#fff", plot_bgcolor: "#fff" }, extra);
   }
+  const HAS_PLOTLY = typeof Plotly !== "undefined" && !!Plotly.newPlot;
+  const NO_FIGURE = { _ctBound: true, data: [], on() {} }; // what plot() resolves to without plotly.js
+  function noChart(div) {
+    if (div.dataset.ctNoChart) return;
+    div.dataset.ctNoChart = "1";
+    div.classList.add("nochart");
+    clear(div).appendChild(el("div", { text: "Chart not available: plotly.js did not load (see the note at the top of the page)." }));
+  }
+  function relayout(div, update) { if (HAS_PLOTLY) Plotly.relayout(div, update); }
   function plot(id, traces, lay) {
     const div = $(id);
+    if (!HAS_PLOTLY) { noChart(div); return Promise.resolve(NO_FIGURE); }
     // first draw with newPlot, later redraws (rank, focus, filters) with react
     return div.data ? Plotly.react(div, traces, lay, CONFIG) : Plotly.newPlot(div, traces, lay, CONFIG);
   }
@@ -166,7 +209,8 @@
   }
   function viaText(map) {
     if (!map || !map.size) return "";
-    const items = [...map.entries()].sort((a, b) => b[1] - a[1]);
+    const items = [...map.entries()].filter(([v]) => viaName(v)).sort((a, b) => b[1] - a[1]);
+    if (!items.length) return "";
     return " via " + items.slice(0, 2).map(([v]) => S[v]).join(", ") + (items.length > 2 ? ", ..." : "");
   }
   function opsText(map, limit) {
@@ -191,6 +235,10 @@
       const o = out[s];
       o.share = pct(o.ct, o.stepT);
       o.median = median(o.shares);
+      o.q1 = quantile(o.shares, 0.25);
+      o.q3 = quantile(o.shares, 0.75);
+      // Noisy: the middle half of the steps spreads over more than half the median share.
+      o.noisy = o.shares.length >= 4 && o.median > 0 && (o.q3 - o.q1) > 0.5 * o.median;
     }
     return out;
   }
@@ -244,6 +292,15 @@
     const w = $("ct-warnings");
     clear(w);
     D.warnings.forEach((t) => w.appendChild(el("div", { class: "warn", text: t })));
+    if (!HAS_PLOTLY) {
+      const how = document.body.dataset.ctSelfContained || "copytrace report TRACE_DIR -o report.html";
+      const why = plotlyError
+        ? "the plotly.js inlined in this page could not be unpacked (" + String(plotlyError.message || plotlyError) + ")"
+        : "this report loads plotly.js from the internet (cdn.plot.ly), and it did not load (offline, or blocked)";
+      w.appendChild(el("div", { class: "warn", id: "ct-nocharts" }, [
+        el("b", { text: "The charts could not load: " }), why + ". Every table and number is still here. " +
+        "For a self-contained report that works offline, write it again without --cdn: ", el("code", { text: how })]));
+    }
   }
 
   // ---- at a glance --------------------------------------------------------------------------
@@ -263,9 +320,15 @@
       if (warm.steps) extra.push("warm-up " + fmtPct(warm.share) + " (" + warm.steps + " step" + (warm.steps > 1 ? "s" : "") + ")");
       if (tail.steps) extra.push("last step " + fmtPct(tail.share));
       hero = kpi("Copy time share of each step (steady state)", fmtPct(steady.share),
-        fmtNs(steady.ct / steady.steps) + " of " + fmtNs(steady.stepT / steady.steps) + " per step, " +
+        fmtNs(steady.stepT / steady.steps) + " per step, " +
         fmtInt(steady.steps) + " steady steps; median " + fmtPct(steady.median) +
         (extra.length ? " \u00b7 " + extra.join(", ") : ""), true);
+      // the absolute copy time per step, beside the share
+      hero.insertBefore(el("div", { class: "v abs", id: "ct-copy-per-step", text: fmtNs(steady.ct / steady.steps) + " copy time per step" }), hero.children[2]);
+      if (steady.noisy) {
+        hero.appendChild(el("div", { class: "noisy", id: "ct-noisy", text: "Noisy: the share varies between steps (middle half of the steps " +
+          fmtPct(steady.q1) + " to " + fmtPct(steady.q3) + "), as step times move with the machine's load; compare runs by the copy time per step." }));
+      }
     } else {
       const stepT = warm.stepT + tail.stepT + steady.stepT;
       hero = kpi("Copy time share of the traced steps", stepT ? fmtPct(pct(T.t, stepT)) : "-",
@@ -315,7 +378,7 @@
     }
     const list = el("ol", { class: "toplist " + cls });
     rows.forEach((r, i) => {
-      const mods = [...r.others.entries()].sort((a, b) => b[1] - a[1]).map(([m]) => moduleLabel(m));
+      const mods = [...r.others.entries()].filter(([m]) => S[m]).sort((a, b) => b[1] - a[1]).map(([m]) => S[m]);
       const share = pct(r[key], total);
       const src = siteSource(r.key);
       list.appendChild(el("li", { title: S[r.key], onclick: () => setFocus({ type: "site", key: r.key, label: siteLabel(r.key) }, true) }, [
@@ -324,7 +387,7 @@
         el("span", { class: "num", text: fmt(r[key]) + "  " + fmtPct(share, 1) }),
         src ? el("code", { class: "src", text: src }) : null,
         el("span", { class: "share" }, [el("span", { style: "width:" + Math.max(1, share) + "%" })]),
-        el("span", { class: "sub", text: opsText(r.ops, 3) + viaText(r.vias) + " \u00b7 " + fmtInt(r.nc) + " copies, " + fmtInt(r.na + r.nn) + " aliases/no-ops \u00b7 module " + mods.slice(0, 2).join(", ") + (mods.length > 2 ? ", ..." : "") }),
+        el("span", { class: "sub", text: opsText(r.ops, 3) + viaText(r.vias) + " \u00b7 " + fmtInt(r.nc) + " copies, " + fmtInt(r.na + r.nn) + " aliases/no-ops" + (mods.length ? " \u00b7 module " + mods.slice(0, 2).join(", ") + (mods.length > 2 ? ", ..." : "") : "") }),
       ]));
     });
     box.appendChild(list);
@@ -354,6 +417,8 @@
     const traces = [];
     const many = ST.step.length > 3000;
     const steadyShare = st.steady.steps ? st.steady.share : null;
+    let maxStepBytes = 0;
+    for (let i = 0; i < ST.step.length; i++) if (state.runs.has(ST.run[i]) && ST.bc[i] > maxStepBytes) maxStepBytes = ST.bc[i];
     for (const r of runs) {
       const idx = [];
       for (let i = 0; i < ST.step.length; i++) if (ST.run[i] === r) idx.push(i);
@@ -394,7 +459,7 @@
       legend: { orientation: "h", x: 1, xanchor: "right", y: 1.06 },
       xaxis: { title: { text: "step" }, anchor: "y2" },
       yaxis: { title: { text: "copy time / step time" }, domain: [0.45, 1], ticksuffix: "%", rangemode: "tozero" },
-      yaxis2: { title: { text: "bytes copied" }, domain: [0, 0.36], rangemode: "tozero", tickformat: "~s", ticksuffix: "B" },
+      yaxis2: Object.assign({ title: { text: "bytes copied" }, domain: [0, 0.36], rangemode: "tozero" }, bytesAxis(maxStepBytes)),
       shapes,
       annotations: steadyShare != null ? [{ xref: "paper", x: 1, yref: "y", y: steadyShare, text: "steady state " + fmtPct(steadyShare), showarrow: false, xanchor: "right", yanchor: "bottom", font: { size: 11, color: "#333" } }] : [],
     });
@@ -439,14 +504,15 @@
     values[0] = total;
     hover[0] = "<b>all events</b><br>" + METRICS[m].label + ": " + METRICS[m].fmt(total);
     for (const [mod, v] of modTotals) {
+      if (!S[mod]) continue; // call sites outside any nn.Module sit directly under the root
       ids.push("m" + mod); labels.push(esc(moduleLabel(mod))); parents.push("root"); values.push(v);
       hover.push("<b>module " + esc(moduleLabel(mod)) + "</b><br>" + METRICS[m].label + ": " + METRICS[m].fmt(v) + " (" + fmtPct(pct(v, total), 1) + ")");
     }
     for (const [key, e] of leafMap) {
-      ids.push("s" + key); labels.push(esc(siteLabel(e.site))); parents.push("m" + e.mod); values.push(e.v);
+      ids.push("s" + key); labels.push(esc(siteLabel(e.site))); parents.push(S[e.mod] ? "m" + e.mod : "root"); values.push(e.v);
       const src = siteSource(e.site);
       hover.push("<b>" + esc(siteLabel(e.site)) + "</b>" + (src ? "<br>" + esc(src) : "") +
-        "<br>module: " + esc(moduleLabel(e.mod)) + "<br>" + METRICS[m].label + ": " + METRICS[m].fmt(e.v) + " (" + fmtPct(pct(e.v, total), 1) + ")" +
+        (S[e.mod] ? "<br>module: " + esc(S[e.mod]) : "") + "<br>" + METRICS[m].label + ": " + METRICS[m].fmt(e.v) + " (" + fmtPct(pct(e.v, total), 1) + ")" +
         "<br>bytes copied " + fmtBytes(e.bc) + " \u00b7 time " + fmtNs(e.t) + " \u00b7 " + fmtInt(e.n) + " events" +
         "<br>" + esc(opsText(e.ops, 4) + viaText(e.vias)) + "<br><i>click: show these events</i>");
     }
@@ -510,7 +576,7 @@
       } else {
         name = el("td", null, [el("span", { class: "swatch", style: "background:" + (D.op_colors[r.key] || "#888") }), S[r.key]]);
       }
-      const others = [...r.others.entries()].sort((a, b) => b[1] - a[1]).map(([o]) => state.groupBy === "module" || state.groupBy === "op" ? siteLabel(o) : moduleLabel(o));
+      const others = [...r.others.entries()].filter(([o]) => state.groupBy !== "site" || S[o]).sort((a, b) => b[1] - a[1]).map(([o]) => state.groupBy === "module" || state.groupBy === "op" ? siteLabel(o) : S[o]);
       const focusType = state.groupBy;
       const label = state.groupBy === "site" ? siteLabel(r.key) : state.groupBy === "module" ? "module " + moduleLabel(r.key) : "op " + S[r.key];
       const selected = state.focus && state.focus.type === focusType && state.focus.key === r.key;
@@ -559,7 +625,7 @@
     const kind = KINDS[TP.kind[t]];
     const lines = [];
     lines.push("<b>" + esc(S[TP.op[t]]) + "</b> (" + KIND_LABEL[kind] + ")" + (S[TP.aten[t]] ? " \u00b7 " + esc(S[TP.aten[t]]) : " \u00b7 no aten op"));
-    lines.push("call site: <b>" + esc(siteLabel(TP.call_site[t])) + "</b>" + (S[TP.via[t]] ? " via " + esc(S[TP.via[t]]) : ""));
+    lines.push("call site: <b>" + esc(siteLabel(TP.call_site[t])) + "</b>" + (viaName(TP.via[t]) ? " via " + esc(viaName(TP.via[t])) : ""));
     const src = siteSource(TP.call_site[t]);
     if (src) lines.push("&nbsp;&nbsp;" + esc(src.length > 90 ? src.slice(0, 87) + "..." : src));
     lines.push("module: " + esc(S[TP.module[t]] || "(none)"));
@@ -571,7 +637,7 @@
     if (tr && tr !== "none") dev += " (" + esc(tr) + (TP.nb[t] ? ", non_blocking" : "") + (TP.pinned[t] === 1 ? ", pinned" : TP.pinned[t] === 0 ? ", pageable" : "") + ")";
     lines.push("device: " + dev);
     lines.push("graph: " + esc(S[TP.graph[t]] || "?") + (S[TP.grad_fn[t]] ? " (" + esc(S[TP.grad_fn[t]]) + ")" : "") + " \u00b7 phase " + esc(S[TP.phase[t]] || "?"));
-    lines.push("step " + (P.step[i] >= 0 ? P.step[i] : "?") + " \u00b7 t = " + P.t[i].toFixed(3) + " ms \u00b7 took " + fmtNs(P.d[i]) + (multi() ? " \u00b7 " + esc(runLabel(P.run[i])) : ""));
+    lines.push("step " + (P.step[i] >= 0 ? P.step[i] : "?") + " \u00b7 t = " + fmtSec(P.t[i]) + " \u00b7 took " + fmtNs(P.d[i]) + (multi() ? " \u00b7 " + esc(runLabel(P.run[i])) : ""));
     if (S[TP.origin[t]]) lines.push("forward call: " + esc(S[TP.origin[t]]));
     if (S[TP.thread[t]]) lines.push("thread: " + esc(S[TP.thread[t]]));
     if (S[TP.group[t]]) lines.push("inside deepcopy of " + esc(S[TP.group[t]]));
@@ -642,7 +708,7 @@
       let l = laneOf(i);
       if (!laneY.has(l)) l = "(other lanes)";
       const y = laneY.get(l) + (jitter ? ((((i * 2654435761) >>> 0) % 1000) / 1000 - 0.5) * 2 * jitter : 0);
-      const x = P.t[i];
+      const x = P.t[i] / 1e3; // seconds
       if (!matchesFocus(i)) { dim.x.push(x); dim.y.push(y); dim.text.push(hoverOf(i)); dim.cd.push(i); continue; }
       const op = TP.op[t];
       const kind = KINDS[TP.kind[t]];
@@ -681,9 +747,10 @@
     boundaries = [];
     for (let i = 0; i < ST.step.length; i++) {
       if (ST.run[i] !== r0 || ST.start[i] == null) continue;
-      boundaries.push(ST.start[i]);
-      bx.push(ST.start[i], ST.start[i], null); by.push(bottom, top, null);
-      rx.push(ST.start[i], ST.start[i], null); ry.push(bottom, bottom + 0.18, null);
+      const b = ST.start[i] / 1e3; // seconds
+      boundaries.push(b);
+      bx.push(b, b, null); by.push(bottom, top, null);
+      rx.push(b, b, null); ry.push(bottom, bottom + 0.18, null);
     }
     const fullLines = visibleBoundaries(state.zoom) <= MAX_FULL_BOUNDARIES;
     if (boundaries.length) {
@@ -692,13 +759,13 @@
       traces.unshift({ type: "scatter", mode: "lines", name: "step boundary", x: bx, y: by, hoverinfo: "skip",
         line: { color: "#9aa3b0", width: 1, dash: "dot" }, showlegend: true, visible: fullLines });
     }
-    const r0dur = D.runs[r0] ? D.runs[r0].duration_ns / 1e6 : 0;
-    const xmax = Math.max(r0dur, ...idx.slice(-1).map((i) => P.t[i]), 1e-3);
+    const r0dur = D.runs[r0] ? D.runs[r0].duration_ns / 1e9 : 0;
+    const xmax = Math.max(r0dur, ...idx.slice(-1).map((i) => P.t[i] / 1e3), 1e-6);
     const lay = layout({
       height: Math.max(320, 150 + 34 * lanes.length), hovermode: "closest", dragmode: "zoom",
       margin: { l: 60, r: 20, t: 20, b: 45 },
       legend: { title: { text: "op" }, itemsizing: "constant" },
-      xaxis: { title: { text: "ms since " + (multi() ? "each run's" : "the run's") + " start" }, range: state.zoom || [-0.01 * xmax, 1.01 * xmax], zeroline: false },
+      xaxis: { title: { text: "seconds since " + (multi() ? "each run's" : "the run's") + " start" }, ticksuffix: " s", range: state.zoom || [-0.01 * xmax, 1.01 * xmax], zeroline: false },
       yaxis: { tickmode: "array", tickvals: lanes.map((_, k) => lanes.length - 1 - k), ticktext: lanes.map((l) => esc(l.length > 40 ? l.slice(0, 14) + "\u2026" + l.slice(-25) : l)), range: [bottom, top], zeroline: false, fixedrange: true, automargin: true },
       uirevision: state.lanes + "|" + [...state.runs].join(","),
     });
@@ -744,9 +811,9 @@
     for (let i = 0; i < ST.step.length; i++) {
       if (ST.run[i] === r0 && ST.step[i] === step && ST.start[i] != null) {
         const pad = (ST.end[i] - ST.start[i]) * 0.03;
-        state.zoom = [ST.start[i] - pad, ST.end[i] + pad];
+        state.zoom = [(ST.start[i] - pad) / 1e3, (ST.end[i] + pad) / 1e3]; // seconds
         $("ct-step").value = String(step);
-        Plotly.relayout($("fig-timeline"), { "xaxis.range": state.zoom });
+        relayout($("fig-timeline"), { "xaxis.range": state.zoom });
         return true;
       }
     }
@@ -759,7 +826,7 @@
     const kind = KINDS[TP.kind[t]];
     const rows = [
       ["op", S[TP.op[t]] + " (" + KIND_LABEL[kind] + ")"], ["aten", S[TP.aten[t]] || "(none)"],
-      ["call site", S[TP.call_site[t]] + (S[TP.via[t]] ? "  (via " + S[TP.via[t]] + ")" : "")],
+      ["call site", S[TP.call_site[t]] + (viaName(TP.via[t]) ? "  (via " + viaName(TP.via[t]) + ")" : "")],
       ["source", siteSource(TP.call_site[t]) || "(not available)"],
       ["module", S[TP.module[t]] || "(none)"],
       ["bytes", "allocated " + fmtInt(TP.ba[t]) + " B \u00b7 logical " + fmtInt(TP.bl[t]) + " B"],
@@ -767,7 +834,7 @@
       ["devices", (S[TP.src_device[t]] || "?") + " \u2192 " + (S[TP.dst_device[t]] || "?") + " (" + (S[TP.transfer[t]] || "?") + (TP.nb[t] ? ", non_blocking" : "") + ")"],
       ["graph", (S[TP.graph[t]] || "?") + (S[TP.grad_fn[t]] ? " (" + S[TP.grad_fn[t]] + ")" : "")],
       ["phase / step", (S[TP.phase[t]] || "?") + " \u00b7 step " + (P.step[i] >= 0 ? P.step[i] : "?")],
-      ["time", P.t[i].toFixed(3) + " ms after the start of " + runLabel(P.run[i]) + ", took " + fmtNs(P.d[i])],
+      ["time", fmtSec(P.t[i]) + " after the start of " + runLabel(P.run[i]) + ", took " + fmtNs(P.d[i])],
       ["thread", S[TP.thread[t]] || "?"],
     ];
     if (S[TP.origin[t]]) rows.push(["forward call", S[TP.origin[t]]]);
@@ -875,7 +942,10 @@
       xaxis: { title: { text: "destination device" }, type: "category", side: "bottom" },
       yaxis: { title: { text: "source device" }, type: "category", autorange: "reversed" } });
     if (!devs.length) lay.annotations = [{ text: "no device information", showarrow: false, x: 0.5, y: 0.5, xref: "paper", yref: "paper" }];
-    plot("fig-transfers", traces, lay);
+    // The heatmap only says something when data crossed devices; the table and note stay.
+    const crossed = crossDevice().n > 0;
+    $("fig-transfers").hidden = !crossed;
+    if (crossed) plot("fig-transfers", traces, lay);
     const tbl = clear($("ct-transfers-table"));
     tbl.appendChild(el("tr", null, ["source \u2192 destination", "kind", "events", "copies", "bytes logical", "bytes allocated", "time", "non_blocking", "pinned"].map((h, i) => el("th", { class: i > 1 ? "n" : null, text: h }))));
     [...cells.values()].sort((a, b) => b.bl - a.bl).forEach((c) => {
@@ -960,12 +1030,12 @@
     }
     box.appendChild(el("p", { class: "note", text: fmtInt(total) + " events in all; " + fmtInt(idx.length) + " kept in this report" + (idx.length > 300 ? ", the 300 largest listed" : "") + ". Click a row to show it on the timeline." }));
     const tbl = el("table");
-    tbl.appendChild(el("tr", null, ["t (ms)", "step", "op", "kind", "bytes copied", "allocated", "shape", "dtype", "devices", "graph", "phase", "module", "call site", "took"].map((h, k) => el("th", { class: k < 2 || k === 4 || k === 5 || k === 13 ? "n" : null, text: h }))));
+    tbl.appendChild(el("tr", null, ["t (s)", "step", "op", "kind", "bytes copied", "allocated", "shape", "dtype", "devices", "graph", "phase", "module", "call site", "took"].map((h, k) => el("th", { class: k < 2 || k === 4 || k === 5 || k === 13 ? "n" : null, text: h }))));
     for (const i of idx.slice(0, 300)) {
       const t = P.tpl[i];
       const kind = KINDS[TP.kind[t]];
       tbl.appendChild(el("tr", { class: "click", onclick: () => { if (P.step[i] >= 0) zoomStep(P.step[i]); showDetail(i); $("timeline").scrollIntoView({ behavior: "smooth" }); } }, [
-        el("td", { class: "n", text: P.t[i].toFixed(3) }), el("td", { class: "n", text: P.step[i] >= 0 ? String(P.step[i]) : "-" }),
+        el("td", { class: "n", text: (P.t[i] / 1e3).toFixed(4) }), el("td", { class: "n", text: P.step[i] >= 0 ? String(P.step[i]) : "-" }),
         el("td", { text: S[TP.op[t]] }), el("td", { text: KIND_LABEL[kind] }),
         el("td", { class: "n", text: kind === "copy" ? fmtBytes(TP.bl[t]) : "0 B" }), el("td", { class: "n", text: fmtBytes(TP.ba[t]) }),
         el("td", { class: "mono", text: S[TP.shape[t]] }), el("td", { text: S[TP.dtype[t]] }),
@@ -1008,6 +1078,14 @@
     if (D.n_groups > D.groups.length) g.appendChild(el("p", { class: "note", text: "first " + D.groups.length + " of " + fmtInt(D.n_groups) + " groups" }));
   }
 
+  // ---- figures of other sections (py-spy), shipped as plotly JSON -------------------------------
+  function renderExtraFigures() {
+    document.querySelectorAll('script.ct-fig[type="application/json"]').forEach((node) => {
+      const fig = JSON.parse(node.textContent);
+      plot(node.dataset.div, fig.data || [], Object.assign({ font: FONT }, fig.layout || {}));
+    });
+  }
+
   // ---- wiring -------------------------------------------------------------------------------------
   const timings = {};
   window.copytraceTimings = timings; // ms per view, for the curious and for tests
@@ -1035,7 +1113,7 @@
     $("ct-step").addEventListener("keydown", (e) => { if (e.key === "Enter") zoomStep(Number($("ct-step").value)); });
     $("ct-step-prev").addEventListener("click", () => { const v = Number($("ct-step").value || 0) - 1; zoomStep(v); });
     $("ct-step-next").addEventListener("click", () => { const v = Number($("ct-step").value || 0) + 1; zoomStep(v); });
-    $("ct-step-all").addEventListener("click", () => { state.zoom = null; Plotly.relayout($("fig-timeline"), { "xaxis.autorange": true }); });
+    $("ct-step-all").addEventListener("click", () => { state.zoom = null; relayout($("fig-timeline"), { "xaxis.autorange": true }); });
   }
 
   try {
@@ -1045,6 +1123,7 @@
     wire();
     renderAll();
     renderRuns();
+    renderExtraFigures();
     timings.total = Math.round(performance.now() - T_START);
     document.body.setAttribute("data-ct-ready", "1");
   } catch (err) {
@@ -1054,4 +1133,4 @@
     const l = document.getElementById("ct-loading");
     if (l) l.remove();
   }
-})();
+});

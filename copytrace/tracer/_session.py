@@ -17,7 +17,6 @@ import torch.optim.optimizer as _optim
 from torch.nn.modules import module as _nn_module
 
 from copytrace import _env
-from copytrace._env import DEFAULT_OUTPUT_DIR
 from copytrace._errors import CopytraceError
 from copytrace.tracer import _native, _observer, _recorder
 from copytrace.tracer._events import CopyEvent
@@ -57,7 +56,7 @@ class Schedule:
     In the environment: ``COPYTRACE_SCHEDULE="wait=1,warmup=1,active=3,repeat=2,skip_first=10"``.
     """
 
-    _FIELDS = ("wait", "warmup", "active", "repeat", "skip_first")
+    _FIELDS = _env.SCHEDULE_FIELDS
 
     def __init__(
         self,
@@ -80,19 +79,12 @@ class Schedule:
 
     @classmethod
     def parse(cls, text: str) -> Schedule:
-        """``"wait=1,warmup=1,active=3,repeat=2,skip_first=10"`` (any subset, any order)."""
-        values: dict[str, int] = {}
-        for part in text.replace(";", ",").split(","):
-            if not part.strip():
-                continue
-            name, sep, value = part.partition("=")
-            name = name.strip().replace("-", "_")
-            if not sep or name not in cls._FIELDS or not value.strip().isdigit():
-                raise ValueError(
-                    f"bad schedule {text!r}: expected e.g. 'wait=1,warmup=1,active=3,repeat=2'"
-                )
-            values[name] = int(value)
-        return cls(**values)
+        """``"wait=1,warmup=1,active=3,repeat=2,skip_first=10"`` (any subset, any order).
+
+        Raises:
+            copytrace.SettingError: (a ``ValueError``) a field or value not accepted.
+        """
+        return cls(**_env.parse_schedule(text))
 
     def __call__(self, step: int) -> str:
         if step < self.skip_first:
@@ -114,8 +106,9 @@ class Schedule:
 
 def _schedule_from(value: Any) -> Callable[[int], Any] | None:
     if value is None:
-        text = os.environ.get(_env.COPYTRACE_SCHEDULE, "").strip()
-        return Schedule.parse(text) if text else None
+        value = _env.setting(_env.COPYTRACE_SCHEDULE)
+        if value is None:
+            return None
     if isinstance(value, str):
         return Schedule.parse(value)
     if isinstance(value, dict):
@@ -174,7 +167,7 @@ class Trace:
 
     Args:
         output_dir: directory for the trace file (and the default report); created on
-            write. Default ``./copytrace-out``.
+            write. Default ``$COPYTRACE_OUTPUT``, else ``./copytrace-out``.
         write: write the trace file.
         max_events: cap on records buffered between two flushes; beyond it records are
             counted as dropped (``copytrace.events_dropped``), never buffered.
@@ -192,6 +185,14 @@ class Trace:
             (default 4096, ``$COPYTRACE_FLUSH_EVENTS``; 0: only when the trace stops).
         flush_seconds: also flush at a step boundary this long after the last flush
             (default 5, ``$COPYTRACE_FLUSH_SECONDS``).
+        level: one of ``copytrace._env.LEVELS`` (default ``"full"``, ``$COPYTRACE_LEVEL``);
+            see :func:`trace`.
+        observer: one of ``copytrace._env.OBSERVERS`` (default ``"auto"``,
+            ``$COPYTRACE_OBSERVER``): ``"auto"``/``"native"`` copytrace's C++ observer where it
+            can be built, ``"python"`` the Python dispatch mode.
+
+    Options left as None take their ``COPYTRACE_*`` variable (parsed by
+    :mod:`copytrace._env`); a value not accepted raises ``copytrace.SettingError``.
 
     ``OTEL_TRACES_SAMPLER`` (or the given provider's sampler) decides once per run: a run
     sampled out is not traced at all.
@@ -218,19 +219,17 @@ class Trace:
         level: str | None = None,
         observer: str | None = None,
     ) -> None:
-        self.output_dir = Path(output_dir if output_dir is not None else DEFAULT_OUTPUT_DIR)
-        level = (level or os.environ.get(_env.COPYTRACE_LEVEL) or "full").strip().lower()
-        if level not in ("full", "api"):
-            raise CopytraceError(f"level must be 'full' or 'api', not {level!r}")
-        self.level = level
-        observer = (observer or _native.choice()).strip().lower()
-        if observer not in _native.OBSERVER_CHOICES:
-            raise CopytraceError(
-                f"observer must be one of {', '.join(_native.OBSERVER_CHOICES)}, not {observer!r}"
-            )
+        self.output_dir = Path(output_dir if output_dir is not None else _env.output_dir())
+        # Options left as None come from the environment (copytrace._env, one typed check
+        # each); a value not accepted raises SettingError naming the option or variable.
+        if level is None:
+            level = _env.setting(_env.COPYTRACE_LEVEL)
+        self.level = _env.parse_level(level)
+        if observer is None:
+            observer = _env.setting(_env.COPYTRACE_OBSERVER)
         #: "auto" or "native": copytrace's C++ observer where it can be built; "python": the
         #: Python modes (torch.compile'd code then runs eagerly while traced)
-        self.observer = observer
+        self.observer = _env.parse_observer(observer)
         self._observer_path: str | None = None  # "native" | "python" once decided
         self._native_module: Any = None
         self.write = write
@@ -251,17 +250,14 @@ class Trace:
         self.schedule = _schedule_from(schedule)
         self._exporters = list(exporters) if exporters is not None else None
         self._tracer_provider = tracer_provider
-        comp = (
-            compression if compression is not None else os.environ.get(_env.COPYTRACE_COMPRESSION)
-        )
-        comp = (comp or "gzip").strip().lower()
-        if comp not in ("gzip", "none"):
-            raise ValueError(f"compression must be 'gzip' or 'none', not {compression!r}")
+        if compression is None:
+            compression = _env.setting(_env.COPYTRACE_COMPRESSION)
+        comp = _env.parse_compression(compression)
         self.compression: str | None = None if comp == "none" else comp
         if flush_events is None:
-            flush_events = int(_env.number(_env.COPYTRACE_FLUSH_EVENTS, 4096))
+            flush_events = _env.setting(_env.COPYTRACE_FLUSH_EVENTS)
         if flush_seconds is None:
-            flush_seconds = _env.number(_env.COPYTRACE_FLUSH_SECONDS, 5.0)
+            flush_seconds = _env.setting(_env.COPYTRACE_FLUSH_SECONDS)
         self.flush_events = max(0, int(flush_events))
         self.flush_seconds = float(flush_seconds)
         self.sampled = True
@@ -850,11 +846,15 @@ class Trace:
             attrs["copytrace.compiled_ran_eagerly"] = self.level == "full"
         return attrs
 
-    def report(self, path: str | os.PathLike[str] | None = None) -> Path:
+    def report(
+        self, path: str | os.PathLike[str] | None = None, *, display: bool | None = None
+    ) -> Path:
         """Write the interactive HTML report of this trace.
 
         Args:
             path: the HTML file; default ``<output_dir>/report.html``.
+            display: also show the report in the notebook's output (default: when running
+                in a Jupyter kernel).
 
         Returns:
             The report path.
@@ -862,7 +862,7 @@ class Trace:
         Raises:
             CopytraceError: the trace has not been written (still running, or ``write=False``).
         """
-        from copytrace.dashboards import write_report
+        from copytrace.dashboards import _notebook, write_report
 
         target = self._delegate or self
         if target.trace_path is None:
@@ -870,7 +870,21 @@ class Trace:
                 "the trace has not been written yet: call report() after the with block"
             )
         out = Path(path) if path is not None else target.output_dir / "report.html"
-        return write_report(target.trace_path, out)
+        written = write_report(target.trace_path, out)
+        if display or (display is None and _notebook.in_notebook()):
+            _notebook.display_report(written)
+        return written
+
+    # -- rich output in notebooks (the summary; see copytrace.dashboards._notebook) ------------
+    def _repr_html_(self) -> str:
+        from copytrace.dashboards._notebook import trace_summary_html
+
+        return trace_summary_html(self)
+
+    def _repr_markdown_(self) -> str:
+        from copytrace.dashboards._notebook import trace_summary_markdown
+
+        return trace_summary_markdown(self)
 
     # -- hooks ------------------------------------------------------------------------------------
     def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
@@ -1028,7 +1042,9 @@ def trace(output_dir: str | os.PathLike[str] | None = None, **options: Any) -> T
         An unstarted :class:`Trace`.
 
     Raises:
-        CopytraceError: an unknown ``level``.
+        SettingError: (a ``CopytraceError`` and ``ValueError``) an option, or the
+            ``COPYTRACE_*`` variable an option left as None falls back to, holds a value
+            not accepted (an unknown ``level``, ``compression`` or ``schedule`` field).
         TypeError: an unknown option.
     """
     return Trace(output_dir, **options)

@@ -25,9 +25,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from copytrace import _env
+
 __all__ = ["load", "status", "cache_dir", "OBSERVER_CHOICES"]
 
-OBSERVER_CHOICES = ("auto", "native", "python")
+OBSERVER_CHOICES = _env.OBSERVERS
 _SOURCE = Path(__file__).with_name("observer.cpp")
 _lock = threading.Lock()
 _state: dict[str, Any] = {"module": None, "reason": None, "tried": False, "built": False}
@@ -45,7 +47,7 @@ def _key() -> str:
 def cache_dir() -> Path:
     """Directory of this torch build's observer: ``$COPYTRACE_CACHE_DIR`` or
     ``$XDG_CACHE_HOME/copytrace`` (``~/.cache/copytrace``), then ``observer/<key>``."""
-    root = os.environ.get("COPYTRACE_CACHE_DIR")
+    root = os.environ.get(_env.COPYTRACE_CACHE_DIR)
     if not root:
         xdg = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         root = os.path.join(xdg, "copytrace")
@@ -119,8 +121,12 @@ def _build() -> ModuleType:
 
 
 def choice() -> str:
-    value = (os.environ.get("COPYTRACE_OBSERVER") or "auto").strip().lower()
-    return value if value in OBSERVER_CHOICES else "auto"
+    """``$COPYTRACE_OBSERVER`` (checked by copytrace._env); ``auto`` when not accepted here,
+    where nothing may raise (``copytrace run`` and the hook refuse such a value first)."""
+    try:
+        return str(_env.setting(_env.COPYTRACE_OBSERVER))
+    except _env.SettingError:
+        return _env.OBSERVERS[0]
 
 
 def load() -> ModuleType | None:

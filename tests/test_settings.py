@@ -1,0 +1,299 @@
+"""Typed settings: every ``COPYTRACE_*`` variable is parsed once, in ``copytrace._env``, and
+its promise holds in a real run (``copytrace run``, ``COPYTRACE=1``, ``copytrace.trace()``)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import copytrace
+from copytrace import _env
+
+# A program whose first act is visible: if it ran at all, ran.txt exists.
+_PROGRAM = "open('ran.txt', 'w').write('x')\nimport torch\ntorch.ones(2).clone()\n"
+
+
+def _env_vars(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COPYTRACE", "OTEL_"))}
+    env["OMP_NUM_THREADS"] = "1"
+    env.update(extra)
+    return env
+
+
+def _spans(path: Path) -> list[dict]:
+    """Every span of one trace file, attributes decoded to plain values."""
+    opener = gzip.open if path.name.endswith(".gz") else open
+    spans = []
+    with opener(path, "rt") as fh:
+        for line in fh:
+            for rs in json.loads(line)["resourceSpans"]:
+                for ss in rs["scopeSpans"]:
+                    for span in ss["spans"]:
+                        attrs = {}
+                        for a in span.get("attributes", []):
+                            ((kind, value),) = a["value"].items()
+                            attrs[a["key"]] = int(value) if kind == "intValue" else value
+                        spans.append({"name": span["name"], "attrs": attrs})
+    return spans
+
+
+def _run_span(spans: list[dict]) -> dict:
+    (run,) = [s for s in spans if "copytrace.flushes" in s["attrs"]]
+    return run["attrs"]
+
+
+# --- parsing: one message format naming the variable, the value and what is accepted ---------
+@pytest.mark.parametrize(
+    "name, value, message",
+    [
+        ("COPYTRACE_AUTO_STEP", "banana",
+         "COPYTRACE_AUTO_STEP: not 'banana'; use 1 or 0 (or true/false, yes/no, on/off)"),
+        ("COPYTRACE_LEVEL", "fast", "COPYTRACE_LEVEL: not 'fast'; use full or api"),
+        ("COPYTRACE_OBSERVER", "cuda",
+         "COPYTRACE_OBSERVER: not 'cuda'; use auto, native or python"),
+        ("COPYTRACE_COMPRESSION", "zstd", "COPYTRACE_COMPRESSION: not 'zstd'; use gzip or none"),
+        ("COPYTRACE_MAX_EVENTS", "-5", "COPYTRACE_MAX_EVENTS: not '-5'; use a whole number >= 0"),
+        ("COPYTRACE_FLUSH_EVENTS", "1.5",
+         "COPYTRACE_FLUSH_EVENTS: not '1.5'; use a whole number >= 0"),
+        ("COPYTRACE_FLUSH_SECONDS", "soon",
+         "COPYTRACE_FLUSH_SECONDS: not 'soon'; use a number of seconds >= 0"),
+        ("COPYTRACE_REPORT_WAIT", "nan",
+         "COPYTRACE_REPORT_WAIT: not 'nan'; use a number of seconds >= 0"),
+        ("COPYTRACE_REPORT", "maybe",
+         "COPYTRACE_REPORT: not 'maybe'; use 1 or 0 (or true/false, yes/no, on/off)"),
+    ],
+)  # fmt: skip
+def test_a_value_not_accepted_names_the_variable_and_the_accepted_values(name, value, message):
+    with pytest.raises(copytrace.SettingError) as info:
+        _env.setting(name, {name: value})
+    assert str(info.value) == message
+    assert [str(e) for e in _env.check({name: value})] == [message]
+
+
+def test_schedule_errors_name_the_fields():
+    with pytest.raises(copytrace.SettingError) as info:
+        _env.setting("COPYTRACE_SCHEDULE", {"COPYTRACE_SCHEDULE": "garbage"})
+    text = str(info.value)
+    assert text.startswith("COPYTRACE_SCHEDULE: not 'garbage'; use e.g. wait=1,")
+    assert "wait, warmup, active, repeat, skip_first" in text
+    # active=0 would trace nothing at all: refused as well.
+    with pytest.raises(copytrace.SettingError):
+        _env.parse_schedule("active=0")
+
+
+def test_accepted_values_are_typed_and_empty_means_unset():
+    env = {
+        "COPYTRACE_AUTO_STEP": "off", "COPYTRACE_LEVEL": " API ", "COPYTRACE_MAX_EVENTS": "5",
+        "COPYTRACE_FLUSH_SECONDS": "0.5", "COPYTRACE_SCHEDULE": "wait=1; active=2",
+        "COPYTRACE_COMPRESSION": "",
+    }  # fmt: skip
+    assert _env.trace_options(env) == {
+        "max_events": 5, "auto_step": False, "schedule": {"wait": 1, "active": 2},
+        "level": "api",
+        "observer": "auto", "compression": "gzip", "flush_events": 4096, "flush_seconds": 0.5,
+    }  # fmt: skip
+    assert _env.check(env) == []
+
+
+def test_trace_options_cover_every_option_trace_reads_from_the_environment():
+    # Each option named by the docstring of Trace as defaulting to a COPYTRACE_* variable.
+    doc = copytrace.Trace.__doc__
+    options = ("schedule", "compression", "flush_events", "flush_seconds", "level", "observer")
+    from_env = {opt for opt in options if f"$COPYTRACE_{opt.upper()}" in doc}
+    assert from_env == set(options)
+    assert from_env | {"max_events", "auto_step"} == set(_env.trace_options({}))
+
+
+def test_level_constant_is_the_accepted_set(monkeypatch):
+    # Trace accepts exactly LEVELS, and says which in its message.
+    for level in _env.LEVELS:
+        assert copytrace.Trace(write=False, level=level).level == level
+    with pytest.raises(copytrace.SettingError, match="level: not 'fast'; use full or api"):
+        copytrace.Trace(write=False, level="fast")
+    monkeypatch.setenv("COPYTRACE_COMPRESSION", "zstd")
+    with pytest.raises(copytrace.SettingError, match="^COPYTRACE_COMPRESSION: not 'zstd'"):
+        copytrace.Trace(write=False)
+
+
+# --- copytrace run: exit 2 before the program starts -------------------------------------------
+@pytest.mark.parametrize(
+    "var, value",
+    [("COPYTRACE_AUTO_STEP", "banana"), ("COPYTRACE_SCHEDULE", "garbage"),
+     ("COPYTRACE_LEVEL", "fast"), ("COPYTRACE_MAX_EVENTS", "-5")],
+)  # fmt: skip
+def test_copytrace_run_refuses_a_bad_setting_before_the_program_starts(tmp_path, var, value):
+    (tmp_path / "prog.py").write_text(_PROGRAM)
+    proc = subprocess.run(
+        [sys.executable, "-m", "copytrace", "run", "prog.py"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env=_env_vars(**{var: value}),
+    )  # fmt: skip
+    assert proc.returncode == 2
+    (line,) = proc.stderr.splitlines()
+    assert line.startswith(f"copytrace: error: {var}: not {value!r}; use ")
+    assert not (tmp_path / "ran.txt").exists()  # the program never started
+    assert not (tmp_path / "copytrace-out").exists()
+
+
+def test_copytrace_run_refuses_an_unwritable_output_directory(tmp_path):
+    (tmp_path / "prog.py").write_text(_PROGRAM)
+    (tmp_path / "a-file").write_text("")
+    for out in ("/proc/x", str(tmp_path / "a-file" / "out")):
+        proc = subprocess.run(
+            [sys.executable, "-m", "copytrace", "run", "-o", out, "prog.py"],
+            capture_output=True, text=True, cwd=tmp_path, timeout=120, env=_env_vars(),
+        )  # fmt: skip
+        assert proc.returncode == 2
+        (line,) = proc.stderr.splitlines()
+        assert line.startswith(f"copytrace: error: output directory {out} is not writable (")
+        assert not (tmp_path / "ran.txt").exists()
+
+
+def test_hook_says_it_once_per_launch_and_runs_the_program_untraced(tmp_path):
+    # The root and a Python child it starts both inherit the bad value: one line in all.
+    (tmp_path / "prog.py").write_text(
+        _PROGRAM + "import subprocess, sys\n"
+        "subprocess.run([sys.executable, '-c', 'import torch; torch.ones(1).clone()'])\n"
+        "print('done')\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "prog.py"], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env=_env_vars(COPYTRACE="1", COPYTRACE_COMPRESSION="zstd"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "done\n"
+    assert proc.stderr.splitlines() == [
+        "copytrace: COPYTRACE_COMPRESSION: not 'zstd'; use gzip or none; tracing disabled"
+    ]
+    assert not (tmp_path / "copytrace-out").exists()
+
+
+def test_hook_refuses_a_copytrace_value_that_is_neither_on_nor_off(tmp_path):
+    (tmp_path / "prog.py").write_text(_PROGRAM)
+    proc = subprocess.run(
+        [sys.executable, "prog.py"], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env=_env_vars(COPYTRACE="banana"),
+    )  # fmt: skip
+    assert proc.returncode == 0
+    assert proc.stderr.splitlines() == [
+        "copytrace: COPYTRACE: not 'banana'; use 1 or 0 (or true/false, yes/no, on/off); "
+        "tracing disabled"
+    ]
+
+
+# --- each variable's promise, in a real run --------------------------------------------------
+_STEPS_PROGRAM = """
+import torch
+model = torch.nn.Linear(2, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for _ in range(5):
+    x = torch.ones(3, 2).clone()
+    model(x).sum().backward()
+    opt.step()
+"""
+
+
+def test_bootstrap_passes_every_trace_setting(tmp_path):
+    """COPYTRACE_LEVEL, _COMPRESSION, _FLUSH_EVENTS and _AUTO_STEP=0 under COPYTRACE=1."""
+    (tmp_path / "prog.py").write_text(_STEPS_PROGRAM)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "prog.py"], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env=_env_vars(
+            COPYTRACE="1", COPYTRACE_OUTPUT=str(out), COPYTRACE_REPORT="0",
+            COPYTRACE_LEVEL="api", COPYTRACE_COMPRESSION="none", COPYTRACE_FLUSH_EVENTS="1",
+            COPYTRACE_AUTO_STEP="0",
+        ),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (path,) = out.glob("copytrace-*")
+    assert path.name.endswith(".otlp.jsonl")  # COMPRESSION=none: no .gz, plain JSON lines
+    assert path.read_bytes()[:1] == b"{"
+    spans = _spans(path)
+    run = _run_span(spans)
+    # AUTO_STEP=0: the 5 optimizer steps end no step; the whole run is step 0.
+    assert run["copytrace.steps"] == 1
+    # ... so there is no step boundary to flush at, even with FLUSH_EVENTS=1.
+    assert run["copytrace.flushes"] == 0
+    clones = [s for s in spans if s["attrs"].get("copytrace.op") == "clone"]
+    assert len(clones) == 5
+    # LEVEL=api: the function mode alone, which names no aten op (full names aten::clone).
+    assert all("copytrace.aten" not in s["attrs"] for s in clones)
+
+
+def test_flush_events_and_max_events_from_the_environment(tmp_path):
+    (tmp_path / "prog.py").write_text(_STEPS_PROGRAM)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "prog.py"], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env=_env_vars(
+            COPYTRACE="1", COPYTRACE_OUTPUT=str(out), COPYTRACE_REPORT="0",
+            COPYTRACE_FLUSH_EVENTS="1", COPYTRACE_MAX_EVENTS="3",
+        ),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    (path,) = out.glob("copytrace-*.otlp.jsonl.gz")  # gzip, the default
+    run = _run_span(_spans(path))
+    assert run["copytrace.max_events"] == 3
+    # 5 optimizer steps make 5 boundaries; the first (an optimizer step) never flushes, so
+    # that a later explicit t.step() can still renumber; the 4 others each hold >= 1 record.
+    assert run["copytrace.flushes"] == 4
+    assert run["copytrace.steps"] == 6
+
+
+def test_trace_reads_flush_seconds_level_and_compression_from_the_environment(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("COPYTRACE_FLUSH_EVENTS", "1000000")  # never by count
+    monkeypatch.setenv("COPYTRACE_LEVEL", "api")
+    monkeypatch.setenv("COPYTRACE_COMPRESSION", "none")
+    flushes = {}
+    for seconds in ("0", "3600"):
+        monkeypatch.setenv("COPYTRACE_FLUSH_SECONDS", seconds)
+        with copytrace.trace(tmp_path / seconds) as t:
+            for _ in range(3):
+                torch.ones(2).clone()
+                t.step()
+        assert (t.level, t.compression) == ("api", None)
+        assert t.trace_path.name.endswith(".otlp.jsonl")
+        flushes[seconds] = t.stats["flushes"]
+    # 0 s: each of the 3 boundaries has a buffered record and is "due"; 3600 s: none is.
+    assert flushes == {"0": 3, "3600": 0}
+
+
+def test_report_wait_bounds_the_wait_for_a_process_still_tracing(tmp_path):
+    # The root starts a traced child that keeps running; with COPYTRACE_REPORT_WAIT=0.5 the
+    # root writes its report after half a second instead of the default 30.
+    (tmp_path / "prog.py").write_text(
+        "import subprocess, sys, torch\n"
+        "torch.ones(2).clone()\n"
+        "child = subprocess.Popen([sys.executable, '-c', 'import torch, time; "
+        "torch.ones(1).clone(); print(1, flush=True); time.sleep(120)'],\n"
+        "                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)\n"
+        "child.stdout.readline()\n"
+        "print(child.pid, flush=True)\n"
+    )
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "prog.py"], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env=_env_vars(COPYTRACE="1", COPYTRACE_OUTPUT=str(tmp_path / "out"),
+                      COPYTRACE_REPORT_WAIT="0.5"),
+    )  # fmt: skip
+    elapsed = time.monotonic() - start
+    child = int(proc.stdout.split()[0])
+    try:
+        os.kill(child, 9)
+    except ProcessLookupError:
+        pass
+    assert proc.returncode == 0, proc.stderr
+    assert f"without waiting longer for 1 process(es) still tracing (pid {child})" in proc.stderr
+    assert elapsed < 30  # the default wait would have taken 30 s at least
+    assert (tmp_path / "out" / "report.html").is_file()
