@@ -300,7 +300,8 @@ def test_case30_inductor_compiled_and_unchanged(tmp_path: Path) -> None:
     assert ops == {"prims::convert_element_type", "aten::clone"}
 
 
-def test_copytrace_modes_step_aside_under_a_user_mode_during_a_compiled_call() -> None:
+@pytest.mark.parametrize("observer", ["auto", "python"])
+def test_copytrace_modes_step_aside_under_a_user_mode_during_a_compiled_call(observer: str) -> None:
     # In-process, backend "eager": the stacks seen by eager code inside a compiled region (a
     # torch.compiler.disable'd helper) hold the user's own modes only, in their order; after
     # the call copytrace's modes are back below the user's mode.
@@ -326,11 +327,11 @@ def test_copytrace_modes_step_aside_under_a_user_mode_during_a_compiled_call() -
         return look(x * 2) + 1
 
     x = torch.ones(3)
-    with copytrace.trace(write=False) as t:
-        ours = list(t._modes)
+    with copytrace.trace(write=False, observer=observer) as t:
+        ours = list(t._modes)  # the function mode, and on the Python path the dispatch mode
         with UserMode() as mine:
             before = (_get_current_function_mode_stack(), _get_current_dispatch_mode_stack())
-            assert before == ([ours[0], mine], [ours[1]])
+            assert before == ([ours[0], mine], ours[1:])
             fn(x)
             after = (_get_current_function_mode_stack(), _get_current_dispatch_mode_stack())
     assert seen == [([mine], [])]
