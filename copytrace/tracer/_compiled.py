@@ -15,10 +15,12 @@ everything of copytrace that dynamo could see out of the way for the duration of
 * its patches of ``copy.deepcopy``, ``copy.copy``, ``torch.from_numpy``,
   ``torch.utils.swap_tensors`` and ``nn.Parameter.__deepcopy__``.
 
-The cleanup puts everything back exactly as it was. The backward of a compiled graph (autograd
-node ``CompiledFunctionBackward``) runs with copytrace's modes off the stacks too: copytrace
-wraps ``torch.autograd.function.BackwardCFunction._get_user_fn`` while tracing. So dynamo compiles the same graphs with the
-same guards, and compiled code runs compiled. ``torch.nn.modules.module._has_any_global_hook``
+The cleanup puts everything back exactly as it was. So dynamo compiles the same graphs with
+the same guards, and compiled code runs compiled. The backward of a compiled graph (autograd
+node ``CompiledFunctionBackward``) runs with copytrace's modes off the stacks too (copytrace
+wraps ``torch.autograd.function.BackwardCFunction._get_user_fn`` while tracing); on the C++
+observer's path, ``Recorder.compiled_depth`` (or :func:`suspended`) tells the observer to stand
+aside. ``torch.nn.modules.module._has_any_global_hook``
 is also replaced while tracing by one that ignores copytrace's own hooks, so that
 ``OptimizedModule.__call__`` does not warn about them.
 
