@@ -1,12 +1,18 @@
 """Overhead of copytrace next to the floor of its design and torch.profiler.
 
-Runs real CPU training steps for four workloads and, for each, times the variants
+Runs real CPU training steps for five workloads and, for each, times the variants
 interleaved (plain, the floor, torch.profiler twice, copytrace) so that noise on a shared
 machine hits all of them alike. Prints the median step time of the plain run and each
 variant's median ratio to it.
 
     python benchmarks/overhead.py               # all workloads
     python benchmarks/overhead.py --rounds 5 --workloads W1 W2
+    python benchmarks/overhead.py --workloads W5 --variants plain copytrace   # compiled step
+
+W5 is a ``torch.compile``d model (inductor; ``--compile-backend aot_eager`` for a quicker
+compile): under copytrace its compiled region runs compiled, not traced op by op, so its cost
+is the eager code around the region plus one enter/exit per compiled call. (Under ``floor``
+and the profilers with a dispatch mode, dynamo runs the region eagerly.)
 
 Variants:
     floor      an empty TorchFunctionMode + TorchDispatchMode (the Python fallback's floor)
@@ -161,23 +167,51 @@ def copy_heavy():
     return step
 
 
+def compiled_mlp(backend: str):
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for _ in range(4):
+        layers += [nn.Linear(256, 256), nn.GELU()]
+    model = torch.compile(nn.Sequential(*layers), backend=backend)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(64, 256, dtype=torch.float64)
+
+    def step():
+        loss = model(x.float()).pow(2).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return loss.detach()
+
+    step()  # compile outside any variant (a dispatch mode would make dynamo skip the frame)
+    return step
+
+
+_COMPILE_BACKEND = ["inductor"]
+
 WORKLOADS = {
     "W1": ("4xLinear(64) MLP, batch 32", lambda: mlp(64, 32), 200),
     "W2": ("4xLinear(512) MLP, batch 128", lambda: mlp(512, 128), 20),
     "W3": ("2-layer transformer LM, 16x64 tokens", transformer, 10),
     "W4": ("copy-heavy loop: deepcopy EMA, clones", copy_heavy, 50),
-}
+    "W5": ("torch.compile'd 4xLinear(256)+GELU MLP, batch 64",
+           lambda: compiled_mlp(_COMPILE_BACKEND[0]), 50),
+}  # fmt: skip
+
+
+_CLOCK = [time.perf_counter]
 
 
 def time_variant(step, make_ctx, steps: int) -> float:
     """Median seconds per step over ``steps`` steps inside one context."""
+    clock = _CLOCK[0]
     times = []
     with make_ctx():
         step()  # warm-up inside the context
         for _ in range(steps):
-            t0 = time.perf_counter()
+            t0 = clock()
             step()
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
     return statistics.median(times)
 
 
@@ -186,7 +220,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per workload")
     parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
     parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend of W5")
+    parser.add_argument(
+        "--cpu-time", action="store_true",
+        help="time steps in this process's CPU time (time.process_time) instead of wall time: "
+        "steadier on a machine shared with other busy processes",
+    )  # fmt: skip
+    parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: keep)")
     args = parser.parse_args(argv)
+    if args.cpu_time:
+        _CLOCK[0] = time.process_time
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    _COMPILE_BACKEND[0] = args.compile_backend
 
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, rounds={args.rounds}")
     header = f"{'workload':4s} {'plain ms':>9s} " + " ".join(f"{v:>10s}" for v in args.variants)

@@ -123,7 +123,7 @@ def test_run_span_reports_the_tracers_own_overhead(tmp_path):
     assert 0 < overhead < duration
 
 
-def test_run_span_says_compiled_regions_ran_eagerly(tmp_path):
+def test_run_span_says_compiled_regions_ran_compiled(tmp_path):
     @torch.compile(backend="eager")
     def double(x):
         return x.clone() * 2
@@ -134,7 +134,9 @@ def test_run_span_says_compiled_regions_ran_eagerly(tmp_path):
     spans, _ = _spans(t.trace_path)
     run = _attrs(next(s for s in spans if s["name"] == "copytrace.run"))
     assert int(run["copytrace.compiled_frames"]["intValue"]) >= 1
-    assert run["copytrace.compiled_ran_eagerly"] == {"boolValue": True}
+    assert run["copytrace.compiled_mode"] == {"stringValue": "compiled"}
+    assert run["copytrace.compiled_ran_eagerly"] == {"boolValue": False}
+    assert run["copytrace.compiled_calls"] == {"intValue": "1"}
 
 
 def test_second_trace_in_one_process_gets_its_own_file(tmp_path):

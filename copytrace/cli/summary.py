@@ -177,6 +177,11 @@ def format_summary(model: ReportModel, top_n: int = 10) -> str:
                 right={2, 3, 4, 5},
             )
         )  # fmt: skip
+    compiled = getattr(model, "compiled", None)
+    if compiled is not None:
+        from copytrace.dashboards._compiled import summary_lines
+
+        lines.extend(summary_lines(compiled, t.bytes_copied, top_n))
     if model.hazards:
         lines.append("")
         lines.append("hazards:")

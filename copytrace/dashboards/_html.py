@@ -63,6 +63,7 @@ _TEMPLATE = """<!DOCTYPE html>
   <a href="#glance">At a glance</a><a href="#hazards">Hazards</a><a href="#steps">Per step</a>
   <a href="#sources">Where from</a><a href="#timeline">Timeline</a><a href="#kinds">Kinds</a>
   <a href="#transfers">Transfers</a><a href="#events">Events</a><a href="#run">Run details</a>
+  <a href="#compiled">Compiled regions</a>
 </nav>
 <main>
 <div id="ct-loading">Building the report&hellip;</div>
@@ -304,8 +305,20 @@ def render_page(
         self_contained=self_contained_command(model),
         # py-spy's sampled view, when `copytrace run --py-spy` left a profile beside the
         # traces (see copytrace/_pyspy.py); '' otherwise.
-        extra=Markup(_pyspy_sections(model)),
+        extra=Markup(_compiled_section(model) + _pyspy_sections(model)),
     )
+
+
+def _compiled_section(model: ReportModel) -> str:
+    try:
+        from copytrace.dashboards._compiled import render_html as compiled_html
+
+        return compiled_html(getattr(model, "compiled", None), model.totals.bytes_copied)
+    except Exception as err:  # the rest of the report does not depend on it
+        return (
+            '<section id="compiled"><p class="note">compiled regions left out: '
+            f"{Markup.escape(err)}</p></section>"
+        )
 
 
 def _pyspy_sections(model: ReportModel) -> str:

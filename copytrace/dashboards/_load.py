@@ -26,6 +26,8 @@ TRACE_GLOBS = ("*.otlp.jsonl", "*.otlp.jsonl.gz")
 _RUN = "copytrace.run"
 _STEP = "copytrace.step"
 _HAZARDS = "copytrace.hazards"
+_COMPILED = "copytrace.compiled"
+_COMPILED_GRAPH = "copytrace.compiled_graph"
 _PREFIX = "copytrace."
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -112,6 +114,10 @@ class Run:
         steps: Step spans, sorted by step number.
         events: Event and group spans, sorted by start time.
         files: Trace files this run's spans were read from.
+        compiled_calls: ``copytrace.compiled`` spans (calls into torch.compile'd code), in
+            start order.
+        compiled_graphs: ``copytrace.compiled_graph`` spans (one per compiled graph; its
+            ``copytrace.graph_copy`` span events are the copies found in the graph).
     """
 
     trace_id: str
@@ -123,6 +129,8 @@ class Run:
     steps: list[Step] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     files: list[Path] = field(default_factory=list)
+    compiled_calls: list[Event] = field(default_factory=list)
+    compiled_graphs: list[Event] = field(default_factory=list)
 
     @property
     def duration_ns(self) -> int:
@@ -498,6 +506,13 @@ def _add_span(run: Run, sp: _RawSpan) -> None:
         run.has_run_span = True
     elif sp.name == _HAZARDS:
         pass  # the tracer's own hazard summary (span events); the report analyses the events
+    elif sp.name == _COMPILED or sp.name == _COMPILED_GRAPH:
+        target = run.compiled_calls if sp.name == _COMPILED else run.compiled_graphs
+        target.append(
+            Event(
+                sp.name, sp.span_id, sp.parent_id, sp.start_ns, sp.end_ns, sp.attrs, sp.span_events
+            )
+        )
     elif sp.name == _STEP:
         number = sp.attrs.get("copytrace.step")
         step = number if isinstance(number, int) and not isinstance(number, bool) else -1
@@ -520,6 +535,7 @@ def _finish_run(run: Run) -> None:
             known.add(s.step)
     run.steps.sort(key=lambda s: s.step)
     run.events.sort(key=attrgetter("start_ns", "end_ns", "span_id"))
+    run.compiled_calls.sort(key=attrgetter("start_ns", "end_ns", "span_id"))
 
     if not run.has_run_span:
         starts = [s.start_ns for s in run.steps] + [e.start_ns for e in run.events]

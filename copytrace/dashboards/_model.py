@@ -539,6 +539,8 @@ class ReportModel:
     ev_tpl: list[int] = field(default_factory=list)
     ev_span_id: list[str] = field(default_factory=list)
     ev_hazard: list[int] = field(default_factory=list)
+    #: Compiled regions (``copytrace.dashboards._compiled.CompiledSection``), or None.
+    compiled: Any = None
 
     @property
     def multi_run(self) -> bool:
@@ -1311,7 +1313,10 @@ def build_model(
                            str(getattr(r, "key", getattr(r, "op", "")))),
         )  # fmt: skip
 
+    from copytrace.dashboards._compiled import compiled_section
+
     return ReportModel(
+        compiled=compiled_section(trace),
         runs=runs,
         totals=totals,
         stages=_stage_stats(steps),

@@ -39,7 +39,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
@@ -50,8 +50,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
-if TYPE_CHECKING:
-    from copytrace.tracer._events import CopyEvent
+from copytrace.tracer._events import CopyEvent
 
 __all__ = [
     "Chunk",
@@ -583,9 +582,12 @@ class Chunk:
             analysis): their span ids and parents are fixed now, they are written later.
         late: events held back by an earlier chunk, to write now.
         final: set on the last chunk of the run.
+        compiled: compiled-region records (``copytrace.tracer._compiled``): calls, and on the
+            last chunk the compiled graphs; each has ``span_name``, ``span_attributes()``,
+            ``span_events()``, ``start_ns``, ``end_ns`` and ``step``.
     """
 
-    __slots__ = ("events", "steps", "held", "late", "final", "submitted")
+    __slots__ = ("events", "steps", "held", "late", "final", "submitted", "compiled")
 
     def __init__(
         self,
@@ -602,6 +604,7 @@ class Chunk:
         self.late = late
         self.final = final
         self.submitted = False
+        self.compiled: Sequence[Any] = ()
 
 
 #: One planned span: (span id hex, parent span id hex, event or None, step tuple or None).
@@ -668,6 +671,7 @@ class _Encoder:
         end: int,
         attrs: dict[str, Any],
         error: str | None = None,
+        events: Sequence[tuple[str, int, dict[str, Any]]] = (),
     ) -> str:
         parts = ['{"traceId":"', trace, '","spanId":"', span_id]
         if parent:
@@ -678,6 +682,14 @@ class _Encoder:
             parts += [',"attributes":[', self.attrs(attrs), "]"]
         if error:
             parts += [',"status":{"code":2,"message":', json.dumps(error), "}"]
+        if events:
+            parts.append(',"events":[')
+            parts.append(",".join(
+                '{"timeUnixNano":"' + str(t) + '","name":' + self.name(n)
+                + ',"attributes":[' + self.attrs(a) + "]}"
+                for n, t, a in events
+            ))  # fmt: skip
+            parts.append("]")
         parts.append("}")
         return "".join(parts)
 
@@ -727,7 +739,11 @@ class FileSink:
         enc, trace, off = self._enc, run.trace_hex, run.offset
         for span_id, parent, ev, step in items:
             self.spans += 1
-            if ev is not None:
+            if ev is not None and type(ev) is not CopyEvent:  # a compiled-region record
+                yield enc.span(trace, span_id, parent, ev.span_name, ev.start_ns + off,
+                               ev.end_ns + off, ev.span_attributes(), None,
+                               [(n, t + off, a) for n, t, a in ev.span_events()])  # fmt: skip
+            elif ev is not None:
                 start, end = _times(ev, run.start_ns)
                 yield enc.span(trace, span_id, parent, "copytrace." + ev.op, start + off,
                                end + off, event_attributes(ev), ev.error)  # fmt: skip
@@ -846,7 +862,13 @@ class SdkSink:
             ctx = self._parent(parent)
             if ids is not None:
                 ids.next_span = int(span_id, 16)
-            if ev is not None:
+            if ev is not None and type(ev) is not CopyEvent:  # a compiled-region record
+                span = tracer.start_span(ev.span_name, context=ctx, start_time=ev.start_ns + off,
+                                         attributes=ev.span_attributes())  # fmt: skip
+                for name, t, attrs in ev.span_events():
+                    span.add_event(name, attrs, timestamp=t + off)
+                span.end(end_time=ev.end_ns + off)
+            elif ev is not None:
                 start, end = _times(ev, run.start_ns)
                 span = tracer.start_span("copytrace." + ev.op, context=ctx, start_time=start + off,
                                          attributes=event_attributes(ev))  # fmt: skip
@@ -1150,6 +1172,8 @@ class ExportPipeline:
             planned = self._held.pop(id(ev), None)
             if planned is not None:
                 yield (planned[0], planned[1], ev, None)
+        for record in chunk.compiled:  # compiled calls under their step; graphs under the run
+            yield (os.urandom(8).hex(), step_ids.get(record.step, run_id), record, None)
 
     def _call(self, i: int, fn: Callable[..., Any], *args: Any) -> None:
         if i in self._failed:

@@ -296,6 +296,12 @@ class Recorder:
         self.errors = 0
         self.last_error: str | None = None
         self.internal_detaches = 0
+        # Nesting depth of torch.compile'd calls running now on the traced thread (set by
+        # copytrace.tracer._compiled): inside them copytrace's modes are off the stacks.
+        self.compiled_depth = 0
+        # aten copies of compiled graphs' backward (CompiledFunctionBackward) left unrecorded:
+        # the graph's copies are listed from the graph instead.
+        self.compiled_backward_skipped = 0
         # Host ns spent recording events (after the user's op returned): the tracer's own
         # cost per event, reported on the run span as copytrace.overhead_ns. The per-op cost
         # of the modes themselves (the floor) is measured by benchmarks/overhead.py instead.
@@ -622,6 +628,10 @@ class Recorder:
             args, kwargs: the op's arguments; out: its result.
             start, end: host ``perf_counter_ns`` around the op.
         """
+        node = _current_node()
+        if node is not None and type(node).__name__ == "CompiledFunctionBackward":
+            self.compiled_backward_skipped += 1  # a compiled graph's backward: not op by op
+            return None
         tensors = [a for a in args if isinstance(a, _Tensor)]
         if kind == _COPY_INTO:
             # copy_(dst, src), index_copy_(dst, dim, index, source), foo_copy(..., out=dst)

@@ -18,7 +18,7 @@ from torch.nn.modules import module as _nn_module
 
 from copytrace import _env
 from copytrace._errors import CopytraceError
-from copytrace.tracer import _native, _observer, _recorder
+from copytrace.tracer import _compiled, _native, _observer, _recorder
 from copytrace.tracer._events import CopyEvent
 from copytrace.tracer._otel import (
     Chunk,
@@ -200,7 +200,9 @@ class Trace:
     Known limitations:
         torch's mode stacks are thread-local: copies made on threads other than the one that
         entered the trace (and not by autograd's engine on its behalf) are not seen.
-        ``torch.compile``d regions run eagerly while a dispatch mode is active.
+        ``torch.compile``d regions run compiled and are not traced op by op: each call is a
+        ``copytrace.compiled`` span, and the copies their graphs contain are listed (found in
+        the graphs, not observed).
     """
 
     def __init__(
@@ -236,7 +238,10 @@ class Trace:
         self._rec = _recorder.Recorder(max_events=max_events, auto_step=auto_step)
         self._auto_step = auto_step
         self._modes: list[Any] = []
-        self._stance: Any = None  # torch.compiler stance while the dispatch mode is on
+        self._stance: Any = None  # force_eager stance where compiled regions cannot be hooked
+        self._compiled: _compiled.Compiled | None = None  # compiled regions (start to stop)
+        self._compiled_mode: str | None = None  # "compiled", or "eager" (force_eager fallback)
+        self._calls_discard_from: int | None = None
         self._hooks: list[Any] = []  # module hooks: installed while tracing is engaged
         self._optim_hooks: list[Any] = []  # step hooks: installed from start to stop
         self._start_ns = 0
@@ -333,6 +338,7 @@ class Trace:
         self.trace_path = None
         self._file_sink = None
         self._action, self._discard_from = _RECORD, None
+        self._compiled, self._compiled_mode, self._calls_discard_from = None, None, None
         self._step_log, self._held, self._inflight = [], [], None
         self._steps_traced = self._removed = self._discarded = self._flushes = 0
         self._seq_final = self._closing = False
@@ -380,6 +386,7 @@ class Trace:
             fmode = _observer.engage(rec, native, full=self.level == "full")
             fmode.__enter__()
             self._modes = [fmode]
+            self._engage_compiled(eager_fallback=False)
             return
         fmode = _recorder.FunctionMode(rec)
         fmode.__enter__()
@@ -388,6 +395,24 @@ class Trace:
             dmode = _recorder.DispatchMode(rec)
             dmode.__enter__()
             self._modes.append(dmode)
+        self._engage_compiled(eager_fallback=self.level == "full")
+
+    def _engage_compiled(self, eager_fallback: bool) -> None:
+        """Let torch.compile'd code run compiled (copytrace steps aside at each compiled call);
+        where this torch offers no hook for it and a Python dispatch mode is on
+        (``eager_fallback``), fall back to the ``force_eager`` stance."""
+        if self._compiled is None:
+            self._compiled = _compiled.Compiled(self._rec)
+        try:
+            ok = self._compiled.engage(self._modes, self._hooks + self._optim_hooks)
+        except Exception as err:
+            self._rec.note_error(err)
+            self._compiled.disengage()
+            ok = False
+        if ok:
+            self._compiled_mode = "compiled"
+        elif eager_fallback:
+            self._compiled_mode = "eager"
             self._stance = _force_eager()
 
     def _disengage(self, force: bool = False) -> bool:
@@ -397,6 +422,8 @@ class Trace:
             return True
         if not force and not self._modes_on_top():
             return False
+        if self._compiled is not None:
+            self._compiled.disengage()
         for mode in reversed(self._modes):
             try:
                 mode.__exit__(None, None, None)
@@ -459,14 +486,19 @@ class Trace:
         self._action = action
         if action == _NONE:
             self._discard_from = None if self._disengage() else len(self._rec.events)
+            self._calls_discard_from = None if self._discard_from is None else self._calls_mark()
             return
         self._engage()
         self._discard_from = len(self._rec.events) if action == _WARMUP else None
+        self._calls_discard_from = self._calls_mark() if action == _WARMUP else None
 
     def _drop_untraced(self) -> None:
         """Discard the records of a warmup step (or of an untraced step that could not be
         disengaged): they are not exported."""
         start = self._discard_from
+        calls_start, self._calls_discard_from = self._calls_discard_from, None
+        if calls_start is not None and self._compiled is not None:
+            self._compiled.discard_calls(calls_start)
         if start is None:
             return
         self._discard_from = None
@@ -474,6 +506,9 @@ class Trace:
         if len(events) > start and self._rec.group is None:
             self._discarded += len(events) - start
             del events[start:]
+
+    def _calls_mark(self) -> int:
+        return len(self._compiled.calls) if self._compiled is not None else 0
 
     # -- step boundaries and flushes ---------------------------------------------------------------
     def _boundary(self, auto: bool = False) -> int:
@@ -521,6 +556,8 @@ class Trace:
             return  # not between two records: the next boundary will do
         events = rec.events
         chunk = Chunk(events, self._step_log)
+        if self._compiled is not None:
+            chunk.compiled = self._compiled.take_calls()
         self._inflight = chunk
         rec.events = []
         self._step_log = []
@@ -563,9 +600,12 @@ class Trace:
         self._step_log = []
         late, self._held = self._held, []
         attrs = self._run_attributes()
-        return Chunk(
+        chunk = Chunk(
             list(rec.events), steps, late=late, final=RunEnd(end_ns, attrs, self._exit_error)
         )
+        if self._compiled is not None:
+            chunk.compiled = [*self._compiled.take_calls(), *self._compiled.graph_spans()]
+        return chunk
 
     def _write_final(self, end_ns: int, timeout: float) -> None:
         pipeline = self._pipeline
@@ -600,6 +640,8 @@ class Trace:
         """A forked child inherited this running trace: remove it there without touching the
         parent's trace file (the child's own trace, if any, is a new one)."""
         self._disengage(force=True)
+        if self._compiled is not None:
+            self._compiled.close()
         for handle in self._optim_hooks:
             handle.remove()
         self._optim_hooks = []
@@ -644,6 +686,8 @@ class Trace:
         finally:
             _FINISHING[0] = None
             _restore_signal_handlers()
+            if self._compiled is not None:
+                self._compiled.close()
         self._append_hazards()
         if self._rec.dropped:
             print(
@@ -809,7 +853,10 @@ class Trace:
         pipeline = ExportPipeline(run, [sink])
         pipeline.begin()
         final = RunEnd(end, self._run_attributes(), self._exit_error)
-        pipeline.close(Chunk(list(rec.events), steps, final=final))
+        chunk = Chunk(list(rec.events), steps, final=final)
+        if self._compiled is not None:
+            chunk.compiled = [*self._compiled.calls, *self._compiled.graph_spans()]
+        pipeline.close(chunk)
         return path
 
     def _run_attributes(self) -> dict[str, Any]:
@@ -839,11 +886,14 @@ class Trace:
             attrs["copytrace.schedule"] = repr(self.schedule)
         compiled = _compiled_frames()
         if compiled:
-            # While the dispatch mode is active, torch.compile'd frames run eagerly (torch
-            # falls back for any active TorchDispatchMode): what the trace shows of them is
-            # their eager execution.
             attrs["copytrace.compiled_frames"] = compiled
-            attrs["copytrace.compiled_ran_eagerly"] = self.level == "full"
+            # "compiled": compiled regions ran compiled, as spans of their own; "eager": this
+            # torch offered no hook, so they ran eagerly (force_eager) and were traced op by op.
+            attrs["copytrace.compiled_mode"] = self._compiled_mode or "compiled"
+            attrs["copytrace.compiled_ran_eagerly"] = self._compiled_mode == "eager"
+        target = self._delegate or self
+        if target._compiled is not None:
+            attrs.update(target._compiled.run_attributes())
         return attrs
 
     def report(
@@ -904,12 +954,13 @@ class Trace:
 
 
 def _force_eager() -> Any:
-    """Put torch.compile in its ``force_eager`` stance while the dispatch mode is active.
+    """Fallback for a torch whose compiled callables offer no hook (see ``_compiled``): put
+    torch.compile in its ``force_eager`` stance while the dispatch mode is active.
 
-    Any active TorchDispatchMode already makes compiled frames run eagerly; but with
-    ``fullgraph=True`` torch then raises "found no compiled frames". In the ``force_eager``
-    stance compiled functions simply run as Python, which is what tracing observes anyway.
-    Returns the stance object (its ``__exit__`` restores the previous stance), or None.
+    Any active TorchDispatchMode makes compiled frames run eagerly; but with ``fullgraph=True``
+    torch then raises "found no compiled frames". In the ``force_eager`` stance compiled
+    functions simply run as Python, traced op by op. Returns the stance object (its
+    ``__exit__`` restores the previous stance), or None.
     """
     try:
         return torch.compiler.set_stance("force_eager")

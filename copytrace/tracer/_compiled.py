@@ -1,0 +1,578 @@
+"""Compiled regions: ``torch.compile``d code runs compiled while tracing, and shows as such.
+
+Every call of a ``torch.compile``d function or module goes through dynamo's
+``compile_wrapper`` (``torch/_dynamo/eval_frame.py``), which calls the ``enter_exit_hooks`` of
+its ``_TorchDynamoContext`` before it sets the frame-evaluation callback (so before any guard
+is checked or any frame compiled) and their cleanups in a ``finally``. While tracing,
+copytrace puts a data descriptor for ``enter_exit_hooks`` on that class (it wins over the
+instance attribute, so it also covers callables compiled before tracing started) whose value
+is the context's own hooks plus copytrace's. On the traced thread, copytrace's hook takes
+everything of copytrace that dynamo could see out of the way for the duration of the call:
+
+* its TorchFunctionMode and TorchDispatchMode, wherever they are on torch's mode stacks (the
+  modes above them are popped and pushed back; a user's own modes stay where they were);
+* its global module forward hooks and optimizer step hooks (dynamo would inline them);
+* its patches of ``copy.deepcopy``, ``copy.copy``, ``torch.from_numpy``,
+  ``torch.utils.swap_tensors`` and ``nn.Parameter.__deepcopy__``.
+
+The cleanup puts everything back exactly as it was. So dynamo compiles the same graphs with
+the same guards, and compiled code runs compiled. The backward of a compiled graph (autograd
+node ``CompiledFunctionBackward``) runs with copytrace's modes off the stacks too (copytrace
+wraps ``torch.autograd.function.BackwardCFunction._get_user_fn`` while tracing); on the C++
+observer's path, ``Recorder.compiled_depth`` (or :func:`suspended`) tells the observer to stand
+aside. ``torch.nn.modules.module._has_any_global_hook``
+is also replaced while tracing by one that ignores copytrace's own hooks, so that
+``OptimizedModule.__call__`` does not warn about them.
+
+What runs inside a compiled region is not traced op by op. Instead each outermost call
+becomes a :class:`CompiledCall` (a ``copytrace.compiled`` span) with the graphs it ran: a
+compiled graph is called through a ``torch._dynamo.disable`` wrapper, which asks
+``eval_frame._callback_from_stance`` for the callback to restore; copytrace wraps that function
+to note which dynamo-generated code called it (its compile id, from dynamo's cache entries).
+The copies each graph contains come from torch's structured compile log
+(:mod:`copytrace.tracer._graphs`).
+
+Any error here is counted on the recorder (``note_error``), never raised.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from copytrace.tracer import _recorder
+from copytrace.tracer._graphs import CompiledCall, CompiledGraphSpan, GraphLogHandler
+from copytrace.tracer._stepaside import (
+    DISPATCH_STACK,
+    FUNCTION_STACK,
+    hide_hooks,
+    hook_dicts,
+    lift,
+    lower,
+    show_hooks,
+)
+
+__all__ = ["Compiled", "CompiledCall", "CompiledGraphSpan", "suspended"]
+
+_perf_ns = time.perf_counter_ns
+_HOOKS_ATTR = "enter_exit_hooks"
+_MISSING = object()
+_MAX_CALLS = 1_000_000  # calls buffered between two flushes; beyond it they are counted only
+
+
+def _nothing() -> None:
+    return None
+
+
+# --- the hook on _TorchDynamoContext ----------------------------------------------------------
+_STATE: list[Compiled | None] = [None]
+
+
+def _suppress(rec: Any, on: bool) -> None:
+    """Have the C++ observer's kernels (thread-local) ignore a compiled region's aten ops,
+    compile-time and run-time, without a call into Python for each."""
+    native = rec.native
+    if native is not None:
+        if on:
+            native.suppress()
+        else:
+            native.unsuppress()
+
+
+def _enter() -> Callable[[], None]:
+    """copytrace's enter hook: runs at every call of a compiled callable."""
+    state = _STATE[0]
+    if state is None:
+        return _nothing
+    return state.enter()
+
+
+class _WithHook:
+    """A context's own ``enter_exit_hooks`` list, iterated with copytrace's hook at the end;
+    everything else (``append`` in ``__init__``...) goes to the context's own list."""
+
+    __slots__ = ("own",)
+
+    def __init__(self, own: list[Any]) -> None:
+        self.own = own
+
+    def __iter__(self) -> Any:
+        yield from self.own
+        yield _enter
+
+    def __len__(self) -> int:
+        return len(self.own) + 1
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.own, name)
+
+
+def _hooks_get(obj: Any) -> Any:
+    try:
+        own = obj.__dict__[_HOOKS_ATTR]
+    except KeyError:
+        raise AttributeError(_HOOKS_ATTR) from None
+    if obj.__dict__.get("callback") is None:  # torch.compiler.disable: nothing compiled
+        return own
+    return _WithHook(own)
+
+
+def _hooks_set(obj: Any, value: Any) -> None:
+    obj.__dict__[_HOOKS_ATTR] = value
+
+
+def _hooks_del(obj: Any) -> None:
+    del obj.__dict__[_HOOKS_ATTR]
+
+
+def _hookable() -> Any:
+    """dynamo's ``_TorchDynamoContext`` when its ``compile_wrapper`` runs ``enter_exit_hooks``
+    the way this module relies on, else ``None`` (other torch versions)."""
+    try:
+        from torch._dynamo import eval_frame
+    except Exception:
+        return None
+    cls = getattr(eval_frame, "_TorchDynamoContext", None)
+    if cls is None or _HOOKS_ATTR in cls.__dict__:
+        return None
+    init_names = cls.__init__.__code__.co_names
+    wrapper = [
+        c for c in cls.__call__.__code__.co_consts
+        if getattr(c, "co_name", None) == "compile_wrapper"
+    ]  # fmt: skip
+    if _HOOKS_ATTR not in init_names or not wrapper:
+        return None
+    if _HOOKS_ATTR not in _all_names(wrapper[0]):
+        return None
+    if not callable(getattr(eval_frame, "_callback_from_stance", None)):
+        return None
+    return cls
+
+
+def _all_names(code: Any) -> set[str]:
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _all_names(const)
+    return names
+
+
+def _source_of(fn: Any) -> tuple[str, int, str] | None:
+    """File, first line and name of the function a compiled callable compiles."""
+    for _ in range(8):
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, torch.nn.Module) and getattr(fn, "__name__", "") in (
+            "__call__", "_call_impl", "_wrapped_call_impl",
+        ):  # fmt: skip
+            fn = type(owner).forward
+            continue
+        if isinstance(fn, torch.nn.Module):
+            fn = type(fn).forward
+            continue
+        wrapped = getattr(fn, "__wrapped__", None)
+        if wrapped is None:
+            break
+        fn = wrapped
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    return code.co_filename, code.co_firstlineno, code.co_name
+
+
+def _compile_id(code: Any) -> str | None:
+    """Compile id of the graph whose dynamo-generated code is ``code`` (``None``: not one)."""
+    from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+    from torch._dynamo.utils import orig_code_map
+
+    orig = orig_code_map.get(code)
+    if orig is None:
+        return None
+    for entry in _debug_get_cache_entry_list(orig):
+        if entry.code is code:
+            return str(entry.compile_id)
+    return None
+
+
+def suspended() -> bool:
+    """True while the traced thread runs compiled code (copytrace's observers stand aside)."""
+    state = _STATE[0]
+    return state is not None and state.depth > 0 and threading.get_ident() == state.thread
+
+
+class Compiled:
+    """Compiled regions of one trace: the hook, the graph log and the calls recorded.
+
+    Args:
+        rec: the trace's recorder (errors are counted there; ``rec.compiled_depth`` mirrors
+            the nesting depth of compiled calls on the traced thread).
+    """
+
+    def __init__(self, rec: Any) -> None:
+        self.rec = rec
+        self.thread: int | None = None
+        self.depth = 0
+        self.engaged = False
+        self.calls: list[CompiledCall] = []
+        self.calls_total = 0
+        self.calls_dropped = 0
+        self.graph_runs: dict[str, int] = {}
+        self.handler = GraphLogHandler(rec.note_error)
+        self._logging = False
+        self._modes: tuple[Any, Any] = (None, None)
+        self._handles: list[Any] = []
+        self._hook_entries: list[tuple[dict[Any, Any], Any]] = []
+        self._call: CompiledCall | None = None
+        self._saved: Any = None
+        self._code_graphs: dict[Any, Any] = {}
+        self._sources: dict[int, tuple[Any, Any]] = {}
+        self._cls: Any = None
+        self._prop: Any = None
+        self._prev_cfs: Any = None
+        self._prev_has_hook: Any = None
+        self._prev_user_fn: Any = None
+
+    # -- install / remove ---------------------------------------------------------------------
+    def engage(self, modes: Sequence[Any], handles: Sequence[Any]) -> bool:
+        """Install the hook while copytrace's modes are on.
+
+        Args:
+            modes: copytrace's function mode and, at level ``full``, its dispatch mode.
+            handles: copytrace's global module and optimizer hook handles.
+
+        Returns:
+            False when this torch has no suitable hook point (nothing installed).
+        """
+        cls = _hookable()
+        if cls is None:
+            return False
+        from torch._dynamo import eval_frame
+
+        _skip_dynamo()
+        self._modes = (modes[0] if modes else None, modes[1] if len(modes) > 1 else None)
+        self._handles = list(handles)
+        self._hook_entries = [(d, h.id) for h in self._handles for d in hook_dicts(h)]
+        self.thread = threading.get_ident()
+        self._cls = cls
+        self._prop = property(_hooks_get, _hooks_set, _hooks_del)
+        setattr(cls, _HOOKS_ATTR, self._prop)
+        self.engaged = True  # from here on, disengage() undoes whatever was installed
+        self._prev_cfs = eval_frame._callback_from_stance
+        eval_frame._callback_from_stance = self._make_cfs(self._prev_cfs)
+        self._prev_has_hook = _nn_module_has_hook()
+        torch.nn.modules.module._has_any_global_hook = self._make_has_hook(self._prev_has_hook)
+        from torch.autograd.function import BackwardCFunction
+
+        if "_get_user_fn" in BackwardCFunction.__dict__:
+            self._prev_user_fn = BackwardCFunction.__dict__["_get_user_fn"]
+            BackwardCFunction._get_user_fn = self._make_user_fn(self._prev_user_fn)
+        if not self._logging:
+            from torch._logging._internal import trace_log
+
+            trace_log.addHandler(self.handler)
+            self._logging = True
+        _STATE[0] = self
+        return True
+
+    def disengage(self) -> None:
+        """Remove the hook (the graph log stays until :meth:`close`)."""
+        if not self.engaged:
+            return
+        self.engaged = False
+        if _STATE[0] is self:
+            _STATE[0] = None
+        try:
+            if self._cls is not None and self._cls.__dict__.get(_HOOKS_ATTR) is self._prop:
+                delattr(self._cls, _HOOKS_ATTR)
+            from torch._dynamo import eval_frame
+
+            if getattr(eval_frame._callback_from_stance, "_copytrace", False):
+                eval_frame._callback_from_stance = self._prev_cfs
+            mod = torch.nn.modules.module
+            if getattr(mod._has_any_global_hook, "_copytrace", False):
+                mod._has_any_global_hook = self._prev_has_hook
+            from torch.autograd.function import BackwardCFunction
+
+            current = BackwardCFunction.__dict__.get("_get_user_fn")
+            if getattr(current, "_copytrace", False):
+                BackwardCFunction._get_user_fn = self._prev_user_fn
+        except Exception as err:
+            self.rec.note_error(err)
+
+    def close(self) -> None:
+        """Remove everything; the recorded calls and graphs stay readable."""
+        self.disengage()
+        if self._logging:
+            from torch._logging._internal import trace_log
+
+            trace_log.removeHandler(self.handler)
+            self._logging = False
+        self._code_graphs.clear()
+        self._sources.clear()
+
+    def _make_cfs(self, orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def _callback_from_stance(callback: Any) -> Any:
+            # Called with None by the torch._dynamo.disable wrapper of every compiled graph.
+            if callback is None and self._call is not None:
+                self._graph_ran(sys._getframe(2).f_code)
+            return orig(callback)
+
+        _callback_from_stance._copytrace = True  # type: ignore[attr-defined]
+        return _callback_from_stance
+
+    def _make_user_fn(self, orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        def _get_user_fn(node: Any) -> Any:
+            fn = orig(node)
+            if self.engaged and type(node).__name__ == "CompiledFunctionBackward":
+                return functools.partial(self._run_backward, fn)
+            return fn
+
+        _get_user_fn._copytrace = True  # type: ignore[attr-defined]
+        return _get_user_fn
+
+    def _run_backward(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run a compiled graph's backward with copytrace's modes off this thread's stacks."""
+        fmode, dmode = self._modes
+        lifted: tuple[Any, Any] = (None, None)
+        on_thread = threading.get_ident() == self.thread
+        try:
+            lifted = (
+                lift(*FUNCTION_STACK, fmode) if fmode is not None else None,
+                lift(*DISPATCH_STACK, dmode) if dmode is not None else None,
+            )
+            if on_thread:
+                self.depth += 1
+                self.rec.compiled_depth = self.depth
+                _suppress(self.rec, True)
+        except Exception as err:
+            self.rec.note_error(err)
+        try:
+            return fn(*args)
+        finally:
+            try:
+                if on_thread:
+                    self.depth = max(0, self.depth - 1)
+                    self.rec.compiled_depth = self.depth
+                    _suppress(self.rec, False)
+                if lifted[1] is not None:
+                    length, _, pop, push = DISPATCH_STACK
+                    lower(length, pop, push, dmode, lifted[1])
+                if lifted[0] is not None:
+                    length, _, pop, push = FUNCTION_STACK
+                    lower(length, pop, push, fmode, lifted[0])
+            except Exception as err:
+                self.rec.note_error(err)
+
+    def _make_has_hook(self, orig: Callable[[], Any]) -> Callable[[], Any]:
+        def _has_any_global_hook() -> Any:
+            ours = {h.id for h in self._handles}
+            mod = torch.nn.modules.module
+            for name in _GLOBAL_HOOK_DICTS:
+                d = getattr(mod, name, None)
+                if d and any(k not in ours for k in d):
+                    return True
+            return False
+
+        _has_any_global_hook._copytrace = True  # type: ignore[attr-defined]
+        return _has_any_global_hook
+
+    # -- a compiled call ----------------------------------------------------------------------
+    def enter(self) -> Callable[[], None]:
+        if not self.engaged or threading.get_ident() != self.thread:
+            return _nothing
+        self.depth += 1
+        self.rec.compiled_depth = self.depth
+        if self.depth > 1:
+            return self._leave_nested
+        _suppress(self.rec, True)
+        call = CompiledCall(_perf_ns(), self.rec.step_index)
+        try:
+            self._saved = self._suspend()
+        except Exception as err:
+            self.rec.note_error(err)
+        try:
+            frame = sys._getframe(2)
+            for _ in range(4):
+                if frame is None or frame.f_code.co_name == "compile_wrapper":
+                    break
+                frame = frame.f_back
+            if frame is not None:
+                src = self._source(frame.f_locals.get("fn"))
+                if src is not None:
+                    call.file, call.line, call.function = src
+        except Exception as err:
+            self.rec.note_error(err)
+        call.new_graphs = len(self.handler.graphs)
+        self._call = call
+        return self._leave
+
+    def _source(self, fn: Any) -> tuple[str, int, str] | None:
+        """:func:`_source_of`, cached per compiled callable (checked by weak reference)."""
+        hit = self._sources.get(id(fn))
+        target = getattr(fn, "__self__", fn)
+        if hit is not None and hit[0]() is target:
+            return hit[1]
+        src = _source_of(fn)
+        try:
+            self._sources[id(fn)] = (weakref.ref(target), src)
+        except TypeError:  # not weakly referenceable: not cached
+            pass
+        return src
+
+    def _leave_nested(self) -> None:
+        self.depth = max(0, self.depth - 1)
+        self.rec.compiled_depth = self.depth
+
+    def _leave(self) -> None:
+        end = _perf_ns()
+        call, self._call = self._call, None
+        self.depth = max(0, self.depth - 1)
+        self.rec.compiled_depth = self.depth
+        _suppress(self.rec, False)
+        saved, self._saved = self._saved, None
+        if saved is not None:
+            try:
+                self._resume(saved)
+            except Exception as err:
+                self.rec.note_error(err)
+        if call is None:
+            return
+        try:
+            call.end_ns = end
+            call.new_graphs = len(self.handler.graphs) - call.new_graphs
+            graphs = self.handler.graphs
+            for gid in call.graphs:
+                info = graphs.get(gid)
+                if info is None:
+                    call.unknown_graphs += 1
+                else:
+                    call.copies += len(info.copies)
+                    call.copy_bytes += info.copy_bytes
+            self.calls_total += 1
+            if len(self.calls) < _MAX_CALLS:
+                self.calls.append(call)
+            else:
+                self.calls_dropped += 1
+        except Exception as err:
+            self.rec.note_error(err)
+
+    def _graph_ran(self, code: Any) -> None:
+        if threading.get_ident() != self.thread or self._call is None:
+            return
+        try:
+            gid = self._code_graphs.get(code, _MISSING)
+            if gid is _MISSING:
+                # None (cached too): a disabled function called from code that is not a
+                # dynamo graph's (dynamo installs a graph's cache entry before it first runs)
+                gid = self._code_graphs[code] = _compile_id(code)
+            if gid is None:
+                return
+            self._call.graphs.append(gid)
+            self.graph_runs[gid] = self.graph_runs.get(gid, 0) + 1
+        except Exception as err:
+            self.rec.note_error(err)
+
+    def _suspend(self) -> tuple[Any, Any, Any, bool]:
+        fmode, dmode = self._modes
+        f_above = lift(*FUNCTION_STACK, fmode) if fmode is not None else None
+        d_above = lift(*DISPATCH_STACK, dmode) if dmode is not None else None
+        hidden = hide_hooks(self._hook_entries)
+        patched = copy_patched()
+        if patched:
+            _recorder.remove_patches()
+        return f_above, d_above, hidden, patched
+
+    def _resume(self, saved: tuple[Any, Any, Any, bool]) -> None:
+        f_above, d_above, hidden, patched = saved
+        fmode, dmode = self._modes
+        if patched:
+            _recorder.install_patches()
+        show_hooks(hidden)
+        if d_above is not None:
+            length, _, pop, push = DISPATCH_STACK
+            lower(length, pop, push, dmode, d_above)
+        if f_above is not None:
+            length, _, pop, push = FUNCTION_STACK
+            lower(length, pop, push, fmode, f_above)
+
+    # -- export -------------------------------------------------------------------------------
+    def take_calls(self) -> list[CompiledCall]:
+        """The calls recorded since the last take (handed to the export)."""
+        calls, self.calls = self.calls, []
+        return calls
+
+    def discard_calls(self, keep: int) -> int:
+        """Drop the calls recorded after the first ``keep`` (untraced steps); return how many."""
+        dropped = max(0, len(self.calls) - keep)
+        if dropped:
+            del self.calls[keep:]
+            self.calls_total -= dropped
+        return dropped
+
+    def graph_spans(self) -> list[CompiledGraphSpan]:
+        """One span per graph whose AOT graphs were logged while tracing."""
+        return [
+            CompiledGraphSpan(info, self.graph_runs.get(gid, 0))
+            for gid, info in self.handler.graphs.items()
+            if info.kinds
+        ]
+
+    def run_attributes(self) -> dict[str, Any]:
+        attrs: dict[str, Any] = {
+            "copytrace.compiled_calls": self.calls_total,
+            "copytrace.compiled_graphs": sum(1 for i in self.handler.graphs.values() if i.kinds),
+        }
+        if self.calls_dropped:
+            attrs["copytrace.compiled_calls_dropped"] = self.calls_dropped
+        return attrs
+
+
+_SKIPPED = [False]
+
+
+def _skip_dynamo() -> None:
+    """Tell dynamo to skip copytrace's hook code (and what it calls): a frame of it evaluated
+    under a compiled region's callback (the setter runs when torch creates a context inside
+    one) would otherwise be counted, and perhaps compiled, as the program's own frame."""
+    if _SKIPPED[0]:
+        return
+    _SKIPPED[0] = True
+    try:
+        from torch._dynamo.eval_frame import (
+            FrameAction,
+            FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+    except Exception:
+        return
+    codes = [_enter.__code__, _hooks_get.__code__, _hooks_set.__code__, _hooks_del.__code__]
+    codes += [f.__code__ for f in vars(_WithHook).values() if hasattr(f, "__code__")]
+    codes += [f.__code__ for f in vars(Compiled).values() if hasattr(f, "__code__")]
+    for code in list(codes):
+        codes.extend(c for c in code.co_consts if hasattr(c, "co_code"))
+    for code in codes:
+        set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+
+
+_GLOBAL_HOOK_DICTS = (
+    "_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_pre_hooks",
+    "_global_forward_hooks", "_global_forward_hooks_always_called",
+    "_global_forward_hooks_with_kwargs",
+)  # fmt: skip
+
+
+def _nn_module_has_hook() -> Any:
+    return torch.nn.modules.module._has_any_global_hook
+
+
+def copy_patched() -> bool:
+    """Whether copytrace's patches of ``copy``/``torch`` functions are installed now."""
+    import copy
+
+    return copy.deepcopy is _recorder._traced_deepcopy

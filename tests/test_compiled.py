@@ -1,0 +1,339 @@
+"""torch.compile'd code under tracing: compiled exactly as untraced, and visible in the trace.
+
+Real programs in real subprocesses, run untraced and traced, compared line for line: printed
+results (floats as hex, so to the bit), exceptions and dynamo's counters (graphs, frames,
+recompiles, graph breaks). Compiling is slow on small machines, so each program runs once per
+mode and every assertion shares those runs; ``aot_eager`` everywhere except one inductor run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# ../shared/cases/case_30_compiled_training_step.py, verbatim from its `import sys` on (the
+# line numbers below are this text's: `.float()` on line 15, `clone` on 16, `.to` on 28).
+CASE_30 = """import sys
+
+import torch
+import torch.nn as nn
+
+backend = sys.argv[1] if len(sys.argv) > 1 else "inductor"
+
+
+class Block(nn.Module):
+    def __init__(self, d=64):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, x):
+        h = self.lin(x.float())
+        snap = h.clone()
+        if snap.abs().mean() > 100:          # data-dependent branch: a graph break
+            h = h * 0.5
+        return torch.relu(h) + snap
+
+
+torch.manual_seed(0)
+model = torch.compile(nn.Sequential(Block(), Block()), backend=backend)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+device = "cpu"
+losses = []
+for step in range(6):
+    xb = torch.randn(32, 64, dtype=torch.float64).to(device)
+    loss = model(xb).square().mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    losses.append(loss.detach())
+print("losses", [f"{v.item():.6f}" for v in losses])
+from torch._dynamo.utils import counters  # noqa: E402
+
+print("graphs", counters["stats"]["unique_graphs"], "frames", counters["frames"]["ok"])
+"""
+FLOAT_LINE, CLONE_LINE = 15, 16
+
+# Compiled callables of every kind, with an explicit trace so that one is compiled before
+# tracing starts; argv: "traced"|"plain" and the trace directory.
+FEATURES = r"""import contextlib, json, sys
+import torch, torch.nn as nn
+import copytrace
+from torch._dynamo.utils import counters
+
+torch.manual_seed(0)
+def bits(t):
+    return [float(v).hex() for v in t.detach().flatten().tolist()]
+
+@torch.compile(backend="aot_eager")
+def early(x):
+    return (x.float() * 2).clone().sum(0)
+
+x = torch.randn(8, dtype=torch.float64)
+print("early0", bits(early(x)))
+traced = sys.argv[1] == "traced"
+ctx = copytrace.trace(sys.argv[2], compression="none") if traced else contextlib.nullcontext()
+with ctx:
+    print("early1", bits(early(x)))                                   # cached before tracing
+    print("early2", bits(early(torch.randn(8, 3, dtype=torch.float64))))  # recompiled here
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def full(a, b):
+        return (a @ b).relu().clone()
+    print("full", bits(full(torch.randn(4, 4), torch.randn(4, 4))))
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def breaks(a):
+        print("never printed")
+        return a + 1
+    try:
+        breaks(torch.ones(2))
+    except Exception as err:
+        print("fullgraph raised", type(err).__name__, str(err).splitlines()[0])
+
+    model = torch.compile(nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 1)),
+                          backend="aot_eager")
+    opt = torch.optim.Adam(model.parameters(), lr=0.1)
+    for step in range(3):
+        loss = model(torch.randn(5, 6)).pow(2).mean()
+        opt.zero_grad(); loss.backward(); opt.step()
+        print("loss", step, loss.item().hex())
+
+    def data_mul(w):        # a .data write: compiled and eager gradients differ
+        h = w.exp()
+        h.data.mul_(2)
+        return h.sum()
+    def data_rebind(w):     # a .data rebinding: backward raises, naming the compiled node
+        h = w.exp()
+        h.data = torch.zeros(5)
+        return h.sum()
+    for fn in (data_mul, data_rebind):
+        w = torch.randn(4, requires_grad=True)
+        try:
+            torch.compile(fn, backend="aot_eager")(w).backward()
+            print(fn.__name__, bits(w.grad))
+        except RuntimeError as err:
+            print(fn.__name__, "raised", str(err).splitlines()[0])
+keep = ("frames", "stats", "aot_autograd", "recompiles", "graph_break", "resumes")
+print("counters", json.dumps({k: dict(v) for k, v in counters.items() if k in keep},
+                             sort_keys=True))
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    for key in ("COPYTRACE", "COPYTRACE_OUTPUT", "TORCH_TRACE", "TORCH_LOGS"):
+        env.pop(key, None)
+    env.update(extra)
+    return env
+
+
+def _run(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [sys.executable, *args], cwd=cwd, env=_env(**env), capture_output=True, text=True,
+        timeout=400,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def _spans(trace_dir: Path) -> list[dict[str, Any]]:
+    (path,) = trace_dir.glob("*.otlp.jsonl")
+    out = []
+    for line in path.read_text().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                out.extend(ss["spans"])
+    return out
+
+
+def _value(v: dict[str, Any]) -> Any:
+    if "intValue" in v:
+        return int(v["intValue"])
+    if "arrayValue" in v:
+        return [_value(x) for x in v["arrayValue"].get("values", [])]
+    return next(iter(v.values()))
+
+
+def _attrs(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {a["key"]: _value(a["value"]) for a in items}
+
+
+@pytest.fixture(scope="module")
+def case30(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    d = tmp_path_factory.mktemp("case30")
+    (d / "case30.py").write_text(CASE_30)
+    traced = _run(
+        ["-m", "copytrace", "run", "-o", str(d / "out"), "case30.py", "aot_eager"], d,
+        COPYTRACE_COMPRESSION="none",
+    )  # fmt: skip
+    from copytrace.cli.summary import format_summary
+    from copytrace.dashboards import build_model, load_trace
+
+    summary = format_summary(build_model(load_trace(d / "out")))
+    return {"dir": d, "traced": traced, "summary": summary, "spans": _spans(d / "out")}
+
+
+@pytest.fixture(scope="module")
+def features(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    d = tmp_path_factory.mktemp("features")
+    (d / "features.py").write_text(FEATURES)
+    plain = _run(["features.py", "plain", str(d / "out")], d)
+    traced = _run(["features.py", "traced", str(d / "out")], d)
+    return {"plain": plain, "traced": traced, "spans": _spans(d / "out")}
+
+
+def test_case30_unchanged_under_copytrace_run(case30: dict[str, Any]) -> None:
+    # The recorded untraced output of ../shared/cases/case_30 (the same with aot_eager and
+    # inductor): the region stays compiled under tracing, with the same graphs and frames.
+    assert case30["traced"].stdout.splitlines() == [
+        "losses ['0.770755', '0.675191', '0.744450', '0.669049', '0.719034', '0.714393']",
+        "graphs 3 frames 4",
+    ]
+    assert "Warning" not in case30["traced"].stderr  # e.g. OptimizedModule's global-hook warning
+
+
+def test_case30_compiled_calls_and_graph_copies_in_the_trace(case30: dict[str, Any]) -> None:
+    spans = case30["spans"]
+    calls = [_attrs(s["attributes"]) for s in spans if s["name"] == "copytrace.compiled"]
+    assert len(calls) == 6  # one per training step (model(xb))
+    for step, call in enumerate(calls):
+        assert call["copytrace.step"] == step
+        # Block 0's graph up to the break (1/0), its resume (2/0), block 1 recompiled for a
+        # float32 input (1/1), its resume (2/0 again).
+        assert call["copytrace.compiled.graphs"] == ["1/0", "2/0", "1/1", "2/0"]
+        # the .float() cast and the clone in 1/0, the clone in 1/1: 3 x 32x64 float32 = 24576 B
+        assert call["copytrace.compiled.graph_copies"] == 3
+        assert call["copytrace.compiled.graph_copy_bytes"] == 3 * 32 * 64 * 4
+        assert call["code.function.name"] == "forward"  # nn.Sequential.forward was compiled
+    graphs = {
+        _attrs(s["attributes"])["copytrace.compiled.graph"]: s
+        for s in spans if s["name"] == "copytrace.compiled_graph"
+    }  # fmt: skip
+    assert sorted(graphs) == ["1/0", "1/1", "2/0"]
+    copies = sorted(
+        (a["copytrace.compiled.graph"], a["copytrace.aten"], a["code.line.number"],
+         a["copytrace.shape"], a["copytrace.dtype"], a["copytrace.bytes_logical"],
+         a["copytrace.seen"])
+        for g in graphs.values() for ev in g.get("events", []) for a in [_attrs(ev["attributes"])]
+    )  # fmt: skip
+    assert copies == [
+        ("1/0", "aten::_to_copy", FLOAT_LINE, [32, 64], "float32", 8192, "graph"),
+        ("1/0", "aten::clone", CLONE_LINE, [32, 64], "float32", 8192, "graph"),
+        ("1/1", "aten::clone", CLONE_LINE, [32, 64], "float32", 8192, "graph"),
+    ]
+    assert _attrs(graphs["1/0"]["attributes"])["copytrace.compiled.runs"] == 6
+    assert _attrs(graphs["2/0"]["attributes"])["copytrace.compiled.runs"] == 12
+    # Eager code around the region is traced as before: the no-op .to() of each batch.
+    eager = [_attrs(s["attributes"]) for s in spans if s["name"] == "copytrace.to"]
+    assert [(a["copytrace.noop"], a["code.line.number"]) for a in eager] == [(True, 28)] * 6
+    run = _attrs(next(s for s in spans if s["name"] == "copytrace.run")["attributes"])
+    assert run["copytrace.compiled_mode"] == "compiled"
+    assert run["copytrace.compiled_calls"] == 6 and run["copytrace.errors"] == 0
+
+
+def test_case30_summary_gives_compiled_share(case30: dict[str, Any]) -> None:
+    out = case30["summary"]
+    # 6 calls x 24576 B = 147456 B found in the graphs; the observed copies are 0 B (the
+    # .to() is a no-op, detach an alias), so the graphs hold 100% of the copy bytes.
+    assert "compiled regions: 6 calls, 3 graphs" in out
+    assert "(147456 B) = 100.0% of copy bytes" in out
+    assert f"case30.py:{FLOAT_LINE}" in out and f"case30.py:{CLONE_LINE}" in out
+
+
+def test_compiled_features_unchanged(features: dict[str, Any]) -> None:
+    plain = features["plain"].stdout.splitlines()
+    traced = features["traced"].stdout.splitlines()
+    assert traced == plain
+    assert "never printed" not in plain
+    assert any(line.startswith("fullgraph raised Unsupported") for line in plain)
+    # .data rebinding: the compiled backward's own error, not eager's SumBackward0 one
+    assert any("CompiledFunctionBackward returned an invalid gradient" in line for line in plain)
+    counters = json.loads(next(x for x in plain if x.startswith("counters ")).split(" ", 1)[1])
+    # AOT graphs: early (1-d, then recompiled for 2-d), full, the model, data_mul, and
+    # data_rebind's two graphs around its graph break (the .data rebinding) = 7.
+    assert counters["aot_autograd"] == {"ok": 7, "total": 7}
+
+
+def test_compile_before_and_after_tracing_starts(features: dict[str, Any]) -> None:
+    calls = [
+        _attrs(s["attributes"]) for s in features["spans"] if s["name"] == "copytrace.compiled"
+    ]
+    names = [c.get("code.function.name") for c in calls]
+    # early x2, full, breaks (raised while compiling: still a call), model x3, data_* x2
+    assert names[:4] == ["early", "early", "full", "breaks"]
+    # `early` was compiled before tracing: its first traced call runs a graph copytrace never
+    # saw compiled; the recompile for a 2-d input happened while tracing and is known.
+    assert calls[0]["copytrace.compiled.unknown_graphs"] == 1
+    assert "copytrace.compiled.unknown_graphs" not in calls[1]
+    assert calls[1]["copytrace.compiled.new_graphs"] == 1
+    # early's 2-d graph holds the float() cast and the clone; the recompile made the shapes
+    # dynamic (automatic dynamic shapes), so their sizes are symbolic: counted, 0 known bytes.
+    assert calls[1]["copytrace.compiled.graph_copies"] == 2
+    assert calls[1]["copytrace.compiled.graph_copy_bytes"] == 0
+    assert [c["copytrace.compiled.graphs"] for c in calls[:3]] == [["0/0"], ["0/1"], ["1/0"]]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="inductor's C++ compiler on Linux")
+def test_case30_inductor_compiled_and_unchanged(tmp_path: Path) -> None:
+    (tmp_path / "case30.py").write_text(CASE_30)
+    traced = _run(["case30.py", "inductor"], tmp_path, COPYTRACE="1",
+                  COPYTRACE_OUTPUT=str(tmp_path / "out"), COPYTRACE_COMPRESSION="none")  # fmt: skip
+    # The recorded inductor output (the same losses and counters as untraced).
+    assert traced.stdout.splitlines()[:2] == [
+        "losses ['0.770755', '0.675191', '0.744450', '0.669049', '0.719034', '0.714393']",
+        "graphs 3 frames 4",
+    ]
+    spans = _spans(tmp_path / "out")
+    assert sum(s["name"] == "copytrace.compiled" for s in spans) == 6
+    ops = {
+        _attrs(ev["attributes"])["copytrace.aten"]
+        for s in spans if s["name"] == "copytrace.compiled_graph" for ev in s.get("events", [])
+    }  # fmt: skip
+    # inductor's decompositions turn the cast into prims.convert_element_type
+    assert ops == {"prims::convert_element_type", "aten::clone"}
+
+
+@pytest.mark.parametrize("observer", ["auto", "python"])
+def test_copytrace_modes_step_aside_under_a_user_mode_during_a_compiled_call(observer: str) -> None:
+    # In-process, backend "eager": the stacks seen by eager code inside a compiled region (a
+    # torch.compiler.disable'd helper) hold the user's own modes only, in their order; after
+    # the call copytrace's modes are back below the user's mode.
+    import torch
+    from torch.overrides import TorchFunctionMode, _get_current_function_mode_stack
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    import copytrace
+
+    class UserMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    seen: list[tuple[list[Any], list[Any]]] = []
+
+    @torch.compiler.disable
+    def look(x):
+        seen.append((_get_current_function_mode_stack(), _get_current_dispatch_mode_stack()))
+        return x
+
+    @torch.compile(backend="eager")
+    def fn(x):
+        return look(x * 2) + 1
+
+    x = torch.ones(3)
+    with copytrace.trace(write=False, observer=observer) as t:
+        ours = list(t._modes)  # the function mode, and on the Python path the dispatch mode
+        with UserMode() as mine:
+            before = (_get_current_function_mode_stack(), _get_current_dispatch_mode_stack())
+            assert before == ([ours[0], mine], ours[1:])
+            fn(x)
+            after = (_get_current_function_mode_stack(), _get_current_dispatch_mode_stack())
+    assert seen == [([mine], [])]
+    assert after == before
+    assert t.stats["errors"] == 0
