@@ -88,7 +88,7 @@ _EXPECT = {
         "requires_grad=True. Gradients will be None",
     ],
     "warnings_filters": [
-        # case 27 part B: the filter keyed on torch's device module matches
+        # a filter keyed on torch's device module (where torch reports the warning) matches
         "raised UserWarning: To copy construct from a tensor, it is recommended to use so",
         # the implicit-dim warning names the program's line
         "warning builtins.UserWarning warnings_filters.py:64 Implicit dimension choice for "
