@@ -12,7 +12,7 @@ traced run must give the same results (type, values, dtype, strides, autograd fa
 the same exceptions, show the user's mode the same calls, and run the compiled function's
 graph as many times as the untraced run.
 
-Examples per run: ``COPYTRACE_FUZZ_EXAMPLES`` (default 40, half as many wrapped programs); e.g.
+Examples per run: ``COPYTRACE_FUZZ_EXAMPLES`` (default 40, a few seconds each); e.g.
 ``COPYTRACE_FUZZ_EXAMPLES=2000 python -m pytest tests/test_fuzz.py`` for a longer local run.
 """
 
@@ -296,7 +296,7 @@ def _same_result(a, b):
 
 
 @settings(
-    max_examples=max(EXAMPLES // 2, 1),  # each runs traced and untraced, some compile
+    max_examples=EXAMPLES,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
     derandomize=True,
