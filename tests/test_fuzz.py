@@ -4,20 +4,32 @@ For every generated program the traced results must equal the untraced ones (val
 requires_grad, grad_fn type), and every recorded event's ``bytes_allocated`` and ``alias``
 must agree with an independent check of the storages involved.
 
-Examples per run: ``COPYTRACE_FUZZ_EXAMPLES`` (default 40, a few seconds); e.g.
+A second generator wraps such programs in what real code wraps them in: ``torch.no_grad``,
+CPU autocast, ``with torch.device``, the program's own TorchFunctionMode or TorchDispatchMode
+(entered inside the trace or around it), and mixes in tensor subclass creation (``S(t)``,
+``_make_subclass``, ``as_subclass``) and, in some programs, a ``torch.compile``d function. The
+traced run must give the same results (type, values, dtype, strides, autograd facts), raise
+the same exceptions, show the user's mode the same calls, and run the compiled function's
+graph as many times as the untraced run.
+
+Examples per run: ``COPYTRACE_FUZZ_EXAMPLES`` (default 40, a few seconds each); e.g.
 ``COPYTRACE_FUZZ_EXAMPLES=2000 python -m pytest tests/test_fuzz.py`` for a longer local run.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import copy
 import os
+import types
 import warnings
 
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from torch.overrides import TorchFunctionMode, resolve_name
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import copytrace
 
@@ -138,3 +150,169 @@ def test_traced_equals_untraced_and_events_match_storages(program):
         assert a.requires_grad == b.requires_grad
         assert type(a.grad_fn) is type(b.grad_fn)
         assert torch.equal(a.detach(), b.detach())
+
+
+# --- programs in contexts, with subclasses, user modes and a compiled function ---------------
+
+
+class Sub(torch.Tensor):
+    """A plain Python subclass, as user code makes them."""
+
+
+_GRAPH_CALLS = [0]
+
+
+def _counting_backend(gm, example_inputs):
+    """A torch.compile backend that runs the FX graph and counts the calls into it."""
+
+    def run(*args):
+        _GRAPH_CALLS[0] += 1
+        return gm.forward(*args)
+
+    return run
+
+
+def _affine(t):
+    return (t * 2 + 1).clone()
+
+
+def _compiled(t):
+    """``_affine`` compiled afresh: a new code object, so that no earlier example's compiled
+    code (or dynamo's choice to run a frame eagerly under a dispatch mode, which sticks to the
+    code object) carries over."""
+    fresh = types.FunctionType(_affine.__code__.replace(), globals(), "_affine")
+    return torch.compile(fresh, backend=_counting_backend, dynamic=True)(t)
+
+
+EXTRA_OPS = {
+    "subclass": (lambda t: True, lambda t: Sub(t)),
+    "make_subclass": (lambda t: t.is_leaf, lambda t: Sub._make_subclass(Sub, t, t.requires_grad)),
+    "as_subclass": (lambda t: True, lambda t: t.as_subclass(Sub)),
+    "as_tensor": (lambda t: True, lambda t: t.as_subclass(torch.Tensor)),
+    "matmul": (lambda t: t.dtype != torch.float16, lambda t: t.reshape(-1, 1) @ t.reshape(1, -1)),
+}
+_COMPILED_OP = (lambda t: type(t) is torch.Tensor and t.dtype == torch.float32, _compiled)
+CONTEXTS = ("none", "no_grad", "autocast", "device")
+USER_MODES = ("none", "function-inside", "function-outside", "dispatch-inside", "dispatch-outside")
+
+
+class _CountFunctions(TorchFunctionMode):
+    def __init__(self):
+        super().__init__()
+        self.armed = False
+        self.calls = collections.Counter()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if self.armed:
+            self.calls[resolve_name(func) or repr(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.armed = False
+        self.calls = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if self.armed:
+            self.calls[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@st.composite
+def wrapped_programs(draw):
+    base = draw(programs())
+    ops = draw(st.lists(st.sampled_from(sorted(OPS) + sorted(EXTRA_OPS)), min_size=1, max_size=6))
+    if draw(st.integers(0, 3)) == 0:  # compiled code in one program of four: compiles are slow
+        ops.insert(draw(st.integers(0, len(ops))), "compiled")
+    chain = draw(st.lists(st.booleans(), min_size=len(ops), max_size=len(ops)))
+    context = draw(st.sampled_from(CONTEXTS))
+    user_mode = draw(st.sampled_from(USER_MODES))
+    return (*base[:5], ops, chain), context, user_mode
+
+
+def _context(name):
+    if name == "no_grad":
+        return torch.no_grad()
+    if name == "autocast":
+        return torch.autocast("cpu", dtype=torch.bfloat16)
+    if name == "device":
+        return torch.device("cpu")
+    return contextlib.nullcontext()
+
+
+def _outcome(fn, src):
+    try:
+        return fn(src)
+    except Exception as err:  # the same exception must come traced and untraced
+        return err
+
+
+def _run_wrapped(program, context, user_mode, traced):
+    """Run the program in its context and user mode; return (results, mode calls, graph calls)."""
+    dtype, shape, transposed, requires_grad, seed, ops, chain = program
+    x = _make(dtype, shape, transposed, requires_grad, seed)
+    mode = None
+    if user_mode != "none":
+        mode = _CountFunctions() if user_mode.startswith("function") else _CountOps()
+    outside = mode if mode is not None and user_mode.endswith("outside") else None
+    inside = mode if mode is not None and user_mode.endswith("inside") else None
+    tracer = copytrace.trace(write=False) if traced else None
+    graph_calls = _GRAPH_CALLS[0]
+    with outside or contextlib.nullcontext(), tracer or contextlib.nullcontext():
+        with inside or contextlib.nullcontext(), _context(context):
+            if mode is not None:
+                mode.armed = True
+            results = []
+            current = x
+            for name, use_last in zip(ops, chain, strict=True):
+                src = current if use_last else x
+                applicable, fn = _COMPILED_OP if name == "compiled" else {**OPS, **EXTRA_OPS}[name]
+                if not applicable(src):
+                    results.append((name, None))
+                    continue
+                out = _outcome(fn, src)
+                results.append((name, out))
+                if isinstance(out, torch.Tensor):
+                    current = out
+            if mode is not None:
+                mode.armed = False
+    calls = dict(mode.calls) if mode is not None else {}
+    errors = tracer.stats["errors"] if tracer is not None else 0
+    return results, calls, _GRAPH_CALLS[0] - graph_calls, errors
+
+
+def _same_result(a, b):
+    if a is None or b is None or isinstance(a, Exception) or isinstance(b, Exception):
+        assert type(a) is type(b) and str(a) == str(b), (a, b)
+        return
+    assert type(a) is type(b)
+    assert (a.dtype, a.shape, a.stride()) == (b.dtype, b.shape, b.stride())
+    assert (a.requires_grad, a.is_leaf) == (b.requires_grad, b.is_leaf)
+    assert type(a.grad_fn) is type(b.grad_fn)
+    plain_a, plain_b = (v.detach().as_subclass(torch.Tensor) for v in (a, b))
+    assert torch.equal(plain_a, plain_b)
+
+
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    derandomize=True,
+)
+@given(wrapped_programs())
+def test_modes_subclasses_and_compiled_code_see_the_same_program(wrapped):
+    program, context, user_mode = wrapped
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.tensor(t) warns, traced and untraced alike
+        plain, plain_calls, plain_graphs, _ = _run_wrapped(program, context, user_mode, False)
+        traced, traced_calls, traced_graphs, errors = _run_wrapped(
+            program, context, user_mode, True
+        )
+    assert errors == 0
+    for (n1, a), (n2, b) in zip(plain, traced, strict=True):
+        assert n1 == n2
+        _same_result(a, b)
+    assert traced_calls == plain_calls  # the user's mode sees the program's calls, no others
+    assert traced_graphs == plain_graphs  # compiled code ran compiled, as often

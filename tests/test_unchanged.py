@@ -1,0 +1,177 @@
+"""The unchanged-program suite: tracing must not change the program it observes.
+
+Each program in ``tests/unchanged/`` (compiled training steps with aot_eager and inductor,
+graph breaks, ``fullgraph=True``, ``mode="reduce-overhead"``, compiled ``.data`` and input
+mutations, tensor subclasses, the program's own torch modes, FlopCounterMode, fake tensors,
+``torch.func``, autocast, checkpointing, and torch's warnings under filters and ``-W error``)
+is run in a real subprocess three ways:
+
+* ``python prog.py`` (untraced, the reference),
+* ``COPYTRACE=1 python prog.py``,
+* ``python -m copytrace run prog.py``,
+
+and the traced runs must print exactly what the untraced run printed on stdout (results to the
+bit, every warning with its category, file, line and message, the exceptions each part raised,
+torch.compile's counters), exit with the same status and, when the program dies of an
+exception, end with the same traceback. The programs print all of that themselves (see
+``tests/unchanged/_observe.py``); copytrace's own ``copytrace:`` lines on stderr are not part
+of the comparison. Reports are off (``COPYTRACE_REPORT=0``, ``--no-report``): the trace file
+is still written, and its presence shows that the run really was traced.
+
+The untraced output is also checked for what each program is there to exercise (the compiled
+graphs, the exception a compiled ``.data`` mutation causes, the warnings), so that a program
+that stops doing it fails here instead of comparing two empty outputs.
+
+Inductor's generated code is cached on disk (torch's default cache directory); the outputs do
+not depend on whether the cache was warm, which only saves compile time on later runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+CORPUS = Path(__file__).parent / "unchanged"
+PROGRAMS = sorted(p.stem for p in CORPUS.glob("[!_]*.py"))
+WAYS = ("COPYTRACE=1", "copytrace run")
+
+#: interpreter options a program is run with (all three ways)
+PYTHON_FLAGS = {"warnings_as_errors": ["-W", "error"]}
+#: exit status of the untraced run
+STATUS = {"modes": 3, "warnings_as_errors": 1}
+
+# What the untraced run must contain (each string on one line of stdout).
+_EXPECT = {
+    "compile_aot_eager": [
+        "graph calls 16",  # 4 steps x 2 blocks x (graph before + graph after the break)
+        "raised torch._dynamo.exc.Unsupported: Data-dependent branching",  # fullgraph=True
+        "versions 2 2",  # the compiled input mutations bump each version counter twice
+        "raised builtins.RuntimeError: one of the variables needed for gradient computation "
+        "has been modified by an inplace operation",  # only the compiled .data mutation does
+        "counters['stats'] = [('calls_captured', 28), ('unique_graphs', 8)]",
+        "counters['frames'] = [('ok', 8), ('total', 8)]",
+    ],
+    "compile_inductor": [
+        # loss_fn: linear, tanh, linear, squeeze, sub, square, mean; smooth: tanh, mul, sigmoid, mul
+        "counters['stats'] = [('calls_captured', 11), ('unique_graphs', 2)]",
+        "counters['aot_autograd'] = [('ok', 2), ('total', 2)]",
+    ],
+    "subclasses": [
+        "S(t): Plain float32 (4, 3)",
+        "same storage True",
+        "types TaggedParameter TaggedParameter weight'",
+        "Logged calls [('__get__', 1), ('backward', 1), ('clone', 1), ('matmul', 1), "
+        "('relu', 1), ('requires_grad_', 1), ('sum', 1), ('t', 1), ('to', 1)]",
+        "LatentSampler torch.float32 LatentSampler torch.int64",
+        "raised builtins.RuntimeError: The default implementation of __deepcopy__() for "
+        "non-wrapper subclasses",
+    ],
+    "modes": [
+        "function calls [('torch.Tensor.__deepcopy__', 1), ('torch.Tensor.clone', 1), "
+        "('torch.Tensor.contiguous', 1), ('torch.Tensor.reshape', 1), ('torch.Tensor.t', 1), "
+        "('torch.arange', 1)]",
+        # FlopCounterMode: 2*16*32*64 + 2*16*64*10 forward (addmm); backward mm: the second
+        # layer's input and weight grads (2 x 20480) and the first layer's weight grad (65536)
+        "total flops 192512",
+        "meta weight: Parameter float32 (1024, 1024) stride=(1024, 1) dev=meta",
+    ],
+    "transforms": [
+        "deepcopy: FakeTensor torch.float32 (64, 32) (32, 1) dev=cpu",
+        "0.weight: FakeTensor torch.float32 (7, 5) (5, 1) dev=cpu",
+        "autocast out 0: Tensor bfloat16 (8, 4)",
+        "warning builtins.UserWarning torch/utils/checkpoint.py:238 None of the inputs have "
+        "requires_grad=True. Gradients will be None",
+    ],
+    "warnings_filters": [
+        # a filter keyed on torch's device module (where torch reports the warning) matches
+        "raised UserWarning: To copy construct from a tensor, it is recommended to use so",
+        # the implicit-dim warning names the program's line
+        "warning builtins.UserWarning warnings_filters.py:64 Implicit dimension choice for "
+        "softmax has been deprecated. Change the call to include dim=X as an argument.",
+        "raised builtins.UserWarning: Implicit dimension choice for log_softmax",
+    ],
+    "warnings_as_errors": [
+        "frames [('warnings_as_errors.py', 25, 'attempt'), "
+        "('warnings_as_errors.py', 34, 'copy_construct')]",
+        "finally uncaught:",
+    ],
+}
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COPYTRACE", "OTEL_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONHASHSEED="0", **extra)
+    return env
+
+
+def _run(name: str, way: str | None, out: Path) -> subprocess.CompletedProcess:
+    script = str(CORPUS / f"{name}.py")
+    python = [sys.executable, *PYTHON_FLAGS.get(name, [])]
+    env = _env()
+    if way is None:
+        cmd = [*python, script]
+    elif way == "COPYTRACE=1":
+        cmd = [*python, script]
+        env.update(COPYTRACE="1", COPYTRACE_REPORT="0", COPYTRACE_OUTPUT=str(out))
+    else:
+        cmd = [*python, "-m", "copytrace", "run", "--no-report", "-o", str(out), script]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=out.parent, env=env, timeout=600)
+
+
+def _last_traceback(stderr: str) -> str:
+    """The last ``Traceback ...`` block of stderr, without copytrace's own lines."""
+    lines = [ln for ln in stderr.splitlines() if not ln.startswith("copytrace:")]
+    starts = [i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call")]
+    return "\n".join(lines[starts[-1] :]) if starts else ""
+
+
+_RUNS: dict[str, dict[str | None, tuple[subprocess.CompletedProcess, Path]]] = {}
+
+
+def _runs(name: str, factory: pytest.TempPathFactory) -> dict:
+    """``{way: (completed process, output dir)}``: the untraced run first (it warms inductor's
+    cache), then the two traced ones side by side."""
+    if name not in _RUNS:
+        base = factory.mktemp(name)
+        plain = _run(name, None, base / "untraced" / "out")
+        assert plain.returncode == STATUS.get(name, 0), plain.stderr[-3000:]
+        lines = plain.stdout.splitlines()
+        for want in _EXPECT[name]:
+            assert any(want in ln for ln in lines), (want, plain.stdout)
+        outs = {way: base / f"traced{i}" / "out" for i, way in enumerate(WAYS)}
+        with ThreadPoolExecutor(max_workers=len(WAYS)) as pool:
+            futures = {way: pool.submit(_run, name, way, out) for way, out in outs.items()}
+        runs: dict = {way: (f.result(), outs[way]) for way, f in futures.items()}
+        runs[None] = (plain, base / "untraced" / "out")
+        _RUNS[name] = runs
+    return _RUNS[name]
+
+
+def test_every_program_has_expectations():
+    assert sorted(_EXPECT) == PROGRAMS
+
+
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("name", PROGRAMS)
+def test_traced_program_prints_raises_and_exits_as_untraced(name, way, tmp_path_factory):
+    runs = _runs(name, tmp_path_factory)
+    plain, _ = runs[None]
+    traced, out = runs[way]
+    own = [ln for ln in traced.stderr.splitlines() if ln.startswith("copytrace:")]
+    assert not any("tracing disabled" in ln for ln in own), traced.stderr[-3000:]
+    assert list(out.glob("copytrace-*.otlp.jsonl*")), ("no trace written", traced.stderr[-3000:])
+    diff = "\n".join(
+        difflib.unified_diff(
+            plain.stdout.splitlines(), traced.stdout.splitlines(), "untraced", way, lineterm=""
+        )
+    )
+    assert traced.stdout == plain.stdout, f"stdout differs:\n{diff}"
+    assert traced.returncode == plain.returncode, traced.stderr[-3000:]
+    assert _last_traceback(traced.stderr) == _last_traceback(plain.stderr)
