@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["Handovers", "install", "remove"]
 
 _Tensor = torch.Tensor
+_NoTorchFunction = torch._C.DisableTorchFunction
 _MAX_TENSORS = 100_000  # per state dict walked
 _MAX_HANDOVERS = 10_000
 _DEPTH = 6  # container nesting followed inside a state dict or a holder
@@ -286,7 +287,8 @@ def _wrap_state_dict(orig: Any, here: Any) -> Any:
             _BUSY[0] -= 1
         try:
             if rec.events is buffer:
-                rec.watch.handovers.returned(self, result, first)
+                with _NoTorchFunction():  # no other mode sees copytrace's reads
+                    rec.watch.handovers.returned(self, result, first)
         except Exception as err:
             rec.note_error(err)
         return result
@@ -301,10 +303,11 @@ def _wrap_load(orig: Any, here: Any) -> Any:
             return orig(self, state_dict, *args, **kwargs)
         given: dict[int, _Tensor] = {}
         try:
-            for t in _tensors_in(state_dict):
-                storage = _storage(t)
-                if storage is not None:
-                    given[id(storage)] = t
+            with _NoTorchFunction():  # no other mode sees copytrace's reads
+                for t in _tensors_in(state_dict):
+                    storage = _storage(t)
+                    if storage is not None:
+                        given[id(storage)] = t
         except Exception as err:
             rec.note_error(err)
         buffer, first = rec.events, len(rec.events)
@@ -315,7 +318,8 @@ def _wrap_load(orig: Any, here: Any) -> Any:
             _BUSY[0] -= 1
         try:
             if given and rec.events is buffer:
-                rec.watch.handovers.loaded(self, given, buffer, first)
+                with _NoTorchFunction():
+                    rec.watch.handovers.loaded(self, given, buffer, first)
         except Exception as err:
             rec.note_error(err)
         finally:

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = ["Watch", "BACKWARD_FUNCTIONS", "StorageIds"]
 
 _Tensor = torch.Tensor
+_NoTorchFunction = torch._C.DisableTorchFunction
 _seq_nr = torch._C._autograd._get_sequence_nr
 
 #: Entry points of a backward pass as the function mode sees them (``Tensor.backward`` calls
@@ -389,6 +390,13 @@ class Watch:
     # -- step boundaries ----------------------------------------------------------------------
     def step_end(self, final: bool = False) -> None:
         """Check this step's attached copies and the kept ``state_dict()`` aliases."""
+        try:
+            with _NoTorchFunction():  # no other mode sees copytrace's reads
+                self._step_end(final)
+        except Exception as err:
+            self.rec.note_error(err)
+
+    def _step_end(self, final: bool) -> None:
         try:
             self._check_retained(final)
             self._check_snapshots()
