@@ -4,6 +4,7 @@ status) and events whose facts arrive after they were flushed (written once, wit
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -121,3 +122,40 @@ def test_events_held_across_flushes_are_written_once_with_their_late_facts(tmp_p
     assert [e.attrs.get("copytrace.stale") for e in snaps] == [True, True]
     assert len({e.span_id for e in run.events}) == len(run.events) == 2
     assert sorted(best) == ["bias", "weight"]
+
+
+def test_unhashable_attribute_values_are_encoded_uncached() -> None:
+    enc = _Encoder()
+    for _ in range(2):
+        assert json.loads(enc.attr("k", [[1, 2], [3]])) == {
+            "key": "k",
+            "value": {"arrayValue": {"values": [_any_value([1, 2]), _any_value([3])]}},
+        }
+
+
+def test_user_provider_gets_groups_and_steps_as_parents(tmp_path) -> None:
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    mem = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(mem))
+    with copytrace.trace(tmp_path, tracer_provider=provider) as t:
+        copy.deepcopy(nn.Linear(2, 2))  # a group of 2 copies, in step 0
+        t.step()
+        torch.ones(2).clone()  # in step 1
+    spans = mem.get_finished_spans()
+    by_name: dict[str, list] = {}
+    for s in spans:
+        by_name.setdefault(s.name, []).append(s)
+    (run,) = by_name["copytrace.run"]
+    steps = sorted(by_name["copytrace.step"], key=lambda s: s.attributes["copytrace.step"])
+    group = next(s for s in by_name["copytrace.deepcopy"] if s.attributes.get("copytrace.group"))
+    children = [s for s in by_name["copytrace.deepcopy"] if s is not group]
+    assert len(children) == 2 and len(steps) == 2
+    assert all(s.parent.span_id == run.context.span_id for s in steps)
+    assert group.parent.span_id == steps[0].context.span_id
+    assert all(c.parent.span_id == group.context.span_id for c in children)
+    (clone,) = by_name["copytrace.clone"]
+    assert clone.parent.span_id == steps[1].context.span_id
+    assert len({s.context.trace_id for s in spans}) == 1
