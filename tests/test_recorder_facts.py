@@ -5,11 +5,13 @@ an internal error)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import torch
 
 import copytrace
+from copytrace.tracer._recorder import _storage_nbytes, _transfer
 
 _SOURCE = Path(__file__).read_text(encoding="utf-8").splitlines()
 
@@ -35,7 +37,8 @@ def test_non_blocking_comes_from_the_keyword() -> None:
         x.to(torch.float64, non_blocking=True)
         x.to(torch.float64)
         x.to(torch.float64, non_blocking=False)
-    assert [e.non_blocking for e in t.events] == [True, False, False]
+        x.to(torch.float64, copy=True)  # keywords, but not non_blocking
+    assert [e.non_blocking for e in t.events] == [True, False, False, False]
 
 
 def test_backward_copy_points_at_its_forward_call() -> None:
@@ -55,3 +58,33 @@ def test_call_without_a_positional_tensor_is_no_internal_error() -> None:
         y = torch.clone(input=x)
     assert torch.equal(y, x)
     assert t.stats["errors"] == 0
+
+
+def test_transfer_kinds() -> None:
+    pairs = [("cpu", "cpu"), ("cpu", "cuda:0"), ("cuda:0", "cpu"), ("cuda:0", "cuda:1"),
+             ("cuda:0", "cuda:0"), ("cpu", "meta")]  # fmt: skip
+    assert [_transfer(a, b) for a, b in pairs] == ["none", "h2d", "d2h", "d2d", "none", "h2d"]
+
+
+def test_storage_bytes_of_a_tensor_without_storage_are_its_logical_bytes() -> None:
+    assert _storage_nbytes(torch.ones(3).to_sparse()) == 12  # 3 float32 values
+    assert _storage_nbytes(torch.ones(10)[2:4]) == 40  # a view: its whole storage
+
+
+def test_host_to_device_copy_records_pinned_and_a_failed_copy_its_source() -> None:
+    x = torch.ones(4, requires_grad=True)
+    t0 = time.perf_counter_ns()
+    with copytrace.trace(write=False) as t:
+        x.detach().to("meta")  # a host-to-device copy that a CPU-only machine can make
+        try:
+            x.to("no-such-device")
+        except RuntimeError:
+            pass
+    t1 = time.perf_counter_ns()
+    detach, meta, failed = t.events
+    assert (meta.transfer, meta.pinned, meta.dst_device) == ("h2d", False, "meta")
+    assert (failed.error, failed.requires_grad, failed.graph, failed.alias) == (
+        "RuntimeError", False, "none", False)  # fmt: skip
+    assert (failed.shape, failed.dtype, failed.dst_device) == ((4,), "float32", "cpu")
+    for ev in t.events:
+        assert t0 <= ev.start_ns <= ev.end_ns <= t1
