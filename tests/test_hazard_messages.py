@@ -39,8 +39,8 @@ def findings(program: Callable[[Any], None]) -> list[tuple]:
 
 
 _KEEP_DETACHED = (
-    "Keep `t.detach()` (or `t.item()` for a number) instead, or make the copy under "
-    "`torch.no_grad()`."
+    "Keep `t.detach()` (or `t.item()` for a number) instead, also when adding it to a total, "
+    "or make the copy under `torch.no_grad()`."
 )
 _CTOR_FIX = (
     "Use `t.detach().clone()` when a copy is needed, or `torch.as_tensor(t)` / `t.to(dtype)` "
@@ -96,8 +96,8 @@ def test_graph_retaining_copy_one_and_several() -> None:
             "graph-retaining-copy",
             "warning",
             "3 attached clone results (CloneBackward0) outlived their steps with the autograd "
-            "graph, and no backward ran through that graph: 1200 B (1.2 KiB) of saved tensors "
-            "kept alive",
+            "graph, itself or through a tensor computed from it (a running total), and no "
+            "backward ran through that graph: 1200 B (1.2 KiB) of saved tensors kept alive",
             _KEEP_DETACHED,
             1200,
             [0, 1, 2],
@@ -106,8 +106,9 @@ def test_graph_retaining_copy_one_and_several() -> None:
     ]
     ((*_, message), *_) = [(f[2],) for f in findings(_keep_clones(1))]
     assert message == (
-        "1 attached clone result (CloneBackward0) outlived its step with the autograd graph, and "
-        "no backward ran through that graph: 400 B of saved tensors kept alive"
+        "1 attached clone result (CloneBackward0) outlived its step with the autograd graph, "
+        "itself or through a tensor computed from it (a running total), and no backward ran "
+        "through that graph: 400 B of saved tensors kept alive"
     )
 
 
