@@ -159,3 +159,14 @@ def test_user_provider_gets_groups_and_steps_as_parents(tmp_path) -> None:
     (clone,) = by_name["copytrace.clone"]
     assert clone.parent.span_id == steps[1].context.span_id
     assert len({s.context.trace_id for s in spans}) == 1
+
+
+def test_pinned_is_written_on_host_to_device_copies_only(tmp_path) -> None:
+    x = torch.ones(4)
+    with copytrace.trace(tmp_path) as t:
+        x.to("meta")  # host to device (a device a CPU-only machine has)
+        x.to(torch.float64)  # host to host
+    (run,) = copytrace.load_trace(t.trace_path).runs
+    assert [(e.attrs["copytrace.transfer"] if "copytrace.transfer" in e.attrs else "none",
+             e.attrs.get("copytrace.pinned")) for e in run.events] == [
+        ("h2d", False), ("none", None)]  # fmt: skip
