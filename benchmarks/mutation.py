@@ -25,7 +25,7 @@ Usage::
     python benchmarks/mutation.py --targets rules --max-mutants 0   # every mutant of one
     python benchmarks/mutation.py --show-survivors      # and the diff of each survivor
 
-About 20 minutes for the three default samples on 2 shared CPU cores. Exit status 0; the
+About 30 minutes for the three default samples on 2 shared CPU cores. Exit status 0; the
 scores are in the output (and in the README's development section).
 """
 
