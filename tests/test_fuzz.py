@@ -25,6 +25,7 @@ import os
 import types
 import warnings
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -32,6 +33,7 @@ from torch.overrides import TorchFunctionMode, resolve_name
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import copytrace
+from copytrace.tracer import _native
 
 EXAMPLES = int(os.environ.get("COPYTRACE_FUZZ_EXAMPLES", "40"))
 
@@ -302,6 +304,11 @@ def _same_result(a, b):
     derandomize=True,
 )
 @given(wrapped_programs())
+@pytest.mark.skipif(
+    _native.load() is None,
+    reason="the Python fallback path is a Python dispatch mode: torch itself changes S(t) and "
+    "compiled calls under one (README, known limitations)",
+)
 def test_modes_subclasses_and_compiled_code_see_the_same_program(wrapped):
     program, context, user_mode = wrapped
     with warnings.catch_warnings():
