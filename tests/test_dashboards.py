@@ -351,7 +351,7 @@ def test_run_analysis(monkeypatch: pytest.MonkeyPatch, trace_file: Path) -> None
 def test_sample_events_keeps_hazards_and_large_copies(tmp_path: Path) -> None:
     model = build_model(load_trace(write_many(tmp_path, 3000)))
     assert model.n_events == model.n_sampled == 3000
-    assert model.totals.hazard_count == 1  # the trace's one hazard, naming 12 events
+    assert model.totals.hazard_count == 3  # the trace's hazards: one per call site
     chosen = list(range(build_model(event_table(tmp_path), max_points=300).n_sampled))
     assert len(chosen) <= 300
     small = build_model(event_table(tmp_path), max_points=300)
@@ -383,8 +383,8 @@ def test_sample_events_raises_the_large_threshold_to_stay_bounded(tmp_path: Path
     chosen = sample_events(model, 300, info=info)
     assert len(chosen) == model.n_sampled <= 300 + 12  # the 12 hazard events may come on top
     # 300 copies of 4 MiB do not fit in half the budget: they are sampled like the rest;
-    # one hazard keeps up to max(20, 300 // 10) of its events
-    assert info.large_bytes == (4 << 20) + 1 and info.per_hazard == 30
+    # each of the 3 hazards keeps up to max(20, 300 // 30) of its events
+    assert info.large_bytes == (4 << 20) + 1 and info.per_hazard == 20
     sites = {model.event(i)["call_site"] for i in chosen}
     assert sites == {"loop.py:5 main", "loop.py:6 main", "loop.py:9 main", "model.py:20 forward"}
     big = [

@@ -2,8 +2,8 @@
 mixed-version files lose only what cannot be read, the Parquet cache, several ranks, and
 ``copytrace export --parquet``.
 
-The synthetic trace (``_tracegen.write_trace``) has 3 lines: 8 event spans (7 events and a
-deepcopy group), then 3 step spans, then the run span and a hazards span.
+The synthetic trace (``_tracegen.write_trace``) has 4 lines: 8 event spans (7 events and a
+deepcopy group), then 3 step spans, then the run span, then a hazards span.
 """
 
 from __future__ import annotations
