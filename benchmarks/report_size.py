@@ -1,16 +1,20 @@
-"""Report size and build time on generated traces of 10k, 100k and 1M events.
+"""Report, summary and check times, peak memory and report size on generated traces.
 
 Usage::
 
-    python benchmarks/report_size.py                  # 10k, 100k, 1M events
-    python benchmarks/report_size.py --events 10000 100000 --keep /tmp/ct-bench
+    python benchmarks/report_size.py                       # 10k, 100k, 1M events
+    python benchmarks/report_size.py --events 1000000 --ranks 1
+    python benchmarks/report_size.py --events 10000000 --ranks 8 --keep /tmp/ct-bench
 
 For each size it writes a synthetic trace (OTLP/JSON lines, as the tracer writes them: a
 training-loop mix of no-op ``.to()`` calls, ``detach`` aliases, clones, host-to-device and
-device-to-host copies, ``copy_``, deepcopy, in several modules and call sites, with a few
-``copytrace.hazard`` span events), then builds the HTML report in a fresh subprocess and
-prints: events, trace file size, report size, time to load, aggregate and render, total
-build time and the peak memory of the build. Not a test: it only prints numbers.
+device-to-host copies, ``copy_``, deepcopy, in several modules and call sites, 100 events
+per step, and a ``copytrace.hazards`` span), split over ``--ranks`` files, then times in
+fresh subprocesses: one naive pass of stdlib ``json.loads`` over every line (the reference),
+``copytrace report`` without the event-table cache (it parses the files and writes the
+cache), ``copytrace report`` again (from the cache), ``copytrace summary`` and
+``copytrace check``; with the peak memory of each and the report's size. Not a test: it only
+prints numbers.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import time
 from pathlib import Path
 
 T0 = 1_750_000_000_000_000_000
-EVENTS_PER_STEP = 250
+EVENTS_PER_STEP = 100
 STEP_NS = 20_000_000  # 20 ms per step
 SPANS_PER_LINE = 4000
 
@@ -115,42 +119,39 @@ def _templates() -> list[tuple[int, str, str]]:
     return out
 
 
-_HAZARD = (
-    ',"events":[{"timeUnixNano":"%d","name":"copytrace.hazard","attributes":'
-    + json.dumps(
-        [
-            {"key": "copytrace.hazard.code", "value": {"stringValue": "CT-SYNC-D2H"}},
-            {"key": "copytrace.hazard.severity", "value": {"stringValue": "warning"}},
-            {"key": "copytrace.hazard.message",
-             "value": {"stringValue": "device-to-host copy every step synchronises the GPU"}},
-            {"key": "copytrace.hazard.fix",
-             "value": {"stringValue": "accumulate on the device; call .item() once per log"}},
-        ],
-        separators=(",", ":"),
-    ).replace("%", "%%")
-    + "}]"
-)  # fmt: skip
+_HAZARD_ATTRS = [
+    {"key": "copytrace.hazard.code", "value": {"stringValue": "CT-SYNC-D2H"}},
+    {"key": "copytrace.hazard.severity", "value": {"stringValue": "warning"}},
+    {"key": "copytrace.hazard.message",
+     "value": {"stringValue": "device-to-host copy every step synchronises the GPU"}},
+    {"key": "copytrace.hazard.fix",
+     "value": {"stringValue": "accumulate on the device; call .item() once per log"}},
+    {"key": "copytrace.hazard.call_sites",
+     "value": {"arrayValue": {"values": [{"stringValue": "/home/user/project/train.py:190 main"}]}}},
+]  # fmt: skip
 
 
-def generate_trace(path: Path, n_events: int, seed: int = 0) -> None:
+def generate_trace(path: Path, n_events: int, seed: int = 0, pid: int = 4242) -> None:
     """Write a synthetic trace of ``n_events`` event spans (plus steps and a run span).
 
     Args:
         path: File to write (``*.otlp.jsonl``).
         n_events: Event spans to write.
-        seed: Random seed for the mix of events.
+        seed: Random seed for the mix of events (and the trace id).
+        pid: ``process.pid`` of the run.
     """
     rng = random.Random(seed)
     tpls = _templates()
     weights = [w for w, _, _ in tpls]
     choice = rng.choices(range(len(tpls)), weights=weights, k=n_events)
+    hazard_ids: list[str] = []
     n_steps = max(3, -(-n_events // EVENTS_PER_STEP))
     trace_id = f"{rng.getrandbits(128):032x}"
     run_id = 1
     head = (
         '{"resourceSpans":[{"resource":{"attributes":['
         '{"key":"service.name","value":{"stringValue":"copytrace"}},'
-        '{"key":"process.pid","value":{"intValue":"4242"}},'
+        '{"key":"process.pid","value":{"intValue":"%d"}},'
         '{"key":"host.name","value":{"stringValue":"bench"}}]},'
         '"scopeSpans":[{"scope":{"name":"copytrace","version":"0.1.0"},"spans":['
     )
@@ -158,7 +159,7 @@ def generate_trace(path: Path, n_events: int, seed: int = 0) -> None:
     span_fmt = (
         '{"traceId":"' + trace_id + '","spanId":"%016x","parentSpanId":"%016x","name":"%s",'
         '"kind":1,"startTimeUnixNano":"%d","endTimeUnixNano":"%d","attributes":[%s,'
-        '{"key":"copytrace.step","value":{"intValue":"%d"}}],"status":{}%s}'
+        '{"key":"copytrace.step","value":{"intValue":"%d"}}],"status":{}}'
     )
     step_fmt = (
         '{"traceId":"%s","spanId":"%016x","parentSpanId":"%016x","name":"copytrace.step",'
@@ -169,6 +170,7 @@ def generate_trace(path: Path, n_events: int, seed: int = 0) -> None:
         '{"traceId":"%s","spanId":"%016x","name":"copytrace.run","kind":1,'
         '"startTimeUnixNano":"%d","endTimeUnixNano":"%d","attributes":[%s],"status":{}}'
     )
+    head = head % pid
     with path.open("w", encoding="utf-8") as fh:
         batch: list[str] = []
 
@@ -184,11 +186,11 @@ def generate_trace(path: Path, n_events: int, seed: int = 0) -> None:
             ti = choice[i]
             _, name, attrs = tpls[ti]
             dur = 2_000 + (ti * 7919 + i) % 40_000
-            hazard = _HAZARD % (start + dur) if name == "copytrace.cpu" and i % 50 == 0 else ""
+            if name == "copytrace.cpu" and len(hazard_ids) < 1000:
+                hazard_ids.append(f"{0x1000000 + i:016x}")
             batch.append(
-                span_fmt % (0x1000000 + i, 0x100 + step, name, start, start + dur, attrs, step,
-                            hazard)
-            )  # fmt: skip
+                span_fmt % (0x1000000 + i, 0x100 + step, name, start, start + dur, attrs, step)
+            )
             if len(batch) >= SPANS_PER_LINE:
                 flush()
         for s in range(n_steps):
@@ -210,84 +212,105 @@ def generate_trace(path: Path, n_events: int, seed: int = 0) -> None:
                 "copytrace.overhead_ns": n_events * 9_000,
             }
         )
-        batch.append(run_fmt % (trace_id, run_id, T0, T0 + n_steps * STEP_NS, run_attrs))
+        end = T0 + n_steps * STEP_NS
+        batch.append(run_fmt % (trace_id, run_id, T0, end, run_attrs))
+        ids = {"key": "copytrace.hazard.span_ids",
+               "value": {"arrayValue": {"values": [{"stringValue": h} for h in hazard_ids]}}}
+        hazards = {"traceId": trace_id, "spanId": f"{2:016x}", "parentSpanId": f"{run_id:016x}",
+                   "name": "copytrace.hazards", "kind": 1, "startTimeUnixNano": str(end),
+                   "endTimeUnixNano": str(end), "events": [
+                       {"timeUnixNano": str(end), "name": "copytrace.hazard",
+                        "attributes": [*_HAZARD_ATTRS, ids]}]}  # fmt: skip
+        batch.append(json.dumps(hazards, separators=(",", ":")))
         flush()
 
 
-def _build_one(trace: Path, out: Path) -> dict:
-    """Build the report in this process and return timings (s) and peak memory (MiB)."""
-    from copytrace.dashboards import build_model, load_trace, render_html
-
+def _measure(argv: list[str]) -> dict:
+    """Run ``argv`` (a reference pass or a copytrace command) in this process; return its
+    wall time (s) and this process's peak memory (MiB)."""
     t0 = time.perf_counter()
-    data = load_trace(trace)
-    t1 = time.perf_counter()
-    model = build_model(data, analyze=True)
-    del data
-    t2 = time.perf_counter()
-    render_html(model, out)
-    t3 = time.perf_counter()
+    if argv[0] == "naive-json":
+        n = 0
+        for f in sorted(Path(argv[1]).glob("*.otlp.jsonl")):
+            with f.open("rb") as fh:
+                for line in fh:
+                    json.loads(line)
+                    n += 1
+    else:
+        from copytrace.cli import main as cli_main
+
+        with open(os.devnull, "w") as null:
+            import contextlib
+
+            with contextlib.redirect_stdout(null):
+                code = cli_main(argv)
+        if code not in (0, 1):
+            raise SystemExit(f"{argv}: exit {code}")
+    wall = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
-    return {
-        "events": model.n_events,
-        "load_s": t1 - t0,
-        "model_s": t2 - t1,
-        "render_s": t3 - t2,
-        "build_s": t3 - t0,
-        "peak_mib": peak,
-    }
+    return {"s": wall, "peak_mib": peak}
 
 
-def _mib(n: int) -> str:
+def _child(argv: list[str]) -> dict:
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, __file__, "--measure", *argv],
+        capture_output=True, text=True, env=env, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _mib(n: float) -> str:
     return f"{n / (1 << 20):,.1f} MiB"
+
+
+def _row(n: int, ranks: int, work: Path) -> str:
+    trace_dir = work / f"bench-{n}x{ranks}"
+    trace_dir.mkdir(parents=True, exist_ok=True)
+    for r in range(ranks):
+        f = trace_dir / f"copytrace-bench-{r}.otlp.jsonl"
+        if not f.exists():
+            generate_trace(f, n // ranks, seed=r, pid=4242 + r)
+    for cache in trace_dir.glob(".copytrace-cache/*.events.parquet"):
+        cache.unlink()
+    out = trace_dir / "report.html"
+    size = sum(f.stat().st_size for f in trace_dir.glob("*.otlp.jsonl"))
+    naive = _child(["naive-json", str(trace_dir)]) if ranks == 1 or n <= 1_000_000 else None
+    cold = _child(["report", str(trace_dir), "-o", str(out)])
+    warm = _child(["report", str(trace_dir), "-o", str(out)])
+    summary = _child(["summary", str(trace_dir)])
+    check = _child(["check", str(trace_dir), "--allow-partial"])
+    ref = f"{naive['s']:6.1f} s" if naive else "     -  "
+    return (
+        f"{n:>11,} | {ranks} | {_mib(size):>12} | {ref} | {cold['s']:6.1f} s | "
+        f"{warm['s']:5.1f} s | {summary['s']:5.1f} s | {check['s']:5.1f} s | "
+        f"{max(cold['peak_mib'], warm['peak_mib']):6,.0f} MiB | "
+        f"{_mib(out.stat().st_size):>9}"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark and print one row per size."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+    parser.add_argument("--ranks", type=int, default=1, help="trace files (ranks) per size")
     parser.add_argument("--keep", type=Path, default=None, help="keep traces and reports here")
-    parser.add_argument("--build-one", nargs=2, metavar=("TRACE", "OUT"), help=argparse.SUPPRESS)
+    parser.add_argument("--measure", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.build_one:
-        print(json.dumps(_build_one(Path(args.build_one[0]), Path(args.build_one[1]))))
+    if args.measure:
+        print(json.dumps(_measure(args.measure)))
         return 0
-
     work = args.keep or Path(tempfile.mkdtemp(prefix="copytrace-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    rows = []
+    print("     events | ranks | trace (plain) | naive json | report (parse) | "
+          "report (cached) | summary | check | peak memory | report size", flush=True)
     try:
         for n in args.events:
-            trace = work / f"bench-{n}.otlp.jsonl"
-            out = work / f"bench-{n}.report.html"
-            t = time.perf_counter()
-            generate_trace(trace, n)
-            gen_s = time.perf_counter() - t
-            env = dict(os.environ)
-            root = str(Path(__file__).resolve().parents[1])
-            env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-            proc = subprocess.run(
-                [sys.executable, __file__, "--build-one", str(trace), str(out)],
-                capture_output=True,
-                text=True,
-                env=env,
-                check=False,
-            )
-            if proc.returncode != 0:
-                print(proc.stderr, file=sys.stderr)
-                return proc.returncode
-            res = json.loads(proc.stdout.strip().splitlines()[-1])
-            res.update(trace_bytes=trace.stat().st_size, report_bytes=out.stat().st_size,
-                       gen_s=gen_s)  # fmt: skip
-            rows.append(res)
-            print(
-                f"{n:>9,} events: trace {_mib(res['trace_bytes']):>12}, report "
-                f"{_mib(res['report_bytes']):>9}; build {res['build_s']:6.1f} s (load "
-                f"{res['load_s']:.1f} s, aggregate {res['model_s']:.1f} s, render "
-                f"{res['render_s']:.1f} s), peak memory {res['peak_mib']:,.0f} MiB",
-                flush=True,
-            )
-            if args.keep is None:
-                trace.unlink()
+            print(_row(n, args.ranks, work), flush=True)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)

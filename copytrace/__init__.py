@@ -37,7 +37,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from copytrace.analysis import Finding, analyze
-    from copytrace.dashboards import load_trace
+    from copytrace.tracefile import load_trace
     from copytrace.tracer import CopyEvent, Trace, trace
     from copytrace.tracer._session import Schedule
 

@@ -738,7 +738,8 @@ def write_report_for(out: Path, files: list[Path], report: Path) -> Path:
     files are linked into a temporary directory first, so that traces from earlier runs are
     left out, and the report names the real files.
     """
-    from copytrace.dashboards import build_model, load_trace, render_html, write_report
+    from copytrace.dashboards import build_model, render_html, write_report
+    from copytrace.tracefile import event_table
 
     chosen = {f.resolve() for f in files}
     others = [
@@ -764,15 +765,10 @@ def write_report_for(out: Path, files: list[Path], report: Path) -> Path:
                 os.symlink(f.resolve(), link)
             except OSError:
                 shutil.copyfile(f, link)
-        trace = load_trace(tmp)
-
-        def unlink(paths: list[Any]) -> list[Any]:
-            return [type(p)(real.get(str(p), p)) for p in paths]
-
-        trace.files = unlink(trace.files)
-        trace.empty_files = unlink(trace.empty_files)
-        for run in trace.runs:
-            run.files = unlink(run.files)
+        trace = event_table(tmp, cache=False)
+        trace.files = [Path(real.get(str(f), f)) for f in trace.files]
+        for part in trace.parts:  # the report names the real files
+            part.path = Path(real.get(str(part.path), part.path))
         return render_html(build_model(trace), report)
 
 

@@ -39,17 +39,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from copytrace.tracer._otel import _OMITTED_DEFAULTS
-
-#: Mark for tests of hazards read back from a trace file. The loader reads ``copytrace.hazard``
-#: events only on event spans, where the tracer never writes them, and skips the
-#: ``copytrace.hazards`` span where it does: these tests fail until it reads that span. Strict,
-#: so that they report XPASS as a failure then, and this mark must go.
-HAZARD_SPAN_NOT_LOADED = pytest.mark.xfail(
-    strict=True, reason="the loader does not read the copytrace.hazards span yet"
-)
 
 T0 = 1_700_000_000_000_000_000
 MS = 1_000_000
@@ -354,7 +344,7 @@ def trace_lines(pid: int = 4242, trace_id: str | None = None) -> list[str]:
                 "copytrace.steps": 3,
                 "copytrace.overhead_ns": 1_500_000,
             },
-        )
+        ),
     ]
     resource = {
         "attributes": [

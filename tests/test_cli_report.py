@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from _realtrace import BYTES_COPIED, CONTIGUOUS_SITE, HAZARD_CODE, write_real_trace
-from _tracegen import HAZARD_SPAN_NOT_LOADED, SCRIPT_MODULE, write_many, write_trace
+from _tracegen import SCRIPT_MODULE, write_many, write_trace
 
 from copytrace.cli import main
 
@@ -148,7 +148,6 @@ def test_summary_of_a_real_trace(tmp_path: Path, capsys: pytest.CaptureFixture) 
     assert SCRIPT_MODULE in out  # a module, as plain text
 
 
-@HAZARD_SPAN_NOT_LOADED
 def test_summary_no_analysis_shows_the_hazards_of_the_trace_file(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

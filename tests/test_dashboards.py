@@ -20,7 +20,6 @@ import pytest
 from _realtrace import HAZARD_CODE as REAL_HAZARD_CODE
 from _realtrace import write_real_trace
 from _tracegen import (
-    HAZARD_SPAN_NOT_LOADED,
     MS,
     SCRIPT_MODULE,
     T0,
@@ -39,8 +38,8 @@ from copytrace.dashboards import (
     sample_events,
     write_report,
 )
-from copytrace.dashboards._load import decode_value
 from copytrace.dashboards._payload import build_payload, dump_payload
+from copytrace.tracefile import decode_value, event_table
 
 # Expected values for one synthetic run (see tests/_tracegen.py). Non-group events:
 #   clone 4000/4000 B 2 ms, detach (alias) 0/4000 B 0.5 ms, to h2d 8000/8000 B 3 ms,
@@ -166,7 +165,8 @@ def test_per_step_rows_and_stages(trace_file: Path) -> None:
 
 
 def _steps(durations_ms: list[float]) -> list[str]:
-    from copytrace.dashboards._model import StepRow, _assign_stages
+    from copytrace.dashboards._rows import StepRow
+    from copytrace.dashboards.sections.steps import _assign_stages
 
     rows = [StepRow("r", i, int(d * MS)) for i, d in enumerate(durations_ms)]
     _assign_stages(rows)
@@ -275,7 +275,6 @@ def test_event_columns(trace_file: Path) -> None:
     assert len(model.templates) == 7  # all differ (the deepcopy children in their bytes)
 
 
-@HAZARD_SPAN_NOT_LOADED
 def test_hazards_from_the_hazards_span(trace_file: Path) -> None:
     model = build_model(load_trace(trace_file))
     assert model.totals.hazard_count == 1  # the one copytrace.hazard event
@@ -301,7 +300,6 @@ class _Finding:
     event_ids: list
 
 
-@HAZARD_SPAN_NOT_LOADED
 def test_hazards_from_findings(trace_file: Path) -> None:
     data = load_trace(trace_file)
     clone_id, contiguous_id = f"{10:016x}", f"{17:016x}"
@@ -314,14 +312,14 @@ def test_hazards_from_findings(trace_file: Path) -> None:
     model = build_model(data, findings=findings)
     assert model.analysis == "ran"
     codes = [h.code for h in model.hazards]
-    assert codes == ["CT-BIG", "CT-TEST", "CT-INFO"]  # error, warning, info
-    big, _, info = model.hazards
+    assert codes == ["CT-BIG", "CT-INFO"]  # error, info; the trace's own hazards are not merged
+    big, info = model.hazards
     assert (big.call_sites, big.bytes, big.steps, big.source) == (
         ["train.py:11 forward"], 16000, [2], "analysis")  # fmt: skip
     assert info.call_sites == ["train.py:10 forward"]  # filled in from its event
     assert info.steps == [0]
     hz = {model.event(i)["op"]: model.event(i)["hazard"] for i in range(model.n_events)}
-    assert (hz["contiguous"], hz["clone"]) == (0, 2)
+    assert (hz["contiguous"], hz["clone"]) == (0, 1)
 
 
 def test_run_analysis(monkeypatch: pytest.MonkeyPatch, trace_file: Path) -> None:
@@ -337,7 +335,7 @@ def test_run_analysis(monkeypatch: pytest.MonkeyPatch, trace_file: Path) -> None
     findings, status = run_analysis(data)
     assert status == "ran" and len(findings or []) == 1
     model = build_model(data, analyze=True)
-    assert [h.code for h in model.hazards if h.source == "analysis"] == ["X1"]
+    assert [h.code for h in model.hazards] == ["X1"]  # the analysis replaces the trace's own
 
     def boom(trace: object) -> list:
         raise RuntimeError("bad <input>")
@@ -346,14 +344,20 @@ def test_run_analysis(monkeypatch: pytest.MonkeyPatch, trace_file: Path) -> None
     assert run_analysis(data) == (None, "failed: RuntimeError: bad <input>")
     model = build_model(data, analyze=True)
     assert model.analysis == "failed: RuntimeError: bad <input>"
-    assert [h for h in model.hazards if h.source == "analysis"] == []
+    assert [h.code for h in model.hazards] == ["CT-TEST"]  # the hazards the tracer wrote
+    assert model.hazards[0].source == "trace"
 
 
-@HAZARD_SPAN_NOT_LOADED
 def test_sample_events_keeps_hazards_and_large_copies(tmp_path: Path) -> None:
     model = build_model(load_trace(write_many(tmp_path, 3000)))
-    assert model.n_events == 3000
-    assert model.totals.hazard_count == 3  # one per call site: repeats are merged
+    assert model.n_events == model.n_sampled == 3000
+    assert model.totals.hazard_count == 3  # the trace's hazards: one per call site
+    chosen = list(range(build_model(event_table(tmp_path), max_points=300).n_sampled))
+    assert len(chosen) <= 300
+    small = build_model(event_table(tmp_path), max_points=300)
+    events = [small.event(i) for i in chosen]
+    assert sum(1 for e in events if e["hazard"] is not None) == 12
+    assert sum(1 for e in events if e["bytes_logical"] == 4 << 20) == 6
     chosen = sample_events(model, 300)
     assert chosen == sorted(set(chosen))
     events = [model.event(i) for i in chosen]
@@ -372,13 +376,14 @@ def test_sample_events_keeps_hazards_and_large_copies(tmp_path: Path) -> None:
     assert set(hazards) <= set(sample_events(model, 5))
 
 
-@HAZARD_SPAN_NOT_LOADED
 def test_sample_events_raises_the_large_threshold_to_stay_bounded(tmp_path: Path) -> None:
-    model = build_model(load_trace(write_many(tmp_path, 3000, large_every=10)))
+    write_many(tmp_path, 3000, large_every=10)
+    model = build_model(event_table(tmp_path), max_points=300)
     info = SampleInfo()
     chosen = sample_events(model, 300, info=info)
-    assert len(chosen) <= 300 + 12  # the 12 hazard events may come on top
-    # 300 copies of 4 MiB do not fit in half the budget: they are sampled like the rest
+    assert len(chosen) == model.n_sampled <= 300 + 12  # the 12 hazard events may come on top
+    # 300 copies of 4 MiB do not fit in half the budget: they are sampled like the rest;
+    # each of the 3 hazards keeps up to max(20, 300 // 30) of its events
     assert info.large_bytes == (4 << 20) + 1 and info.per_hazard == 20
     sites = {model.event(i)["call_site"] for i in chosen}
     assert sites == {"loop.py:5 main", "loop.py:6 main", "loop.py:9 main", "model.py:20 forward"}
@@ -424,7 +429,6 @@ def test_payload_is_compact_json(trace_file: Path) -> None:
     assert len(text) < 20_000
 
 
-@HAZARD_SPAN_NOT_LOADED
 def test_payload_points_at_the_hazards_of_the_trace_file(trace_file: Path) -> None:
     back = json.loads(dump_payload(build_payload(build_model(load_trace(trace_file)), title="t")))
     assert [back["S"][h["code"]] for h in back["hazards"]] == ["CT-TEST"]

@@ -82,7 +82,7 @@ def analyze(source: Any, *, codes: Iterable[str] | None = None) -> list[Finding]
 
     Args:
         source: the events of a trace (``t.events``, a list of :class:`copytrace.CopyEvent`),
-            a :class:`copytrace.Trace`, a loaded :class:`copytrace.dashboards.TraceData`, or a
+            a :class:`copytrace.Trace`, a loaded :class:`copytrace.tracefile.TraceData`, or a
             trace file / directory path.
         codes: only these hazard codes (default: all); see :func:`normalize_codes`.
 

@@ -2,7 +2,7 @@
 
 The analyser works on :class:`Ev` objects, built either from :class:`copytrace.CopyEvent`
 (``t.events`` of a live trace) or from the span attributes of a loaded trace
-(:func:`copytrace.dashboards.load_trace`); ``docs/trace-format.md`` lists the attributes.
+(:func:`copytrace.tracefile.load_trace`); ``docs/trace-format.md`` lists the attributes.
 """
 
 from __future__ import annotations
@@ -146,13 +146,21 @@ def runs_of(source: Any) -> list[list[Ev]]:
 
     Args:
         source: a sequence of :class:`copytrace.CopyEvent`; a :class:`copytrace.Trace` (its
-            ``events``); a :class:`copytrace.dashboards.TraceData`; or a trace file or
-            directory path (loaded with :func:`copytrace.dashboards.load_trace`).
+            ``events``); a :class:`copytrace.tracefile.TraceData`; a
+            :class:`copytrace.tracefile.EventTable`; or a trace file or directory path (read
+            with :func:`copytrace.tracefile.event_table`).
     """
     if isinstance(source, (str, os.PathLike)):
-        from copytrace.dashboards._load import load_trace
+        from copytrace.tracefile import event_table
 
-        source = load_trace(source)
+        source = event_table(source)
+    if hasattr(source, "parts") and hasattr(source, "files"):  # a copytrace.tracefile.EventTable
+        from copytrace.analysis._table_view import TableRuns
+
+        views = getattr(source, "analysis_views", None)  # one per table
+        if views is None:
+            views = source.analysis_views = TableRuns(source)
+        return views  # type: ignore[no-any-return]
     runs = getattr(source, "runs", None)
     if runs is not None and not isinstance(source, Sequence):
         return [_run_views(run, i) for i, run in enumerate(runs)]

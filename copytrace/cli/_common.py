@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["add_trace_command", "warn_unreadable"]
+__all__ = ["add_trace_command", "select_runs", "warn_unreadable"]
 
 
 def add_trace_command(
@@ -21,7 +21,60 @@ def add_trace_command(
     parser.add_argument(
         "path", metavar="PATH", help="trace file (*.otlp.jsonl[.gz]) or a directory of them"
     )
+    runs = parser.add_mutually_exclusive_group()
+    runs.add_argument(
+        "--run", type=int, metavar="N", default=None,
+        help="when PATH holds several runs (launches, numbered from 1 by start time): "
+        "only run N (default: the latest, with a warning naming the others)",
+    )  # fmt: skip
+    runs.add_argument(
+        "--all", action="store_true",
+        help="combine every run in PATH (a warning says which; needed to merge runs)",
+    )  # fmt: skip
     return parser
+
+
+def _when(ns: int) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(ns / 1e9, tz=dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def select_runs(table: Any, args: Any, path: Path | str, err: TextIO | None = None) -> Any:
+    """The part of ``table`` that ``--run N`` / ``--all`` ask for.
+
+    A directory with several runs (launches: processes that did not run at the same time)
+    shows the latest unless ``--run N`` picks one or ``--all`` combines them; either way a
+    warning on stderr names the runs (and, when combined, says so, and whether they are
+    different programs).
+
+    Raises:
+        CopytraceError: If ``--run`` is not the number of a run in ``path``.
+    """
+    from copytrace._errors import CopytraceError
+    from copytrace.tracefile import run_groups
+
+    err = err or sys.stderr
+    groups = run_groups(table)
+    n = len(groups)
+    chosen = getattr(args, "run", None)
+    if chosen is not None and not 1 <= chosen <= n:
+        raise CopytraceError(f"--run {chosen}: {path} holds run{'s 1-' if n > 1 else ' '}{n}")
+    if n <= 1:
+        return table
+    listing = "; ".join(f"run {g.number}: {g.command or '?'} (started {_when(g.start_ns)} UTC, "
+                        f"{len(g.trace_ids)} process(es))" for g in groups)  # fmt: skip
+    if getattr(args, "all", False):
+        programs = sorted({g.program for g in groups})
+        what = (f"different programs ({', '.join(programs)})" if len(programs) > 1
+                else f"the same program ({programs[0]})")  # fmt: skip
+        print(f"copytrace: warning: combining {n} runs of {what}: {listing}", file=err)
+        return table
+    if chosen is None:
+        chosen = n
+        print(f"copytrace: warning: {path} holds {n} runs; showing run {n} (--run N shows "
+              f"another, --all combines them): {listing}", file=err)  # fmt: skip
+    return table.only(groups[chosen - 1].trace_ids)
 
 
 def warn_unreadable(trace: Any, path: Path | str, err: TextIO | None = None) -> None:

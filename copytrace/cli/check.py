@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
-from copytrace.cli._common import add_trace_command, warn_unreadable
+from copytrace.cli._common import add_trace_command, select_runs, warn_unreadable
 
 __all__ = ["register", "handle", "EXIT_VIOLATION"]
 
@@ -57,7 +57,7 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         normalize_codes,
         severity_codes,
     )
-    from copytrace.dashboards import load_trace
+    from copytrace.tracefile import event_table
 
     out = out or sys.stdout
     err = err or sys.stderr
@@ -68,7 +68,7 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
     except ValueError as e:
         raise CopytraceError(str(e)) from None
     path = Path(args.path)
-    trace = load_trace(path)
+    trace = select_runs(event_table(path), args, path, err)
     warn_unreadable(trace, path, err)
     budget = Budget(
         max_bytes_per_step=args.max_bytes_per_step,
@@ -80,7 +80,7 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
     )
     findings = analyze(trace)
     violations, _ = check(trace, budget, findings)
-    unfinished = [r for r in trace.runs if not r.has_run_span]
+    unfinished = trace.unfinished_runs()
     if not args.allow_partial:
         # A gate must not pass a run that crashed or a file that was cut: what is missing
         # could be exactly the copies over budget.

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from copytrace.cli._common import add_trace_command, warn_unreadable
+from copytrace.cli._common import add_trace_command, select_runs, warn_unreadable
 
 if TYPE_CHECKING:
     from copytrace.dashboards import ReportModel
@@ -45,6 +45,7 @@ def build(
     max_points: int | None = None,
     analyze: bool = True,
     progress: bool = True,
+    runs: argparse.Namespace | None = None,
 ) -> tuple[Path, ReportModel]:
     """Load a trace, aggregate it and write the report, showing progress on stderr.
 
@@ -57,6 +58,7 @@ def build(
         analyze: Run the hazard analyser when installed.
         progress: Show progress on stderr (a bar on a terminal, lines in a log, only for
             stages that take long).
+        runs: The ``--run`` / ``--all`` choice (default: the latest run of several).
 
     Returns:
         The file written and the report model.
@@ -66,9 +68,9 @@ def build(
         CopytraceError: If the report file cannot be written.
     """
     from copytrace._errors import CopytraceError
-    from copytrace.dashboards import MAX_TIMELINE_POINTS, build_model, load_trace, render_html
-    from copytrace.dashboards._load import TRACE_GLOBS
+    from copytrace.dashboards import MAX_TIMELINE_POINTS, build_model, render_html
     from copytrace.dashboards._progress import Progress
+    from copytrace.tracefile import TRACE_GLOBS, event_table
 
     files = (
         [f for pattern in TRACE_GLOBS for f in path.glob(pattern) if f.is_file()]
@@ -77,13 +79,14 @@ def build(
     )
     total = sum(f.stat().st_size for f in files if f.exists())
     with Progress("reading trace", total, "B", enabled=progress) as bar:
-        trace = load_trace(path, progress=bar.update)
+        trace = event_table(path, progress=bar.update)
+    trace = select_runs(trace, runs or argparse.Namespace(run=None, all=False), path)
     warn_unreadable(trace, path)
     for empty in trace.empty_files:
         print(f"copytrace: warning: no copytrace spans in {empty}", file=sys.stderr)
-    n_events = sum(len(run.events) for run in trace.runs)
-    with Progress("aggregating", n_events, "events", enabled=progress) as bar:
-        model = build_model(trace, analyze=analyze, progress=bar.set_done)
+    points = MAX_TIMELINE_POINTS if max_points is None else max_points
+    with Progress("aggregating", 5, "sections", enabled=progress) as bar:
+        model = build_model(trace, analyze=analyze, progress=bar.set_done, max_points=points)
     del trace
     with Progress("writing report", None, "B", enabled=progress):
         try:
@@ -91,7 +94,7 @@ def build(
                 model,
                 out,
                 offline=offline,
-                max_points=MAX_TIMELINE_POINTS if max_points is None else max_points,
+                max_points=points,
             )
         except OSError as err:
             raise CopytraceError(f"cannot write report {out}: {err.strerror or err}") from err
@@ -124,6 +127,7 @@ def handle(args: argparse.Namespace) -> int:
         offline=not args.cdn,
         max_points=args.max_points,
         analyze=not args.no_analysis,
+        runs=args,
     )
     t = model.totals
     print(

@@ -237,10 +237,12 @@ def _print_pyspy_summary(profile: Path, trace_path: Path | None, out_dir: Path) 
         scope: Any = os.getpid()
         traced = None
         try:
-            from copytrace.dashboards import build_model, load_trace
+            from copytrace.dashboards import build_model
+            from copytrace.tracefile import event_table
 
             # This process's trace; for a launcher (not traced itself), its workers'.
-            model = build_model(load_trace(trace_path if trace_path is not None else out_dir))
+            where = trace_path if trace_path is not None else out_dir
+            model = build_model(event_table(where), max_points=0)
             if trace_path is None:
                 scope = [r.pid for r in model.runs if r.pid is not None] or None
             traced = _pyspy.traced_numbers(model, scope)

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from copytrace.cli._common import add_trace_command, warn_unreadable
+from copytrace.cli._common import add_trace_command, select_runs, warn_unreadable
 
 if TYPE_CHECKING:
     from copytrace.dashboards._model import ReportModel
@@ -185,12 +185,14 @@ def format_summary(model: ReportModel, top_n: int = 10) -> str:
     if model.hazards:
         lines.append("")
         lines.append("hazards:")
+        run_col = ["run"] if model.multi_run else []
         lines.extend(
             _table(
-                ["severity", "code", "events", "message", "fix"],
-                [[h.severity or "?", h.code, str(len(h.event_ids)), h.message, h.fix]
+                ["severity", "code", *run_col, "events", "message", "fix"],
+                [[h.severity or "?", h.code, *([", ".join(h.runs)] if run_col else []),
+                  str(len(h.event_ids)), h.message, h.fix]
                  for h in model.hazards[: max(top_n, 1) * 2]],
-                right={2},
+                right={3 if run_col else 2},
             )
         )  # fmt: skip
     return "\n".join(lines) + "\n"
@@ -211,14 +213,15 @@ def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
         CopytraceError: If ``--top`` is negative.
     """
     from copytrace._errors import CopytraceError
-    from copytrace.dashboards import build_model, load_trace
+    from copytrace.dashboards import build_model
+    from copytrace.tracefile import event_table
 
     if args.top < 0:
         raise CopytraceError(f"--top must be >= 0, got {args.top}")
     path = Path(args.path)
-    trace = load_trace(path)
+    trace = select_runs(event_table(path), args, path)
     warn_unreadable(trace, path)
-    model = build_model(trace, analyze=not args.no_analysis)
+    model = build_model(trace, analyze=not args.no_analysis, max_points=0)
     (out or sys.stdout).write(format_summary(model, args.top))
     return 0
 

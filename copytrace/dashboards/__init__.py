@@ -5,18 +5,19 @@ Typical use::
     from copytrace.dashboards import write_report
     write_report("copytrace-out", "copytrace-out/report.html")
 
-or step by step with :func:`load_trace`, :func:`build_model` and :func:`render_html`.
-Loading and aggregation are plain Python; only :func:`render_html` needs plotly (for the
-plotly.js bundle it inlines), and imports it when called.
+or step by step with :func:`copytrace.tracefile.event_table`, :func:`build_model` and
+:func:`render_html`. Aggregation runs in DuckDB over the columnar event table, one module
+per report section (:mod:`copytrace.dashboards.sections`); only :func:`render_html` needs
+plotly (for the plotly.js bundle it inlines), and imports it when called.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
-from copytrace.dashboards._html import MAX_TIMELINE_POINTS, render_html
-from copytrace.dashboards._load import Event, Run, Step, TraceData, load_trace
 from copytrace.dashboards._model import (
+    MAX_TIMELINE_POINTS,
     HazardRow,
     ReportModel,
     SampleInfo,
@@ -25,6 +26,7 @@ from copytrace.dashboards._model import (
     run_analysis,
     sample_events,
 )
+from copytrace.tracefile import Event, Run, Step, TraceData, load_trace
 
 __all__ = [
     "MAX_TIMELINE_POINTS",
@@ -43,6 +45,14 @@ __all__ = [
     "sample_events",
     "write_report",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "render_html":  # jinja2 and the page are imported only to render one
+        from copytrace.dashboards._html import render_html
+
+        return render_html
+    raise AttributeError(f"module 'copytrace.dashboards' has no attribute {name!r}")
 
 
 def write_report(
@@ -75,14 +85,15 @@ def write_report(
             readable copytrace spans.
         OSError: If the report cannot be written.
     """
+    from copytrace.dashboards._html import render_html
     from copytrace.dashboards._progress import Progress, in_notebook
+    from copytrace.tracefile import event_table
 
     show = in_notebook() if progress is None else progress
     with Progress("reading trace", None, "B", enabled=show) as bar:
-        trace = load_trace(path, progress=bar.update)
-    n_events = sum(len(run.events) for run in trace.runs)
-    with Progress("aggregating", n_events, "events", enabled=show) as bar:
-        model = build_model(trace, analyze=analyze, progress=bar.set_done)
+        trace = event_table(path, progress=bar.update)
+    with Progress("aggregating", 5, "sections", enabled=show) as bar:
+        model = build_model(trace, analyze=analyze, progress=bar.set_done, max_points=max_points)
     del trace
     with Progress("writing report", None, "B", enabled=show):
         return render_html(model, out_html, offline=offline, max_points=max_points)

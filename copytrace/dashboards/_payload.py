@@ -16,6 +16,7 @@ from typing import Any
 from copytrace.dashboards._model import (
     KINDS,
     LARGE_EVENT_BYTES,
+    MAX_TIMELINE_POINTS,
     STAGES,
     EventTemplate,
     ReportModel,
@@ -26,8 +27,6 @@ from copytrace.dashboards._model import (
 
 __all__ = ["build_payload", "dump_payload", "MAX_TIMELINE_POINTS", "OP_PALETTE"]
 
-#: Default budget of events drawn on the timeline.
-MAX_TIMELINE_POINTS = 30_000
 #: Op colours, assigned to ops in order of bytes copied, then count.
 OP_PALETTE = (
     "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
@@ -246,6 +245,7 @@ def build_payload(
             "n_steps": len(h.steps),
             "events": len(h.event_ids),
             "source": S(h.source),
+            "runs": [S(r) for r in h.runs],
         }
         for h in model.hazards
     ]

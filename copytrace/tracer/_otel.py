@@ -50,6 +50,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
+from copytrace.tracefile import schema as _schema
 from copytrace.tracer._events import CopyEvent
 
 __all__ = [
@@ -290,13 +291,6 @@ class TraceFile:
             if self._raw is not None:
                 self._raw.close()
 
-    @property
-    def bytes_on_disk(self) -> int:
-        try:
-            return self.path.stat().st_size
-        except OSError:
-            return 0
-
     def abandon(self) -> None:
         """In a forked child: never write to (or close into) the parent's file again."""
         self._closed = True
@@ -462,47 +456,10 @@ def make_resource(extra: dict[str, Any] | None = None) -> Resource:
 
 
 # --- event attributes ------------------------------------------------------------------------------
-_STR_FIELDS = (
-    ("op", "copytrace.op"), ("dtype", "copytrace.dtype"), ("src_dtype", "copytrace.src_dtype"),
-    ("src_device", "copytrace.src_device"), ("dst_device", "copytrace.dst_device"),
-    ("transfer", "copytrace.transfer"), ("grad_fn", "copytrace.grad_fn"),
-    ("graph", "copytrace.graph"), ("phase", "copytrace.phase"), ("module", "copytrace.module"),
-    ("object_type", "copytrace.object_type"), ("error", "copytrace.error"),
-    ("file", "code.file.path"), ("function", "code.function.name"),
-    ("thread_name", "thread.name"), ("via", "copytrace.via"), ("origin", "copytrace.origin"),
-)  # fmt: skip
-_SCALAR_FIELDS = (
-    ("bytes_allocated", "copytrace.bytes_allocated"), ("bytes_logical", "copytrace.bytes_logical"),
-    ("alias", "copytrace.alias"), ("noop", "copytrace.noop"),
-    ("non_blocking", "copytrace.non_blocking"), ("requires_grad", "copytrace.requires_grad"),
-    ("src_requires_grad", "copytrace.src_requires_grad"), ("is_leaf", "copytrace.is_leaf"),
-    ("step", "copytrace.step"), ("line", "code.line.number"), ("thread_id", "thread.id"),
-    ("pinned", "copytrace.pinned"),
-)  # fmt: skip
-# Facts for copytrace.analysis (hazards); exported only when set (not None, False or empty).
-_ANALYSIS_FIELDS = (
-    ("src_storage", "copytrace.src_storage"), ("src_offset", "copytrace.src_offset"),
-    ("src_stride", "copytrace.src_stride"), ("src_version", "copytrace.src_version"),
-    ("dst_storage", "copytrace.dst_storage"), ("dst_version", "copytrace.dst_version"),
-    ("inplace_writes", "copytrace.inplace_writes"), ("saved_by", "copytrace.saved_by"),
-    ("write_site", "copytrace.write_site"), ("src_name", "copytrace.src_name"),
-    ("retained_bytes", "copytrace.retained_bytes"), ("snapshot", "copytrace.snapshot"),
-    ("stale", "copytrace.stale"), ("fake", "copytrace.fake"),
-)  # fmt: skip
-
-
-#: Attributes left out when they hold this value (a reader takes absent as this value):
-#: false flags, zero new bytes and no transfer, the most common values, which cost ~50 bytes
-#: each uncompressed. ``copytrace.pinned`` is written on host-to-device copies only.
-_OMITTED_DEFAULTS: dict[str, Any] = {
-    "copytrace.alias": False,
-    "copytrace.noop": False,
-    "copytrace.non_blocking": False,
-    "copytrace.requires_grad": False,
-    "copytrace.src_requires_grad": False,
-    "copytrace.bytes_allocated": 0,
-    "copytrace.transfer": "none",
-}
+_STR_FIELDS = _schema.STR_FIELDS
+_SCALAR_FIELDS = _schema.SCALAR_FIELDS
+_ANALYSIS_FIELDS = _schema.ANALYSIS_FIELDS
+_OMITTED_DEFAULTS = _schema.OMITTED_DEFAULTS
 _KEEP = object()
 
 

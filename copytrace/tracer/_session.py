@@ -711,22 +711,20 @@ class Trace:
         """Add the run's hazards to the finished trace file as span events.
 
         Hazards need the whole run (hot loops, steps), so they are found after the last
-        flush by reading the file back, and written as one more span, ``copytrace.hazards``
-        (a child of the run span), whose ``copytrace.hazard`` events carry code, severity,
-        message, fix, call sites, bytes and the ids of the event spans involved. Skipped for
-        traces of more than ``_HAZARD_SPAN_MAX_EVENTS`` events (reading them back would delay
-        the program's exit): the report and ``copytrace check`` still analyse them.
+        flush over the trace's columnar event table (built from the file once and cached
+        beside it, where the report then finds it), and written as one more span,
+        ``copytrace.hazards`` (a child of the run span), whose ``copytrace.hazard`` events
+        carry code, severity, message, fix, call sites, bytes and the ids of the event spans
+        involved.
         """
         path, run = self.trace_path, self._run
         if path is None or run is None or self._file_sink is None:
             return
-        if self.stats["events"] > _HAZARD_SPAN_MAX_EVENTS:
-            return
         try:
             from copytrace.analysis import analyze
-            from copytrace.dashboards import load_trace
+            from copytrace.tracefile import event_table
 
-            findings = analyze(load_trace(path))
+            findings = analyze(event_table(path, cache=False))
             if findings:
                 append_hazard_span(path, self.compression, run, self._end_ns, findings)
         except Exception as err:  # hazards are advisory: never fail the program's exit
@@ -968,7 +966,6 @@ def _force_eager() -> Any:
         return None
 
 
-_HAZARD_SPAN_MAX_EVENTS = 200_000
 _USED_PATHS: set[Path] = set()
 
 

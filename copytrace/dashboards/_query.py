@@ -1,0 +1,291 @@
+"""The report's view of a trace: the event table in DuckDB, plus the runs' metadata.
+
+Every report section computes its part with SQL over the table ``ev`` built here (one row
+per copy or alias event, deepcopy groups left out), so aggregation runs in DuckDB's
+vectorised engine and out of core: the Parquet caches are scanned, not loaded into Python,
+and DuckDB spills to disk past :data:`MEMORY_LIMIT`.
+
+Columns of ``ev``: ``eid`` (the event's position in run, then time order), ``run_idx`` (index into :attr:`Query.runs`), ``span_id``, ``t_ns``
+(start, ns since the run start), ``dur`` (ns, never negative), ``step`` (-1 if unknown),
+``kind`` (``copy``/``alias``/``noop``), ``op``, ``module``, ``site`` (``file:line function``),
+``graph``, ``phase``, ``via``, ``err`` (1 when the op raised), ``bc`` (bytes copied),
+``ba`` (bytes allocated; ``bc`` is 0 for a call that raised), ``bl`` (bytes logical), ``src_device``, ``dst_device``,
+``transfer``, ``non_blocking``, ``pinned``, ``grp`` (object type of the enclosing deepcopy
+group, '' if none), ``run`` (trace id), ``parent_id``, ``start_ns`` and ``end_ns``. The other
+fields of an event are read from the view ``spans`` for the few events that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+
+from copytrace.tracefile import META_SPANS, Event, EventTable
+from copytrace.tracefile.schema import (
+    SPAN_COMPILED,
+    SPAN_COMPILED_GRAPH,
+    SPAN_HAZARDS,
+    SPAN_RUN,
+    SPAN_STEP,
+)
+
+__all__ = ["MEMORY_LIMIT", "Query", "RunMeta", "StepSpan", "UNKNOWN_SITE"]
+
+#: DuckDB's memory cap; beyond it, it spills to a temporary folder.
+MEMORY_LIMIT = "512MB"
+UNKNOWN_SITE = "(unknown call site)"
+
+def _site_sql(p: str = "") -> str:
+    """SQL for the ``file:line function`` call-site key of columns prefixed ``p``."""
+    return (
+        f"CASE WHEN {p}file IS NULL OR {p}file = '' THEN '{UNKNOWN_SITE}' ELSE {p}file"
+        f" || COALESCE(':' || CAST({p}line AS VARCHAR), '')"
+        f" || COALESCE(' ' || NULLIF({p}function, ''), '') END"
+    )
+
+
+@dataclass
+class StepSpan:
+    """One ``copytrace.step`` span (times in ns since the epoch)."""
+
+    step: int
+    start_ns: int
+    end_ns: int
+    span_id: str = ""
+
+
+@dataclass
+class RunMeta:
+    """What the report knows of one run besides its events.
+
+    Attributes:
+        trace_id: OTLP trace id.
+        resource: Resource attributes.
+        attrs: Attributes of the ``copytrace.run`` span (empty without one).
+        has_run_span: Whether the run span was read.
+        start_ns: Run start (run span, else the earliest span), ns since the epoch.
+        end_ns: Run end, ns since the epoch.
+        steps: Step spans, by step number.
+        hazards: Attributes of the ``copytrace.hazard`` span events the tracer wrote.
+        compiled: The ``copytrace.compiled`` spans (calls into compiled code), by start.
+        compiled_graphs: The ``copytrace.compiled_graph`` spans (with their span events).
+        files: Trace files the run was read from.
+        spans: Event and group spans read.
+    """
+
+    trace_id: str
+    resource: dict[str, Any] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    has_run_span: bool = False
+    start_ns: int = 0
+    end_ns: int = 0
+    steps: list[StepSpan] = field(default_factory=list)
+    hazards: list[dict[str, Any]] = field(default_factory=list)
+    compiled: list[Any] = field(default_factory=list)
+    compiled_graphs: list[Any] = field(default_factory=list)
+    files: list[Path] = field(default_factory=list)
+    spans: int = 0
+
+    @property
+    def duration_ns(self) -> int:
+        """Run duration in ns (never negative)."""
+        return max(0, self.end_ns - self.start_ns)
+
+
+def _quote(s: str) -> str:
+    return "'" + s.replace("'", "''") + "'"
+
+
+class Query:
+    """A DuckDB connection over one :class:`~copytrace.tracefile.EventTable`.
+
+    Args:
+        table: The trace's table.
+
+    Attributes:
+        con: The connection (tables ``spans``, ``ev``, ``grp``).
+        runs: The runs, by start time until :meth:`build_events` puts them in report order.
+        bad_lines: Unreadable lines skipped.
+        files: Trace files read.
+    """
+
+    def __init__(self, table: EventTable) -> None:
+        self.table = table
+        self.bad_lines = table.bad_lines
+        self.files = list(table.files)
+        self._spill = Path(tempfile.mkdtemp(prefix="copytrace-duckdb-"))
+        self.con = duckdb.connect(
+            config={"memory_limit": MEMORY_LIMIT, "temp_directory": str(self._spill)}
+        )
+        self._spans_view()
+        self.runs: list[RunMeta] = self._run_metas()
+
+    def build_events(self, order: list[int]) -> None:
+        """Put the runs in report order (``order``: indices into :attr:`runs`) and build
+        the ``ev`` table."""
+        self.runs = [self.runs[i] for i in order]
+        self._events_table()
+
+    def close(self) -> None:
+        """Close the connection and remove DuckDB's spill folder."""
+        self.con.close()
+        shutil.rmtree(self._spill, ignore_errors=True)
+
+    def sql(self, query: str, params: Any = None) -> list[tuple[Any, ...]]:
+        """Run ``query`` and return its rows."""
+        return self.con.execute(query, params).fetchall()
+
+    def put(self, name: str, columns: dict[str, tuple[Any, list[Any]]]) -> None:
+        """Create (or replace) temporary table ``name`` from Python columns
+        ``{column: (pyarrow type, values)}``, through Arrow (row inserts are slow)."""
+        import pyarrow as pa
+
+        data = pa.table({c: pa.array(v, type=t) for c, (t, v) in columns.items()})
+        self.con.register("_put", data)
+        self.con.execute(f"CREATE OR REPLACE TEMP TABLE {name} AS SELECT * FROM _put")
+        self.con.unregister("_put")
+
+    def _spans_view(self) -> None:
+        parts, seen, overlap = [], set(), False
+        for i, part in enumerate(self.table.parts):
+            if part.parquet is not None:
+                parts.append(f"SELECT * FROM read_parquet({_quote(str(part.parquet))})")
+            else:
+                self.con.register(f"mem{i}", part.table)
+                parts.append(f"SELECT * FROM mem{i}")
+            overlap |= bool(seen & set(part.runs))
+            seen |= set(part.runs)
+        body = " UNION ALL BY NAME ".join(parts)  # caches of older layouts lack new columns
+        if overlap:  # a run split over files: keep each span once
+            body = (f"SELECT * FROM ({body}) QUALIFY row_number() OVER "
+                    "(PARTITION BY run, span_id) = 1")  # fmt: skip
+        self.con.execute(f"CREATE VIEW spans AS {body}")
+
+    def _run_metas(self) -> list[RunMeta]:
+        metas: dict[str, RunMeta] = {}
+        resources = self.table.resources
+        for part in self.table.parts:
+            for run in part.runs:
+                meta = metas.setdefault(run, RunMeta(run, dict(resources.get(run, {}))))
+                meta.files.append(part.path)
+        meta_names = ", ".join(_quote(n) for n in sorted(META_SPANS))
+        rows = self.sql(
+            f"SELECT run, name, span_id, start_ns, end_ns, step, attrs_json, events_json "
+            f"FROM spans WHERE name IN ({meta_names}) ORDER BY start_ns, span_id"
+        )
+        for run, name, span_id, start, end, step, attrs_json, events_json in rows:
+            meta = metas.setdefault(run, RunMeta(run))
+            attrs = json.loads(attrs_json) if attrs_json else {}
+            if name == SPAN_RUN:
+                meta.attrs.update(attrs)
+                meta.has_run_span, meta.start_ns, meta.end_ns = True, start, end
+            elif name == SPAN_STEP:
+                meta.steps.append(StepSpan(-1 if step is None else step, start, end, span_id))
+            elif name == SPAN_HAZARDS and events_json:
+                meta.hazards.extend(a for n, _t, a in json.loads(events_json)
+                                    if n == "copytrace.hazard")  # fmt: skip
+            elif name in (SPAN_COMPILED, SPAN_COMPILED_GRAPH):
+                events = tuple(tuple(e) for e in json.loads(events_json)) if events_json else ()
+                span = Event(name, span_id, None, start, end, attrs, events)
+                (meta.compiled if name == SPAN_COMPILED else meta.compiled_graphs).append(span)
+        bounds = self.sql(
+            f"SELECT run, min(start_ns), max(end_ns), count(*) FILTER (WHERE name NOT IN "
+            f"({meta_names})) FROM spans GROUP BY run"
+        )
+        for run, lo, hi, n in bounds:
+            meta = metas.setdefault(run, RunMeta(run))
+            meta.spans = n
+            if not meta.has_run_span:
+                meta.start_ns, meta.end_ns = lo or 0, hi or lo or 0
+        for meta in metas.values():
+            _number_steps(meta.steps)
+        return sorted(metas.values(), key=lambda m: (m.start_ns, m.trace_id))
+
+    def _events_table(self) -> None:
+        import pyarrow as pa
+
+        con = self.con
+        s, i64 = pa.string(), pa.int64()
+        self.put("runs", {
+            "run": (s, [m.trace_id for m in self.runs]),
+            "run_idx": (pa.int32(), list(range(len(self.runs)))),
+            "start_ns": (i64, [m.start_ns for m in self.runs]),
+        })  # fmt: skip
+        steps = [(m.trace_id, st) for m in self.runs for st in m.steps]
+        self.put("steps", {
+            "run": (s, [r for r, _ in steps]), "step": (i64, [st.step for _, st in steps]),
+            "span_id": (s, [st.span_id for _, st in steps]),
+            "start_ns": (i64, [st.start_ns for _, st in steps]),
+            "end_ns": (i64, [st.end_ns for _, st in steps]),
+        })  # fmt: skip
+        meta_names = ", ".join(_quote(n) for n in sorted(META_SPANS))
+        con.execute(
+            "CREATE TEMP TABLE grp AS SELECT run, span_id, parent_id, start_ns, end_ns, step,"
+            " COALESCE(NULLIF(object_type, ''), '?') AS object_type, tensors, file, line,"
+            f" function, {_site_sql()} AS site FROM spans WHERE COALESCE(\"group\", false)"
+            f" AND name NOT IN ({meta_names})"
+        )
+        con.execute(_EVENTS_SQL.format(meta=meta_names, site=_site_sql("e.")))
+        if self.sql("SELECT count(*) FROM ev WHERE step < 0")[0][0]:
+            # events without a step number or step parent: the step span they fall in
+            con.execute(
+                "UPDATE ev SET step = s.step FROM steps s WHERE ev.step < 0 AND s.run = ev.run "
+                "AND ev.start_ns >= s.start_ns AND ev.start_ns < s.end_ns"
+            )
+
+    def count(self) -> int:
+        """Number of events (groups not counted)."""
+        return self.sql("SELECT count(*) FROM ev")[0][0]
+
+
+def _number_steps(steps: list[StepSpan]) -> None:
+    """Sort step spans; a step without its number takes its position if free."""
+    steps.sort(key=lambda s: (s.start_ns, s.step))
+    known = {s.step for s in steps if s.step >= 0}
+    for i, s in enumerate(steps):
+        if s.step < 0:
+            s.step = i if i not in known else max(known | {-1}) + 1
+            known.add(s.step)
+    steps.sort(key=lambda s: s.step)
+
+
+# Events with their step filled in from the parent step or group span, else by time.
+_EVENTS_SQL = """
+CREATE TEMP TABLE ev AS
+WITH base AS (
+  SELECT s.*, r.run_idx, r.start_ns AS run_start
+  FROM spans s JOIN runs r USING (run)
+  WHERE s.name NOT IN ({meta}) AND NOT COALESCE(s."group", false)
+),
+stepped AS (
+  SELECT b.*, COALESCE(b.step, ps.step, g.step, gs.step) AS step0
+  FROM base b
+  LEFT JOIN steps ps ON ps.run = b.run AND ps.span_id = b.parent_id
+  LEFT JOIN grp g ON g.run = b.run AND g.span_id = b.parent_id
+  LEFT JOIN steps gs ON gs.run = b.run AND gs.span_id = g.parent_id
+)
+SELECT
+  e.run_idx, e.span_id, e.start_ns - e.run_start AS t_ns,
+  greatest(e.end_ns - e.start_ns, 0) AS dur,
+  COALESCE(e.step0, -1) AS step, e.run,
+  CASE WHEN e.noop THEN 'noop' WHEN e.alias THEN 'alias' ELSE 'copy' END AS kind,
+  COALESCE(e.op, '') AS op, COALESCE(e.module, '') AS module, {site} AS site,
+  COALESCE(e.graph, '') AS graph, COALESCE(e.phase, '') AS phase,
+  COALESCE(e.via, '') AS via, CASE WHEN COALESCE(e.error, '') <> '' THEN 1 ELSE 0 END AS err,
+  COALESCE(e.bytes_allocated, 0) AS ba, COALESCE(e.bytes_logical, 0) AS bl,
+  CASE WHEN e.noop OR e.alias OR COALESCE(e.error, '') <> '' THEN 0
+       ELSE COALESCE(e.bytes_logical, 0) END AS bc,
+  COALESCE(e.src_device, '') AS src_device, COALESCE(e.dst_device, '') AS dst_device,
+  COALESCE(NULLIF(e.transfer, ''), 'none') AS transfer,
+  COALESCE(e.non_blocking, false) AS non_blocking, e.pinned,
+  COALESCE(g.object_type, '') AS grp, e.parent_id, e.start_ns, e.end_ns,
+  row_number() OVER (ORDER BY e.run_idx, e.start_ns, e.end_ns, e.span_id) - 1 AS eid
+FROM stepped e
+LEFT JOIN grp g ON g.run = e.run AND g.span_id = e.parent_id
+"""

@@ -1,0 +1,250 @@
+"""Hazards: the analyser's findings (``copytrace.analysis`` over the event table), or, when
+the analysis is not run, the ``copytrace.hazard`` span events the tracer wrote at stop."""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from copytrace.dashboards._format import as_str, opt_int
+from copytrace.dashboards._query import Query
+from copytrace.dashboards._rows import HazardRow
+from copytrace.tracefile.schema import HAZARD_ATTRS
+
+__all__ = [
+    "analysis_findings", "attach_events", "from_finding", "from_trace", "hazard_rows",
+    "run_analysis", "sort_hazards",
+]  # fmt: skip
+
+_SEVERITY_RANK = {"critical": 0, "error": 1, "high": 1, "warning": 2, "medium": 2, "info": 3,
+                  "low": 3}  # fmt: skip
+
+
+def _get(obj: Any, *names: str) -> Any:
+    for name in names:
+        value = obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+        if value is not None:
+            return value
+    return None
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    for attr in ("value", "name"):  # enums
+        inner = getattr(value, attr, None)
+        if isinstance(inner, str):
+            return inner
+    return str(value)
+
+
+def _listify(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return list(value)
+    return [value]
+
+
+def _site_text(value: Any) -> str:
+    """A call site as the analyser may give it: a string, or an object/dict with file/line."""
+    if isinstance(value, str):
+        return value
+    path = _get(value, "file", "path", "filename", "code.file.path")
+    if path is None:
+        return _text(value)
+    line = _get(value, "line", "lineno", "code.line.number")
+    func = _get(value, "function", "func", "code.function.name")
+    site = f"{path}:{line}" if line is not None else str(path)
+    return f"{site} {func}" if func else site
+
+
+def from_finding(finding: Any) -> HazardRow:
+    """Normalise one analyser finding (object or dict) into a :class:`HazardRow`.
+
+    Args:
+        finding: An object or dict with ``code``, ``severity``, ``message``, ``fix``,
+            ``call_sites`` (or ``call_site``), ``bytes``, ``steps`` (or ``step``) and
+            ``event_ids`` (or ``span_ids``); missing fields are left empty.
+    """
+    sites = _listify(_get(finding, "call_sites", "call_site", "sites", "site"))
+    steps = [s for s in (opt_int(x) for x in _listify(_get(finding, "steps", "step"))) if
+             s is not None]  # fmt: skip
+    ids = _listify(_get(finding, "event_ids", "span_ids", "events"))
+    nbytes = opt_int(_get(finding, "bytes", "nbytes", "bytes_copied", "bytes_allocated"))
+    return HazardRow(
+        code=_text(_get(finding, "code", "id", "rule")),
+        severity=_text(_get(finding, "severity", "level")).lower(),
+        message=_text(_get(finding, "message", "title", "description")),
+        fix=_text(_get(finding, "fix", "suggestion", "remedy")),
+        call_sites=[_site_text(s) for s in sites],
+        bytes=nbytes,
+        steps=sorted(set(steps)),
+        event_ids=[str(i).lower() for i in ids],
+        source="analysis",
+    )
+
+
+def from_trace(q: Query, labels: list[str]) -> list[HazardRow]:
+    """The hazards the tracer wrote into the trace (``copytrace.hazards`` spans)."""
+    rows = []
+    for meta, label in zip(q.runs, labels, strict=True):
+        for a in meta.hazards:
+            get = {f: a.get(k) for f, k in HAZARD_ATTRS.items()}
+            rows.append(HazardRow(
+                code=as_str(get["code"]), severity=as_str(get["severity"]).lower(),
+                message=as_str(get["message"]), fix=as_str(get["fix"]),
+                call_sites=[str(s) for s in _listify(get["call_sites"])],
+                bytes=opt_int(get["bytes"]),
+                event_ids=[str(s).lower() for s in _listify(get["span_ids"])],
+                source="trace", runs=[label],
+            ))  # fmt: skip
+    return rows
+
+
+def run_analysis(source: Any) -> tuple[list[Any] | None, str]:
+    """Run ``copytrace.analysis.analyze`` on ``source`` (a table or loaded trace).
+
+    Returns:
+        ``(findings, "ran")``, or None and ``not installed`` / ``failed: <Type>: <message>``.
+    """
+    try:
+        from copytrace.analysis import analyze
+    except ImportError:
+        return None, "not installed"
+    was_enabled = gc.isenabled()
+    gc.disable()  # the rules make many small acyclic objects: the cyclic GC only slows them
+    try:
+        return list(analyze(source) or []), "ran"
+    except Exception as err:  # the report must not die with the analyser
+        return None, f"failed: {type(err).__name__}: {err}"
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def sort_hazards(hazards: list[HazardRow]) -> tuple[list[HazardRow], list[int]]:
+    """Most severe first, then by bytes (desc) and code. Returns the rows and, for each
+    original index, its new position."""
+    order = sorted(range(len(hazards)), key=lambda i: (
+        _SEVERITY_RANK.get(hazards[i].severity, 4), -(hazards[i].bytes or 0), hazards[i].code, i))
+    new_pos = [0] * len(hazards)
+    for new, old in enumerate(order):
+        new_pos[old] = new
+    return [hazards[i] for i in order], new_pos
+
+
+def attach_events(
+    q: Query, hazards: list[HazardRow], first_of: dict[str, int], labels: list[str]
+) -> None:
+    """Register ``span id -> hazard index`` as table ``hz`` and fill in each hazard's call
+    sites, steps and runs from its events (what the finding left out), in event order."""
+    import pyarrow as pa
+
+    q.put("hz", {"span_id": (pa.string(), list(first_of)),
+                 "hz": (pa.int32(), list(first_of.values()))})  # fmt: skip
+    if not first_of:
+        return
+    rows = q.sql(
+        "SELECT h.hz, e.site, min(e.eid) AS o "
+        "FROM ev e JOIN hz h USING (span_id) GROUP BY ALL ORDER BY h.hz, o"
+    )
+    for hz, site, _o in rows:
+        if site not in hazards[hz].call_sites:
+            hazards[hz].call_sites.append(site)
+    for hz, step in q.sql("SELECT DISTINCT h.hz, e.step FROM ev e JOIN hz h USING (span_id) "
+                          "WHERE e.step >= 0"):  # fmt: skip
+        if step not in hazards[hz].steps:
+            hazards[hz].steps.append(step)
+    for hz, run_idx in q.sql("SELECT DISTINCT h.hz, e.run_idx FROM ev e JOIN hz h "
+                             "USING (span_id) ORDER BY ALL"):  # fmt: skip
+        if labels[run_idx] not in hazards[hz].runs:
+            hazards[hz].runs.append(labels[run_idx])
+    for h in hazards:
+        h.steps.sort()
+
+
+def analysis_findings(
+    source: Any, findings: Any, analyze: bool
+) -> tuple[list[Any] | None, str]:
+    """The findings to show and the analysis status (``ran``, ``skipped``, ``not installed``
+    or ``failed: ...``): ``findings`` when given, else the analyser's on ``source`` (run
+    before the report's own tables exist, and its per-event views dropped after, so that
+    the two never share memory)."""
+    if findings is not None:
+        return list(findings), "ran"
+    if not analyze:
+        return None, "skipped"
+    cache = _findings_cache(source)
+    if cache is not None and cache.exists():
+        try:
+            return json.loads(cache.read_text(encoding="utf-8")), "ran"
+        except (OSError, ValueError):
+            pass
+    found, status = run_analysis(source)
+    if hasattr(source, "analysis_views"):
+        source.analysis_views = None
+    if cache is not None and found is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            text = json.dumps([_as_dict(f) for f in found], default=str)
+            tmp = cache.with_name(cache.name + ".tmp")
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, cache)
+        except (OSError, TypeError, ValueError):
+            pass
+    return found, status
+
+
+def _as_dict(finding: Any) -> dict[str, Any]:
+    if isinstance(finding, dict):
+        return finding
+    as_dict = getattr(finding, "as_dict", None)
+    return as_dict() if callable(as_dict) else dict(vars(finding))
+
+
+def _findings_cache(source: Any) -> Path | None:
+    """Where the findings of ``source`` are cached: a file named by the trace files' size
+    and mtime (through their Parquet caches), the processes read and the analyser's own
+    source files, in the user's cache folder; None when ``source`` is not read from files
+    (or the analyser is not a package on disk)."""
+    parts = getattr(source, "parts", None)
+    if not parts or any(p.parquet is None for p in parts):
+        return None
+    try:
+        import copytrace.analysis as analysis
+    except ImportError:
+        return None
+    where = getattr(analysis, "__file__", None)
+    if not where:
+        return None
+    key = hashlib.sha1()
+    try:
+        for f in sorted(Path(where).parent.glob("*.py")):
+            st = f.stat()
+            key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
+        for p in parts:
+            st = p.parquet.stat()
+            key.update(f"{p.parquet.resolve()}:{st.st_size}:{st.st_mtime_ns}:{p.runs};".encode())
+    except OSError:
+        return None
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "copytrace"
+    return home / f"findings-{key.hexdigest()[:24]}.json"
+
+
+def hazard_rows(q: Query, findings: list[Any] | None, labels: list[str]) -> list[HazardRow]:
+    """The section's hazards, sorted, with their events registered (table ``hz``):
+    the findings' when there are (the analysis ran), else those the tracer wrote.
+    ``labels``: the run labels, in ``q``'s run order."""
+    rows = [from_finding(f) for f in findings] if findings is not None else from_trace(q, labels)
+    rows, new_pos = sort_hazards(rows)
+    first_of: dict[str, int] = {}
+    for pos in new_pos:  # in the findings' own order
+        for eid in rows[pos].event_ids:
+            first_of.setdefault(eid, pos)
+    attach_events(q, rows, first_of, labels)
+    return rows

@@ -1,0 +1,36 @@
+"""Kinds: real copies, aliases and no-ops, and the totals over every event."""
+
+from __future__ import annotations
+
+from copytrace.dashboards._query import Query
+from copytrace.dashboards._rows import Totals
+
+__all__ = ["totals"]
+
+_BY_KIND = """
+SELECT kind, count(*), sum(err), sum(bc), sum(ba), sum(bl), sum(dur) FROM ev GROUP BY kind
+"""
+_CROSS = """
+SELECT count(*), COALESCE(sum(bl), 0) FROM ev
+WHERE src_device <> '' AND dst_device <> '' AND src_device <> dst_device
+"""
+
+
+def totals(q: Query) -> Totals:
+    """Sums over all events (groups counted apart; ``hazard_count`` left 0)."""
+    t = Totals()
+    for kind, n, err, bc, ba, bl, dur in q.sql(_BY_KIND):
+        t.events += n
+        t.error_count += int(err)
+        t.bytes_copied += int(bc)
+        t.bytes_allocated += int(ba)
+        t.bytes_logical += int(bl)
+        t.copy_time_ns += int(dur)
+        t.time_by_kind_ns[kind] += int(dur)
+        # a failed call is not a copy (it is counted in error_count)
+        counted = n - int(err) if kind == "copy" else n
+        setattr(t, f"{kind}_count", getattr(t, f"{kind}_count") + counted)
+    n, nbytes = q.sql(_CROSS)[0]
+    t.cross_device_count, t.cross_device_bytes = n, int(nbytes)
+    t.group_count = q.sql("SELECT count(*) FROM grp")[0][0]
+    return t

@@ -1,0 +1,86 @@
+"""Run details: one :class:`RunInfo` per traced process, and the order runs are shown in."""
+
+from __future__ import annotations
+
+from copytrace.dashboards._format import as_int, as_str, opt_int
+from copytrace.dashboards._query import Query, RunMeta
+from copytrace.dashboards._rows import RunInfo
+
+__all__ = ["run_infos", "run_devices"]
+
+
+def _label(rank: int | None, pid: int | None, index: int) -> str:
+    if rank is not None:
+        return f"rank {rank}" + (f" (pid {pid})" if pid is not None else "")
+    return f"pid {pid}" if pid is not None else f"run {index}"
+
+
+def _command(meta: RunMeta) -> str:
+    res, attrs = meta.resource, meta.attrs
+    argv = attrs.get("process.command_args", res.get("process.command_args"))
+    if isinstance(argv, list):
+        return " ".join(str(a) for a in argv)
+    return as_str(argv or res.get("process.command_line"))
+
+
+def _info(meta: RunMeta, index: int) -> RunInfo:
+    res, attrs = meta.resource, meta.attrs
+    pid = opt_int(res.get("process.pid", attrs.get("process.pid")))
+    rank = None
+    for key in ("copytrace.rank", "rank", "process.rank"):
+        rank = opt_int(attrs.get(key, res.get(key)))
+        if rank is not None:
+            break
+    steps_attr = opt_int(attrs.get("copytrace.steps"))
+    return RunInfo(
+        label=_label(rank, pid, index),
+        trace_id=meta.trace_id,
+        pid=pid,
+        rank=rank,
+        host=as_str(res.get("host.name")),
+        command=_command(meta),
+        torch_version=as_str(attrs.get("copytrace.torch_version")),
+        copytrace_version=as_str(attrs.get("copytrace.version")),
+        start_ns=meta.start_ns,
+        duration_ns=meta.duration_ns,
+        events_recorded=opt_int(attrs.get("copytrace.events")),
+        events_loaded=meta.spans,
+        events_dropped=as_int(attrs.get("copytrace.events_dropped")),
+        errors=as_int(attrs.get("copytrace.errors")),
+        internal_detaches=as_int(attrs.get("copytrace.internal_detaches")),
+        steps=steps_attr if steps_attr is not None else len(meta.steps),
+        complete=meta.has_run_span,
+        overhead_ns=opt_int(attrs.get("copytrace.overhead_ns")),
+        events_discarded=as_int(attrs.get("copytrace.events_discarded")),
+        files=[str(f) for f in meta.files],
+    )
+
+
+def run_infos(q: Query) -> list[RunInfo]:
+    """Describe the runs of ``q`` and put them (and ``q``'s event table) in report order:
+    ranks in order, then processes by start time. Labels are made unique."""
+    infos = [_info(meta, i) for i, meta in enumerate(q.runs)]
+    seen: set[str] = set()
+    for i, info in enumerate(infos):  # labels key per-run data: keep them unique
+        if info.label in seen:
+            info.label = f"{info.label} {info.host or ''} #{i}".replace("  ", " ")
+        seen.add(info.label)
+    order = sorted(
+        range(len(infos)),
+        key=lambda i: (infos[i].rank is None, infos[i].rank or 0, infos[i].start_ns,
+                       infos[i].pid or 0, infos[i].trace_id),
+    )  # fmt: skip
+    q.build_events(order)
+    return [infos[i] for i in order]
+
+
+def run_devices(q: Query, runs: list[RunInfo]) -> None:
+    """Fill in each run's devices (from its events), ``cpu`` first."""
+    found: dict[int, set[str]] = {}
+    for run_idx, dev in q.sql(
+        "SELECT DISTINCT run_idx, d FROM (SELECT run_idx, src_device AS d FROM ev "
+        "UNION ALL SELECT run_idx, dst_device FROM ev) WHERE d <> ''"
+    ):
+        found.setdefault(run_idx, set()).add(dev)
+    for i, info in enumerate(runs):
+        info.devices = sorted(found.get(i, ()), key=lambda d: (d != "cpu", d))

@@ -1,0 +1,182 @@
+"""Timeline: which events the page draws (a sample of at most about ``max_points``), with
+the templates (everything about an event but its time) they use.
+
+Kept: every event whose op raised; every hazard, with up to
+``max(20, max_points // (10 * hazards))`` of its events spread over time; every copy of at
+least ``large_bytes`` bytes copied (the threshold is raised, largest sizes first, until the
+large copies fit in half of the budget left); and, with what remains, an even share for
+every (run, call site, op, kind) group, each group's events spread evenly over time. Only
+counts per group reach Python; the events themselves are picked in DuckDB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from copytrace.dashboards._query import Query
+from copytrace.dashboards._rows import LARGE_EVENT_BYTES, EventTemplate
+
+__all__ = ["SampleInfo", "Sample", "sample", "spread_positions"]
+
+_CLASS = """
+CREATE OR REPLACE TEMP TABLE cls AS
+SELECT e.eid, e.run_idx,
+  CASE WHEN e.err = 1 THEN 'must' WHEN h.hz IS NOT NULL THEN 'hz'
+       WHEN e.kind = 'copy' AND e.bl >= $large THEN 'large' ELSE 'rest' END AS cls,
+  COALESCE(h.hz, -1) AS hz, e.bl, e.eid AS idx
+FROM ev e LEFT JOIN hz h USING (span_id)
+"""
+_TEMPLATE_SQL = """
+WITH chosen AS (SELECT e.* FROM ev e JOIN picked p USING (eid))
+SELECT e.op, e.kind, e.ba, e.bl, COALESCE(s.shape, []), COALESCE(s.dtype, ''),
+  COALESCE(s.src_dtype, ''), e.src_device, e.dst_device, e.transfer, e.non_blocking,
+  e.pinned, e.graph, COALESCE(s.grad_fn, ''), e.phase, e.module, e.site,
+  COALESCE(s.aten, []), COALESCE(s.thread_name, ''), e.grp, COALESCE(s.error, ''), e.via,
+  COALESCE(s.origin, ''), e.run_idx, e.t_ns, e.dur, e.step, e.span_id, COALESCE(h.hz, -1)
+FROM chosen e
+JOIN spans s ON s.run = e.run AND s.span_id = e.span_id
+LEFT JOIN hz h ON h.span_id = e.span_id
+ORDER BY e.eid
+"""
+
+
+@dataclass
+class SampleInfo:
+    """What the sample kept.
+
+    Attributes:
+        large_bytes: The effective "large copy" threshold, bytes: every copy at least this
+            large was kept.
+        per_hazard: Most events kept per hazard.
+    """
+
+    large_bytes: int = LARGE_EVENT_BYTES
+    per_hazard: int = 0
+
+
+@dataclass
+class Sample:
+    """The sampled events as columns (in run then time order) and their templates."""
+
+    info: SampleInfo = field(default_factory=SampleInfo)
+    templates: list[EventTemplate] = field(default_factory=list)
+    ev_run: list[int] = field(default_factory=list)
+    ev_t_ns: list[int] = field(default_factory=list)
+    ev_dur_ns: list[int] = field(default_factory=list)
+    ev_step: list[int] = field(default_factory=list)
+    ev_tpl: list[int] = field(default_factory=list)
+    ev_span_id: list[str] = field(default_factory=list)
+    ev_hazard: list[int] = field(default_factory=list)
+
+
+def spread_positions(n: int, k: int) -> list[int]:
+    """Positions of ``k`` of ``n`` items spread evenly (all of them if ``k >= n``)."""
+    if k >= n:
+        return list(range(n))
+    if k <= 0:
+        return []
+    step = n / k
+    return [int(j * step + step / 2) for j in range(k)]
+
+
+def _plan(q: Query, max_points: int, info: SampleInfo) -> list[tuple[str, Any, list[int]]]:
+    """``(class, bucket key, positions)`` to keep, from the counts per bucket."""
+    plan: list[tuple[str, Any, list[int]]] = [("must", None, [])]
+    n_must = q.sql("SELECT count(*) FROM cls WHERE cls = 'must'")[0][0]
+    hz_counts = q.sql("SELECT hz, count(*) FROM cls WHERE cls = 'hz' GROUP BY hz")
+    info.per_hazard = max(20, max_points // (10 * max(1, len(hz_counts))))
+    for hz, n in hz_counts:
+        kept = spread_positions(n, info.per_hazard)
+        plan.append(("hz", hz, kept))
+        n_must += len(kept)
+    budget = max(0, max_points - n_must)
+    room, threshold = budget // 2, None
+    for size, n in q.sql("SELECT bl, count(*) FROM cls WHERE cls = 'large' GROUP BY bl "
+                         "ORDER BY bl DESC"):  # fmt: skip
+        if threshold is None and n <= room:
+            plan.append(("large", size, list(range(n))))
+            room -= n
+            budget -= n
+        elif threshold is None:
+            threshold = size
+    if threshold is not None:
+        info.large_bytes = threshold + 1
+        q.sql("UPDATE cls SET cls = 'rest' WHERE cls = 'large' AND bl <= $t", {"t": threshold})
+    buckets = q.sql(
+        "SELECT c.run_idx, e.site, e.op, e.kind, count(*) AS n FROM cls c JOIN ev e "
+        "USING (eid) WHERE c.cls = 'rest' GROUP BY ALL ORDER BY n, min(c.idx)"
+    )
+    left = len(buckets)
+    for run_idx, site, op, kind, n in buckets:  # water-filling: small groups keep all
+        share = budget // left if left else 0
+        take = min(n, share)
+        plan.append(("rest", (run_idx, site, op, kind), spread_positions(n, take)))
+        budget -= take
+        left -= 1
+    return plan
+
+
+def _pick(q: Query, plan: list[tuple[str, Any, list[int]]]) -> None:
+    """Table ``picked`` (eid, idx): the events the plan keeps."""
+    import pyarrow as pa
+
+    rows = []
+    for cls, key, positions in plan:
+        if cls == "hz" or cls == "large":
+            rows.extend((cls, key, "", "", "", p) for p in positions)
+        elif cls == "rest":
+            rows.extend((cls, key[0], key[1], key[2], key[3], p) for p in positions)
+    s, i64 = pa.string(), pa.int64()
+    cols = list(zip(*rows, strict=True)) if rows else [[]] * 6
+    q.put("want", {name: (typ, list(col)) for (name, typ), col in zip(
+        (("cls", s), ("k1", i64), ("k2", s), ("k3", s), ("k4", s), ("pos", i64)), cols,
+        strict=True)})  # fmt: skip
+    q.con.execute("""
+    CREATE OR REPLACE TEMP TABLE picked AS
+    WITH ranked AS (
+      SELECT c.eid, c.idx, c.cls,
+        CASE c.cls WHEN 'hz' THEN c.hz WHEN 'large' THEN c.bl ELSE c.run_idx END AS k1,
+        CASE WHEN c.cls = 'rest' THEN e.site ELSE '' END AS k2,
+        CASE WHEN c.cls = 'rest' THEN e.op ELSE '' END AS k3,
+        CASE WHEN c.cls = 'rest' THEN e.kind ELSE '' END AS k4
+      FROM cls c JOIN ev e USING (eid)
+    ), numbered AS (
+      SELECT *, row_number() OVER (PARTITION BY cls, k1, k2, k3, k4 ORDER BY idx) - 1 AS pos
+      FROM ranked
+    )
+    SELECT eid, idx FROM numbered WHERE cls = 'must'
+    UNION ALL
+    SELECT n.eid, n.idx FROM numbered n JOIN want w USING (cls, k1, k2, k3, k4, pos)
+    """)
+
+
+def sample(q: Query, max_points: int, large_bytes: int = LARGE_EVENT_BYTES) -> Sample:
+    """Choose the events the timeline draws and return them as columns.
+
+    Args:
+        q: The trace, with its hazards registered (table ``hz``).
+        max_points: Point budget (>= 0); error and hazard events are kept beyond it.
+        large_bytes: Copies at least this large (bytes copied) count as large.
+    """
+    out = Sample(info=SampleInfo(large_bytes=large_bytes))
+    q.con.execute(_CLASS, {"large": large_bytes})
+    if q.count() <= max_points:
+        q.con.execute("CREATE OR REPLACE TEMP TABLE picked AS SELECT eid, idx FROM cls")
+    else:
+        _pick(q, _plan(q, max_points, out.info))
+    index: dict[tuple[Any, ...], int] = {}
+    for row in q.sql(_TEMPLATE_SQL):
+        key = (*row[:4], tuple(row[4]), *row[5:17], tuple(row[17]), *row[18:23])
+        ti = index.get(key)
+        if ti is None:
+            ti = index[key] = len(out.templates)
+            out.templates.append(EventTemplate(*key))
+        out.ev_run.append(row[23])
+        out.ev_t_ns.append(row[24])
+        out.ev_dur_ns.append(row[25])
+        out.ev_step.append(row[26])
+        out.ev_tpl.append(ti)
+        out.ev_span_id.append(row[27])
+        out.ev_hazard.append(row[28])
+    return out

@@ -1,0 +1,90 @@
+"""Runs of a trace directory: the traced processes grouped by program launch.
+
+A directory may hold the traces of several launches (``copytrace run train.py`` twice, or
+a training and an evaluation script). Processes of one launch (ranks, DataLoader workers,
+``multiprocessing`` children) run at the same time; separate launches do not overlap. So
+processes are grouped, by start time, into runs whose time spans do not overlap.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["RunGroup", "run_groups"]
+
+
+@dataclass
+class RunGroup:
+    """One launch: the processes (OTLP trace ids) that ran together.
+
+    Attributes:
+        number: 1-based, in start order (what ``--run`` takes).
+        command: The command line of its first process ('' if unknown).
+        start_ns: Earliest span start, ns since the epoch.
+        end_ns: Latest span end, ns since the epoch.
+        trace_ids: Its processes.
+    """
+
+    number: int
+    command: str = ""
+    start_ns: int = 0
+    end_ns: int = 0
+    trace_ids: list[str] = field(default_factory=list)
+
+    @property
+    def program(self) -> str:
+        """The program: the first argument of the command that is not an interpreter or
+        an option (``train.py`` of ``python -u train.py --epochs 1``)."""
+        words = self.command.split()
+        for i, word in enumerate(words):
+            base = word.rsplit("/", 1)[-1]
+            if word.startswith("-") or base.startswith(("python", "copytrace")) or base == "run":
+                if word in ("-m", "-c") and i + 1 < len(words):
+                    return words[i + 1]
+                continue
+            return word
+        return self.command
+
+
+def _command(attrs: dict[str, Any]) -> str:
+    argv = attrs.get("process.command_args")
+    if isinstance(argv, list):
+        return " ".join(str(a) for a in argv)
+    return str(argv or attrs.get("process.command_line") or "")
+
+
+def run_groups(table: Any) -> list[RunGroup]:
+    """Group the processes of an :class:`~copytrace.tracefile.EventTable` into launches."""
+    import pyarrow.compute as pc
+
+    bounds: dict[str, list[int]] = {}
+    commands: dict[str, str] = {}
+    for run, res in table.resources.items():
+        commands[run] = _command(res)
+    for part in table.parts:
+        tab = part.read(["run", "name", "start_ns", "end_ns", "attrs_json"])
+        if tab.num_rows == 0:
+            continue
+        agg = tab.group_by("run").aggregate([("start_ns", "min"), ("end_ns", "max")])
+        for run, lo, hi in zip(*(agg.column(c).to_pylist() for c in
+                                 ("run", "start_ns_min", "end_ns_max")), strict=True):  # fmt: skip
+            b = bounds.setdefault(run, [lo, hi])
+            b[0], b[1] = min(b[0], lo), max(b[1], hi)
+        spans = tab.filter(pc.equal(tab.column("name"), "copytrace.run")).to_pylist()
+        for row in spans:
+            cmd = _command(json.loads(row["attrs_json"] or "{}"))
+            if cmd:
+                commands[row["run"]] = cmd
+    groups: list[RunGroup] = []
+    for run in sorted(bounds, key=lambda r: (bounds[r][0], r)):
+        lo, hi = bounds[run]
+        if groups and lo < groups[-1].end_ns:  # overlaps the current launch
+            g = groups[-1]
+            g.end_ns = max(g.end_ns, hi)
+        else:
+            g = RunGroup(len(groups) + 1, commands.get(run, ""), lo, hi)
+            groups.append(g)
+        g.trace_ids.append(run)
+    return groups

@@ -1,0 +1,320 @@
+"""The columnar event table: every span of a trace as one row of a pyarrow table.
+
+The OTLP/JSON file stays the source of truth. The table is built once per trace file by
+pyarrow's native JSON reader (a whole block of lines at a time; a block with a bad line is
+read line by line, and a line pyarrow cannot type, e.g. an ``intValue`` written as a JSON
+number by another writer, goes through the Python reader, so nothing readable is lost) and
+cached beside the file as ``.copytrace-cache/<file>.events.parquet``, keyed by the file's
+size and mtime.
+When the folder is not writable the cache goes to the user's cache folder.
+
+Columns (``docs/trace-format.md`` documents them): ``run`` (the OTLP trace id), ``span_id``,
+``parent_id``, ``name``, ``start_ns``, ``end_ns`` (ns since the epoch), then one column per
+:class:`copytrace.CopyEvent` field (``op``, ``bytes_allocated``, ``file``, ``line``, ``step``...;
+absent attributes take the defaults of :data:`copytrace.tracefile.schema.FIELD_DEFAULTS`), and
+``attrs_json`` / ``events_json``: the full attributes and span events as JSON text, set only
+on spans that are not copy events (run, step, hazards, compiled regions).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from copytrace._errors import TraceFileError
+from copytrace.tracefile import _reader
+from copytrace.tracefile._parse import (
+    EVENT_SCHEMA,
+    META_SPANS,
+    TABLE_VERSION,
+    Builder,
+    iter_blocks,
+    row_of_raw,
+)
+from copytrace.tracefile.schema import SPAN_HAZARDS, SPAN_RUN, SPAN_STEP
+
+#: Folder beside the trace files that holds their tables.
+CACHE_DIR = ".copytrace-cache"
+
+__all__ = [
+    "CACHE_DIR",
+    "EVENT_SCHEMA", "META_SPANS", "EventTable", "FileTable", "event_table", "table_from_trace",
+]  # fmt: skip
+
+
+@dataclass
+class FileTable:
+    """The spans of one trace file.
+
+    Attributes:
+        path: The trace file.
+        parquet: The Parquet file holding its rows (the cache), or None when kept in memory.
+        table: The rows (None once written to ``parquet`` and dropped to save memory).
+        resources: Resource attributes per run (trace id).
+        bad_lines: Lines that could not be read.
+        rows: Number of rows.
+        runs: Trace ids seen.
+    """
+
+    path: Path
+    parquet: Path | None = None
+    table: pa.Table | None = None
+    resources: dict[str, dict[str, Any]] = field(default_factory=dict)
+    bad_lines: int = 0
+    rows: int = 0
+    runs: list[str] = field(default_factory=list)
+
+    def read(self, columns: list[str] | None = None, filters: Any = None) -> pa.Table:
+        """The rows (optionally only ``columns``; ``filters`` as for ``pyarrow.parquet``)."""
+        if self.table is not None:
+            tab = self.table
+            if filters is not None:
+                tab = tab.filter(filters)
+            return tab.select(columns) if columns is not None else tab
+        assert self.parquet is not None
+        return pq.read_table(self.parquet, columns=columns, filters=filters)
+
+
+@dataclass
+class EventTable:
+    """Every span of a trace file or directory, one :class:`FileTable` per file.
+
+    Attributes:
+        files: The trace files, sorted.
+        parts: One entry per file.
+    """
+
+    files: list[Path]
+    parts: list[FileTable]
+    analysis_views: Any = None
+
+    def only(self, trace_ids: list[str]) -> EventTable:
+        """The same table restricted to the processes ``trace_ids`` (files without any of
+        them left out)."""
+        keep = set(trace_ids)
+        parts = []
+        for p in self.parts:
+            runs = [r for r in p.runs if r in keep]
+            if not runs:
+                continue
+            if len(runs) == len(p.runs):
+                parts.append(p)
+                continue
+            rows = p.read(filters=pc.is_in(pc.field("run"), pa.array(runs)))
+            parts.append(FileTable(p.path, table=rows, rows=rows.num_rows, runs=runs,
+                                   resources={r: p.resources.get(r, {}) for r in runs},
+                                   bad_lines=p.bad_lines))  # fmt: skip
+        return EventTable(sorted({p.path for p in parts}), parts)
+
+    @property
+    def bad_lines(self) -> int:
+        """Unreadable lines over all files."""
+        return sum(p.bad_lines for p in self.parts)
+
+    @property
+    def empty_files(self) -> list[Path]:
+        """Files without a copytrace span."""
+        return [p.path for p in self.parts if p.rows == 0]
+
+    @property
+    def resources(self) -> dict[str, dict[str, Any]]:
+        """Resource attributes per run (trace id), merged over files."""
+        out: dict[str, dict[str, Any]] = {}
+        for p in self.parts:
+            for run, res in p.resources.items():
+                out.setdefault(run, {}).update(res)
+        return out
+
+    def unfinished_runs(self) -> list[str]:
+        """Runs (trace ids) without a ``copytrace.run`` span: killed, cut or still running."""
+        done: set[str] = set()
+        for p in self.parts:
+            tab = p.read(["run"], filters=pc.equal(pc.field("name"), SPAN_RUN))
+            done.update(tab.column("run").to_pylist())
+        return sorted({r for p in self.parts for r in p.runs} - done)
+
+    def read(self, columns: list[str] | None = None, filters: Any = None) -> pa.Table:
+        """All rows of all files as one table (for small traces and tests)."""
+        tables = [p.read(columns, filters) for p in self.parts]
+        return pa.concat_tables(tables) if tables else EVENT_SCHEMA.empty_table()
+
+    def sources(self) -> list[str | pa.Table]:
+        """What DuckDB reads: each part's Parquet path, or its in-memory table."""
+        return [str(p.parquet) if p.parquet is not None else p.table for p in self.parts]
+
+
+# --- caching ---------------------------------------------------------------------------------
+def _stamp(path: Path) -> str:
+    st = path.stat()
+    return f"{TABLE_VERSION}:{st.st_size}:{st.st_mtime_ns}"
+
+
+def _cache_paths(path: Path) -> list[Path]:
+    beside = path.parent / CACHE_DIR / (path.name + ".events.parquet")
+    home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "copytrace"
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:16]
+    return [beside, home / f"{digest}.events.parquet"]
+
+
+def _load_cached(path: Path, stamp: str) -> FileTable | None:
+    for cache in _cache_paths(path):
+        try:
+            meta = pq.read_schema(cache).metadata or {}
+        except (OSError, pa.ArrowInvalid):
+            continue
+        if meta.get(b"copytrace.source") != stamp.encode():
+            continue
+        info = json.loads(meta[b"copytrace.info"])
+        return FileTable(
+            path, parquet=cache, resources=info["resources"], bad_lines=info["bad_lines"],
+            rows=info["rows"], runs=info["runs"],
+        )  # fmt: skip
+    return None
+
+
+def _store(part: FileTable, table: pa.Table, stamp: str) -> None:
+    """Write ``table`` as the part's Parquet cache (beside the file, else the user cache)."""
+    info = {"resources": part.resources, "bad_lines": part.bad_lines, "rows": part.rows,
+            "runs": part.runs}  # fmt: skip
+    meta = {b"copytrace.source": stamp.encode(), b"copytrace.info": json.dumps(info, default=str)}
+    table = table.replace_schema_metadata(meta)
+    for cache in _cache_paths(part.path):
+        tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(table, tmp, compression="zstd", row_group_size=1 << 20)
+            os.replace(tmp, cache)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            continue
+        part.parquet = cache
+        return
+
+
+def build_file_table(
+    path: Path, progress: Callable[[int], None] | None = None, cache: bool = True
+) -> FileTable:
+    """The rows of one trace file, from its cache when it is current, else parsed (and cached).
+
+    Args:
+        path: A trace file.
+        progress: Called with bytes read from disk, now and then.
+        cache: Read and write the Parquet cache.
+
+    Raises:
+        OSError: If the file cannot be read.
+    """
+    stamp = _stamp(path)
+    if cache:
+        found = _load_cached(path, stamp)
+        if found is not None:
+            if progress is not None:
+                progress(path.stat().st_size)
+            return found
+    builder = Builder()
+    for block, nbytes in iter_blocks(path):
+        if block is None:
+            builder.bad_lines += 1
+        else:
+            builder.add_block(block)
+        if progress is not None:
+            progress(nbytes)
+    table = builder.finish()
+    part = FileTable(path, resources=builder.resources, bad_lines=builder.bad_lines)
+    part.rows = table.num_rows
+    part.runs = sorted(set(pc.unique(table.column("run")).to_pylist())) if table.num_rows else []
+    if cache and table.num_rows:
+        _store(part, table, stamp)
+    if part.parquet is None:
+        part.table = table
+    return part
+
+
+def event_table(
+    path: str | Path,
+    *,
+    progress: Callable[[int], None] | None = None,
+    cache: bool = True,
+) -> EventTable:
+    """Read a trace file, or every trace file of a directory, as a columnar table.
+
+    Args:
+        path: A ``*.otlp.jsonl[.gz]`` file or a directory of them.
+        progress: Called with the bytes just read from disk (compressed bytes for gzip).
+        cache: Use and write the ``.copytrace-cache/<file>.events.parquet`` caches.
+
+    Returns:
+        The table, one part per file (see :class:`EventTable`).
+
+    Raises:
+        TraceFileError: If ``path`` is missing, a directory without trace files, or no
+            copytrace span could be read from it.
+    """
+    path = Path(path)
+    files = _reader._trace_files(path)
+    parts = []
+    for file in files:
+        try:
+            parts.append(build_file_table(file, progress, cache))
+        except OSError as err:
+            raise TraceFileError(f"cannot read trace file {file}: {err.strerror or err}") from err
+    table = EventTable(files, parts)
+    if not any(p.rows for p in parts):
+        where = files[0] if len(files) == 1 else path
+        bad = table.bad_lines
+        detail = f" ({bad} unreadable line(s))" if bad else ""
+        raise TraceFileError(f"no readable copytrace spans in {where}{detail}")
+    return table
+
+
+def table_from_trace(trace: _reader.TraceData) -> EventTable:
+    """The table of an already loaded :class:`~copytrace.tracefile.TraceData` (kept in memory)."""
+    parts = []
+    for run in trace.runs:
+        rows = []
+        spans: list[Any] = [*run.events, *run.compiled_calls, *run.compiled_graphs]
+        for ev in spans:
+            rows.append(row_of_raw(_AsRaw(run.trace_id, ev)))
+        for s in run.steps:
+            attrs = dict(s.attrs)
+            attrs.setdefault("copytrace.step", s.step)
+            rows.append(row_of_raw(_AsRaw(run.trace_id, _reader.Event(
+                SPAN_STEP, s.span_id, None, s.start_ns, s.end_ns, attrs))))  # fmt: skip
+        if run.has_run_span:
+            rows.append(row_of_raw(_AsRaw(run.trace_id, _reader.Event(
+                SPAN_RUN, "", None, run.start_ns, run.end_ns, dict(run.attrs)))))  # fmt: skip
+        if run.hazards:
+            rows.append(row_of_raw(_AsRaw(run.trace_id, _reader.Event(
+                SPAN_HAZARDS, "", None, run.end_ns, run.end_ns, {},
+                tuple(("copytrace.hazard", run.end_ns, h) for h in run.hazards))))) # fmt: skip
+        tab = pa.Table.from_pylist(rows, schema=EVENT_SCHEMA)
+        path = run.files[0] if run.files else Path("<memory>")
+        parts.append(FileTable(path, table=tab, resources={run.trace_id: dict(run.resource)},
+                               rows=tab.num_rows, runs=[run.trace_id]))  # fmt: skip
+    if parts:
+        parts[0].bad_lines = trace.bad_lines
+    return EventTable(list(trace.files), parts)
+
+
+class _AsRaw:
+    """A loaded span seen as the reader's raw span (for :func:`_row_of_raw`)."""
+
+    def __init__(self, trace_id: str, ev: Any) -> None:
+        self.trace_id = trace_id
+        self.span_id = ev.span_id
+        self.parent_id = ev.parent_id
+        self.name = ev.name
+        self.start_ns = ev.start_ns
+        self.end_ns = ev.end_ns
+        self.attrs = ev.attrs
+        self.span_events = ev.span_events
+
