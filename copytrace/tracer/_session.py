@@ -720,7 +720,7 @@ class Trace:
         path, run = self.trace_path, self._run
         if path is None or run is None or self._file_sink is None:
             return
-        if self.stats["events"] > _HAZARDS_AT_EXIT_MAX:
+        if self.stats["events"] > _HAZARD_SPAN_MAX_EVENTS:
             # Parsing a large trace at exit would hold the program's exit for many seconds:
             # `copytrace report`, `summary` and `check` analyse it at any size instead.
             return
@@ -975,7 +975,7 @@ _USED_PATHS: set[Path] = set()
 
 #: events above which the hazards are not appended to the trace file at exit (see
 #: :meth:`Trace._append_hazards`)
-_HAZARDS_AT_EXIT_MAX = 200_000
+_HAZARD_SPAN_MAX_EVENTS = 200_000
 
 
 def _new_trace_path(output_dir: Path, compression: str | None) -> Path:
