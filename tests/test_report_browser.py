@@ -188,3 +188,33 @@ def test_click_through_and_rank_selector(browser: Any, report: Path) -> None:
         assert loaded.errors == [] and loaded.dialogs == []
     finally:
         page.close()
+
+
+def test_runs_of_two_programs_are_told_apart(browser: Any, tmp_path: Path) -> None:
+    """`copytrace report --all` over launches of two programs: one command line per program
+    in the header and a run column in the hazards table."""
+    from test_runs_cli import _launch
+
+    from copytrace.cli import main
+
+    _launch(tmp_path, 11, 0, script="train.py")
+    _launch(tmp_path, 12, 1, script="eval.py")
+    out = tmp_path / "report.html"
+    # the hazards each trace file carries (its copytrace.hazards span), one file per program
+    assert main(["report", str(tmp_path), "--all", "--no-analysis", "-o", str(out)]) == 0
+    page = _Page(browser, out)
+    try:
+        header = page.page.locator("#ct-cmd").inner_text().splitlines()
+        assert len(header) == 2
+        assert "train.py" in header[0] and "eval.py" in header[1]
+        heads = page.page.eval_on_selector_all(
+            "#ct-hazards-body th", "els => els.map(e => e.textContent)"
+        )
+        assert heads[:2] == ["severity", "run"]
+        cells = page.page.eval_on_selector_all(
+            "#ct-hazards-body tr td:nth-child(2)", "els => els.map(e => e.textContent)"
+        )
+        assert cells and all(c for c in cells)  # every hazard names its run(s)
+        assert page.errors == []
+    finally:
+        page.page.close()

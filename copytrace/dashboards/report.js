@@ -248,7 +248,15 @@
     const runs = D.runs;
     const r0 = runs[0];
     const cmd = S[r0.command];
-    $("ct-cmd").textContent = !cmd ? "(command unknown)" : D.title.includes(cmd) ? "" : "$ " + cmd;
+    const commands = [...new Set(runs.map((r) => S[r.command] || "(command unknown)"))];
+    if (commands.length > 1) {
+      // runs of different commands in one report: one line per command, with the first run
+      // (process) that ran it, so that two programs are never shown as one
+      $("ct-cmd").textContent = commands.map((c) => S[runs.find((r) => (S[r.command] || "(command unknown)") === c).label] + ": $ " + c).join("\n");
+      $("ct-cmd").style.whiteSpace = "pre-line";
+    } else {
+      $("ct-cmd").textContent = !cmd ? "(command unknown)" : D.title.includes(cmd) ? "" : "$ " + cmd;
+    }
     const meta = $("ct-meta");
     clear(meta);
     const devices = new Set();
@@ -975,12 +983,16 @@
       return;
     }
     const tbl = el("table");
-    tbl.appendChild(el("tr", null, ["severity", "code", "what", "call sites", "bytes", "steps", "events", "fix"].map((h) => el("th", { class: h === "bytes" || h === "events" ? "n" : null, text: h }))));
+    const byRun = D.runs.length > 1;  // several runs: a run column says whose hazard it is
+    const heads = ["severity", "code", "what", "call sites", "bytes", "steps", "events", "fix"];
+    if (byRun) heads.splice(1, 0, "run");
+    tbl.appendChild(el("tr", null, heads.map((h) => el("th", { class: h === "bytes" || h === "events" ? "n" : null, text: h }))));
     D.hazards.forEach((h, k) => {
       const sev = S[h.severity] || "?";
       const sel = state.focus && state.focus.type === "hazard" && state.focus.key === k;
       tbl.appendChild(el("tr", { class: "click" + (sel ? " sel" : ""), onclick: () => setFocus({ type: "hazard", key: k, label: "hazard " + S[h.code] }, true) }, [
         el("td", null, [el("span", { class: "sev " + sev.replace(/[^a-z]/g, ""), text: sev })]),
+        byRun ? el("td", { class: "mono", text: (h.runs || []).map((r) => S[r]).join("\n") || "-", style: "white-space:pre-line" }) : null,
         el("td", { class: "mono", text: S[h.code] }),
         el("td", { text: S[h.message] }),
         el("td", { class: "mono site", text: h.sites.map((s) => siteLabel(s)).join("\n") || "-", style: "white-space:pre-line" }),
