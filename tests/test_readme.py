@@ -16,8 +16,12 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-#: Set-up steps the test does not repeat (the test runs inside an installed environment).
-_SETUP = ("python3 -m venv", ". .venv/bin/activate", "pip install", "python -m pytest")
+#: Set-up steps the test does not repeat (the test runs inside an installed environment), and
+#: the development section's commands, which .ci/run itself runs (the suite, the linter).
+_SETUP = (
+    "python3 -m venv", ". .venv/bin/activate", "pip install", "python -m pytest",
+    "COPYTRACE_REQUIRE_INTEGRATION=1 python -m pytest", "ruff check",
+)  # fmt: skip
 
 
 def readme_commands(text: str) -> list[str]:

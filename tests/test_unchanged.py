@@ -92,13 +92,13 @@ _EXPECT = {
         # a filter keyed on torch's device module (where torch reports the warning) matches
         "raised UserWarning: To copy construct from a tensor, it is recommended to use so",
         # the implicit-dim warning names the program's line
-        "warning builtins.UserWarning warnings_filters.py:64 Implicit dimension choice for "
+        "warning builtins.UserWarning warnings_filters.py:63 Implicit dimension choice for "
         "softmax has been deprecated. Change the call to include dim=X as an argument.",
         "raised builtins.UserWarning: Implicit dimension choice for log_softmax",
     ],
     "warnings_as_errors": [
-        "frames [('warnings_as_errors.py', 25, 'attempt'), "
-        "('warnings_as_errors.py', 34, 'copy_construct')]",
+        "frames [('warnings_as_errors.py', 24, 'attempt'), "
+        "('warnings_as_errors.py', 33, 'copy_construct')]",
         "finally uncaught:",
     ],
 }
