@@ -185,6 +185,22 @@ def is_launcher() -> bool:
     return name in _LAUNCHER_SCRIPTS
 
 
+def _unwritable(out_dir: Any) -> str | None:
+    """Why the trace could not be written into ``out_dir`` (created as the trace would be,
+    then probed with a temporary file), or None: checked before the program starts."""
+    import tempfile
+    from pathlib import Path
+
+    try:
+        path = Path(out_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path, prefix=".copytrace-probe-"):
+            pass
+    except OSError as err:
+        return f"output directory {out_dir} is not writable ({err.strerror or type(err).__name__})"
+    return None
+
+
 def _hook() -> None:
     """What the ``.pth`` hook runs under ``COPYTRACE=1``.
 
@@ -195,6 +211,10 @@ def _hook() -> None:
     from copytrace import _env
 
     errors = _env.check()
+    if not errors:
+        problem = _unwritable(_env.output_dir())
+        if problem:
+            errors = [problem]
     if errors:
         _warn(f"{errors[0]}; tracing disabled")
         os.environ[_env.COPYTRACE] = "0"
@@ -754,7 +774,7 @@ def write_report_for(out: Path, files: list[Path], report: Path) -> Path:
 
     _warn(
         f"{len(others)} trace file(s) in {out} are from other runs and are left out of "
-        f"{report.name} (copytrace report {out} merges all)"
+        f"{report.name} (copytrace report {out} --all merges them)"
     )
     with tempfile.TemporaryDirectory(prefix=".copytrace-report-", dir=out) as tmp:
         real: dict[str, Path] = {}

@@ -176,6 +176,22 @@ def test_hook_says_it_once_per_launch_and_runs_the_program_untraced(tmp_path):
     assert not (tmp_path / "copytrace-out").exists()
 
 
+def test_hook_refuses_an_unwritable_output_directory_before_the_program(tmp_path):
+    # a file where the directory should be: it cannot be created (ENOTDIR / EEXIST)
+    (tmp_path / "blocker").write_text("")
+    out = tmp_path / "blocker" / "out"
+    (tmp_path / "prog.py").write_text(_PROGRAM)
+    proc = subprocess.run(
+        [sys.executable, "prog.py"], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env=_env_vars(COPYTRACE="1", COPYTRACE_OUTPUT=str(out)),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "ran.txt").exists()  # the program ran, untraced
+    assert proc.stderr.splitlines() == [
+        f"copytrace: output directory {out} is not writable (Not a directory); tracing disabled"
+    ]
+
+
 def test_hook_refuses_a_copytrace_value_that_is_neither_on_nor_off(tmp_path):
     (tmp_path / "prog.py").write_text(_PROGRAM)
     proc = subprocess.run(

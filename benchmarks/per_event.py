@@ -1,0 +1,86 @@
+"""Per-event cost of a copy-heavy program: copytrace (both paths) next to torch.profiler.
+
+The program makes 99 copy or alias events per step (33 x clone, detach, .to(float64) of small
+tensors) and nothing else, so the recording cost per event dominates. Each variant runs in its
+own subprocess (import and start-up excluded: the timed region is the loop):
+
+    plain       the loop untraced
+    copytrace   COPYTRACE=1, the C++ observer path, trace file written (gzip OTLP/JSON)
+    ct_python   COPYTRACE=1 COPYTRACE_OBSERVER=python, the Python fallback path
+    profiler    torch.profiler (record_shapes=True, with_stack=True), then listing its events
+
+and prints seconds for the loop, and (variant - plain) / events in microseconds per event.
+
+    python benchmarks/per_event.py --steps 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+PROGRAM = r"""
+import json, sys, time, torch
+steps, variant = int(sys.argv[1]), sys.argv[2]
+x = torch.randn(16, requires_grad=True)
+y = torch.randn(16)
+
+def loop():
+    for _ in range(steps):
+        for _ in range(33):
+            a = x.clone(); b = y.detach(); c = y.to(torch.float64)
+
+t0 = time.perf_counter()
+if variant == "profiler":
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True) as p:
+        loop()
+    run = time.perf_counter() - t0
+    n = len(p.events())
+    listed = time.perf_counter() - t0 - run
+else:
+    loop()
+    run, listed = time.perf_counter() - t0, 0.0
+print(json.dumps({"run": run, "listed": listed}))
+"""
+
+
+def _run(variant: str, steps: int, out: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COPYTRACE")}
+    env["OMP_NUM_THREADS"] = "1"
+    if variant in ("copytrace", "ct_python"):
+        env.update(COPYTRACE="1", COPYTRACE_REPORT="0", COPYTRACE_OUTPUT=out)
+        if variant == "ct_python":
+            env["COPYTRACE_OBSERVER"] = "python"
+    proc = subprocess.run(
+        [sys.executable, "-c", PROGRAM, str(steps), variant],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2000, help="steps of 99 events each")
+    parser.add_argument(
+        "--variants", nargs="*", default=["plain", "copytrace", "ct_python", "profiler"]
+    )
+    args = parser.parse_args(argv)
+    events = args.steps * 99
+    with tempfile.TemporaryDirectory() as out:
+        results = {v: _run(v, args.steps, out) for v in args.variants}
+    plain = results.get("plain", {"run": 0.0})["run"]
+    print(f"{events} events ({args.steps} steps x 99)")
+    print(f"{'variant':10s} {'loop s':>8s} {'listing s':>10s} {'us/event':>9s}")
+    for v, r in results.items():
+        per = (r["run"] - plain) / events * 1e6
+        print(f"{v:10s} {r['run']:8.2f} {r['listed']:10.2f} {per:9.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
