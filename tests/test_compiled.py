@@ -19,8 +19,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# ../shared/cases/case_30_compiled_training_step.py, verbatim from its `import sys` on (the
-# line numbers below are this text's: `.float()` on line 15, `clone` on 16, `.to` on 28).
+# A compiled training step (a mixed-precision cast, a clone of an activation, a compiled
+# region per step; the line numbers below are this text's: `.float()` on line 15, `clone` on
+# 16, `.to` on 28).
 CASE_30 = """import sys
 
 import torch
@@ -190,8 +191,8 @@ def features(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 
 def test_case30_unchanged_under_copytrace_run(case30: dict[str, Any]) -> None:
-    # The recorded untraced output of ../shared/cases/case_30 (the same with aot_eager and
-    # inductor): the region stays compiled under tracing, with the same graphs and frames.
+    # The untraced output of CASE_30 (the same with aot_eager and inductor): the region stays
+    # compiled under tracing, with the same graphs and frames.
     assert case30["traced"].stdout.splitlines() == [
         "losses ['0.770755', '0.675191', '0.744450', '0.669049', '0.719034', '0.714393']",
         "graphs 3 frames 4",

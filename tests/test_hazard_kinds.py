@@ -100,7 +100,7 @@ def _hand_over(child: torch.optim.Optimizer, parent: torch.optim.Optimizer) -> N
 
 
 def test_optimizer_state_handover_aliases_live_momentum() -> None:
-    # case 25: load_state_dict(other.state_dict()) keeps the parent's momentum buffers
+    # optimizer handover: load_state_dict(other.state_dict()) keeps the parent's momentum buffers
     program = _optimizer_handover(_sgd, _hand_over)
     t, findings = traced(program)
     assert program.changed  # type: ignore[attr-defined]  # the bug is real
@@ -296,7 +296,7 @@ def test_module_load_without_assign_copies_and_is_clean() -> None:
 
 
 def _reinit_rows(t: Any) -> None:
-    # case 26: re-initialising embedding rows by writing into x[idx]
+    # lost write: re-initialising embedding rows by writing into x[idx]
     torch.manual_seed(0)
     emb = nn.Embedding(100, 64)
     rows = torch.tensor([3, 17, 56, 99])
@@ -456,7 +456,7 @@ def _ctor_under(mode: Callable[[], Any]) -> Any:
     "mode", [lambda: torch.device("cpu"), _PassThrough], ids=["device-context", "user-mode"]
 )
 def test_tensor_ctor_under_a_mode_is_the_users_call(mode: Callable[[], Any]) -> None:
-    # case 27 part A: torch.tensor(t) inside `with torch.device(...)`
+    # a copy through a mode: torch.tensor(t) inside `with torch.device(...)`
     t, findings = traced(_ctor_under(mode))
     ctor = [f for f in findings if f.code == "tensor-ctor-copy"]
     assert sorted(f.call_sites[0] for f in ctor) == sorted(
@@ -488,7 +488,7 @@ def _scale_(t: torch.Tensor) -> torch.Tensor:
 
 
 def _per_consumer_copies(t: Any) -> None:
-    # case 29: one clone per consumer that modifies its argument
+    # near miss: one clone per consumer that modifies its argument
     x = torch.randn(1000)
     _per_consumer_copies.sums = (_scale_(x.clone()), _scale_(x.clone()))  # type: ignore[attr-defined]
     c = x.clone()  # site: unwritten-1
