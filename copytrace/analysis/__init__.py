@@ -30,9 +30,10 @@ from copytrace.analysis._budget import (
     severity_codes,
     step_totals,
 )
+from copytrace.analysis._columns import columns_of
 from copytrace.analysis._findings import HAZARDS, SEVERITIES, Finding, Hazard, normalize_codes
 from copytrace.analysis._rules import RULES, format_bytes, is_hot
-from copytrace.analysis._view import Ev, runs_of
+from copytrace.analysis._view import runs_of
 
 __all__ = [
     "HAZARDS",
@@ -66,12 +67,12 @@ def _sort(findings: list[Finding]) -> list[Finding]:
     )
 
 
-def _analyze_runs(runs: list[list[Ev]], codes: Iterable[str] | None) -> list[Finding]:
+def _analyze(source: Any, codes: Iterable[str] | None) -> list[Finding]:
     wanted = set(normalize_codes(list(codes))) if codes is not None else None
     findings: list[Finding] = []
-    for events in runs:
+    for rc in columns_of(source):  # one run's columns at a time
         for rule in RULES:
-            for f in rule(events):
+            for f in rule(rc):
                 if wanted is None or f.code in wanted:
                     findings.append(f)
     return _sort(findings)
@@ -92,7 +93,7 @@ def analyze(source: Any, *, codes: Iterable[str] | None = None) -> list[Finding]
     Raises:
         TraceFileError: when ``source`` is a path that holds no readable trace.
     """
-    return _analyze_runs(runs_of(source), codes)
+    return _analyze(source, codes)
 
 
 def check(
@@ -109,10 +110,9 @@ def check(
         ``(violations, findings)``: one line per violated limit or forbidden finding (empty
         when within budget), and all findings.
     """
-    runs = runs_of(source)
     if findings is None:
-        findings = _analyze_runs(runs, None)
-    return check_budget(runs, findings, budget), findings
+        findings = _analyze(source, None)
+    return check_budget(runs_of(source), findings, budget), findings
 
 
 def format_findings(findings: Sequence[Finding], limit: int | None = None) -> str:

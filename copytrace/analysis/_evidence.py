@@ -1,0 +1,178 @@
+"""What the hazard rules share: size formatting, the hot-loop test, and the evidence of one
+finding (:class:`Acc` over event views, :class:`Group` over rows of a
+:class:`~copytrace.analysis._columns.RunColumns`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from copytrace.analysis._findings import HAZARDS, Finding
+from copytrace.analysis._view import Ev
+
+__all__ = ["Acc", "Group", "format_bytes", "is_hot"]
+
+#: Conversions whose no-op form is reported (``copytrace.op`` values).
+CONVERSION_OPS = frozenset((
+    "to", "cpu", "cuda", "type", "float", "double", "half", "bfloat16", "int", "long",
+    "short", "char", "byte", "bool", "contiguous",
+))  # fmt: skip
+#: A site is "in a hot loop" when it fires in at least this many steps ...
+HOT_MIN_STEPS = 3
+#: ... and in at least this share of the steps between its first and last one.
+HOT_DENSITY = 0.5
+
+
+def format_bytes(n: int) -> str:
+    """``4000`` -> ``4000 B``; ``123456`` -> ``123456 B (120.6 KiB)``."""
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB", "TiB"):
+        value /= 1024
+        if value < 1024 or unit == "TiB":
+            return f"{n} B ({value:.1f} {unit})"
+    return f"{n} B"  # pragma: no cover
+
+
+def is_hot(steps: Iterable[int]) -> bool:
+    """Whether events in ``steps`` come from a loop that runs (about) every step."""
+    distinct = sorted(set(steps))
+    if len(distinct) < HOT_MIN_STEPS:
+        return False
+    return len(distinct) >= HOT_DENSITY * (distinct[-1] - distinct[0] + 1)
+
+
+def what(e: Ev) -> str:
+    shape = "x".join(str(d) for d in e.shape) if e.shape else "scalar"
+    return f"{e.dtype or '?'} {shape}"
+
+
+def plural(n: int, word: str) -> str:
+    if n == 1:
+        return f"{n} {word}"
+    return f"{n} {word[:-1]}ies" if word.endswith("copy") else f"{n} {word}s"
+
+
+class Acc:
+    """Evidence for one finding, accumulated over events."""
+
+    def __init__(self) -> None:
+        self.events: list[Ev] = []
+        self._ids: set[int] = set()
+        self.sites: list[str] = []
+        self.bytes = 0
+        self.count = 0
+        self.extra = 0
+
+    def add(self, e: Ev, nbytes: int = 0, *sites: str | None) -> None:
+        if id(e) not in self._ids:
+            self._ids.add(id(e))
+            self.events.append(e)
+        for site in sites or (e.site,):
+            if site and site not in self.sites:
+                self.sites.append(site)
+        self.bytes += nbytes
+        self.count += 1
+
+    def finding(self, code: str, message: str, fix: str, severity: str | None = None) -> Finding:
+        events = sorted(self.events, key=lambda e: e.seq)
+        return Finding(
+            code=code,
+            severity=severity or HAZARDS[code].severity,
+            message=message,
+            fix=fix,
+            call_sites=list(self.sites),
+            bytes=self.bytes,
+            steps=sorted({e.step for e in events}),
+            event_seqs=[e.seq for e in events],
+            run=events[0].run if events else 0,
+            span_ids=[e.span_id for e in events if e.span_id],
+        )
+
+
+def accs(keyed: Iterable[tuple[Any, Ev, int, tuple[str | None, ...]]]) -> dict[Any, Acc]:
+    accs: dict[Any, Acc] = {}
+    for key, e, nbytes, sites in keyed:
+        accs.setdefault(key, Acc()).add(e, nbytes, *sites)
+    return accs
+
+
+def is_copy(e: Ev) -> bool:
+    """A copy into new storage, with its storage facts recorded."""
+    return (
+        not e.group
+        and e.error is None
+        and not e.alias
+        and not e.noop
+        and e.bytes_allocated > 0
+        and e.src_storage is not None
+        and e.src_version is not None
+        and e.op != "copy_"
+    )
+
+
+#: Copies another rule reports in full (tensor-ctor-copy): not reported again as redundant.
+OWN_RULE = frozenset(("tensor_ctor", "new_tensor"))
+
+
+
+
+class _Row:
+    """One row of a run's columns, read as an :class:`Ev` (each field read when asked for)."""
+
+    def __init__(self, rc: Any, row: int) -> None:
+        self._rc = rc
+        self._row = row
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in Ev.__slots__:
+            raise AttributeError(name)
+        value = self._rc.values(name, np.array([self._row]))[0]
+        if isinstance(value, list):
+            value = tuple(value)
+        elif value is None and name in ("aten", "shape", "src_stride", "saved_by"):
+            value = ()
+        setattr(self, name, value)
+        return value
+
+
+class Group:
+    """Evidence for one finding over rows of a run (see :class:`Acc`): each row added once.
+
+    Args:
+        rc: the run's columns.
+        rows: the rows, ascending.
+        nbytes: bytes at stake per row (aligned with ``rows``).
+        sites: the call sites, most relevant first.
+    """
+
+    def __init__(self, rc: Any, rows: np.ndarray, nbytes: np.ndarray, sites: list[str]) -> None:
+        self.rc = rc
+        self.rows = rows
+        self.count = len(rows)
+        self.bytes = int(nbytes.sum())
+        self.sites = sites
+        self.first: Any = _Row(rc, int(rows[0]))
+        steps = rc.np("step")[rows]
+        self.steps: list[int] = np.unique(steps).tolist()
+
+    def finding(self, code: str, message: str, fix: str) -> Finding:
+        seqs = self.rc.np("seq")[self.rows]
+        order = np.argsort(seqs, kind="stable")
+        rows = self.rows[order]
+        span_ids = self.rc.values("span_id", rows)
+        return Finding(
+            code=code,
+            severity=HAZARDS[code].severity,
+            message=message,
+            fix=fix,
+            call_sites=list(self.sites),
+            bytes=self.bytes,
+            steps=self.steps,
+            event_seqs=seqs[order].tolist(),
+            run=self.rc.run,
+            span_ids=[s for s in span_ids if s],
+        )
