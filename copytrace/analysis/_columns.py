@@ -56,102 +56,177 @@ def _site_column(file: Any, line: Any, func: Any) -> Any:
 class RunColumns:
     """The events of one run, column by column (see the module docstring).
 
+    Columns stay as read (over the source rows, strings dictionary-encoded where the source
+    allows): predicates run over them (a string predicate over each dictionary's distinct
+    values only) and come back as numpy masks in event order; values are taken, decoded and
+    normalised only at the rows asked for.
+
     Args:
         n: number of events.
         run: the run's index.
-        get: ``get(name)`` -> the normalised column ``name`` (pyarrow array, one value per
-            event, in event order).
+        raw: ``raw(name)`` -> column ``name`` over the source rows (pyarrow array or chunked
+            array).
+        order: the source row of each event, in event order (None: the source rows are the
+            events, in order).
         evs: the :class:`Ev` objects themselves when the run came from memory.
     """
 
-    def __init__(self, n: int, run: int, get: Any, evs: Sequence[Ev] | None = None) -> None:
+    def __init__(
+        self,
+        n: int,
+        run: int,
+        raw: Any,
+        order: np.ndarray | None = None,
+        evs: Sequence[Ev] | None = None,
+    ) -> None:
         self.n = n
         self.run = run
-        self._get = get
+        self._read = raw
+        self.order = order
         self._evs = evs
         self._cache: dict[str, Any] = {}
 
-    def col(self, name: str) -> Any:
-        """The normalised column ``name`` (a pyarrow array or chunked array)."""
+    def raw(self, name: str) -> Any:
+        """Column ``name`` over the source rows, as read (cached)."""
         out = self._cache.get(name)
         if out is None:
-            if name.endswith("_key"):  # a list column as text: equal lists, equal keys
-                col = self.col(name.removesuffix("_key"))
-                if pa.types.is_integer(col.type.value_type):
-                    col = pc.cast(col, pa.list_(pa.string()))
-                out = pc.fill_null(pc.binary_join(col, "\x1f"), "")
-            else:
-                out = self._get(name)
-            self._cache[name] = out
+            out = self._cache[name] = self._read(name)
         return out
 
-    def np(self, name: str) -> np.ndarray:
-        """A boolean or integer column with no nulls as a numpy array."""
-        key = "np:" + name
-        out = self._cache.get(key)
-        if out is None:
-            out = self._cache[key] = np.asarray(self.col(name).to_numpy(zero_copy_only=False))
-        return out
+    def _events(self, values: np.ndarray) -> np.ndarray:
+        """Source-row values in event order."""
+        return values if self.order is None else values[self.order]
 
-    # -- predicates (numpy boolean masks, Python truthiness) -------------------------------------
+    def _mask(self, test: Any) -> np.ndarray:
+        """A boolean pyarrow column over the source rows as a numpy mask in event order
+        (null: false)."""
+        arr = np.asarray(pc.fill_null(test, False).to_numpy(zero_copy_only=False), dtype=bool)
+        return self._events(arr)
+
+    def _strings(self, name: str, test: Any) -> Any:
+        """``test(strings)`` over a string column, once per distinct value where the column
+        is dictionary-encoded."""
+        col = self.raw(name)
+        chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+        out = [pc.take(test(c.dictionary), c.indices) if pa.types.is_dictionary(c.type)
+               else test(c) for c in chunks]  # fmt: skip
+        return pa.chunked_array(out, pa.bool_())
+
+    # -- predicates (numpy boolean masks in event order, Python truthiness) ----------------------
     def flag(self, name: str) -> np.ndarray:
         """``bool(e.name)`` of a boolean column."""
         key = "flag:" + name
         out = self._cache.get(key)
         if out is None:
-            col = pc.fill_null(self.col(name), False)
-            out = self._cache[key] = np.asarray(col.to_numpy(zero_copy_only=False), dtype=bool)
+            out = self._cache[key] = self._mask(self.raw(name))
         return out
 
     def null(self, name: str) -> np.ndarray:
-        """``e.name is None``."""
-        return np.asarray(pc.is_null(self.col(name)).to_numpy(zero_copy_only=False))
+        """``e.name is None`` (an empty ``error`` is none)."""
+        test = pc.is_null(self.raw(name))
+        if name == "error":
+            test = pc.or_(test, pc.fill_null(self._strings(name, lambda c: pc.equal(c, "")),
+                                             False))  # fmt: skip
+        return self._mask(test)
 
     def truthy(self, name: str) -> np.ndarray:
         """``bool(e.name)`` of a string, integer or list column (null, empty, 0: false)."""
-        col = self.col(name)
-        if pa.types.is_string(col.type):
-            test = pc.greater(pc.utf8_length(col), 0)
-        elif pa.types.is_list(col.type):
-            test = pc.greater(pc.list_value_length(col), 0)
-        else:
-            test = pc.not_equal(col, 0)
-        return np.asarray(pc.fill_null(test, False).to_numpy(zero_copy_only=False))
+        col = self.raw(name)
+        if pa.types.is_list(col.type):
+            return self._mask(pc.greater(pc.list_value_length(col), 0))
+        if pa.types.is_integer(col.type):
+            return self._mask(pc.not_equal(col, 0))
+        return self._mask(self._strings(name, lambda c: pc.greater(pc.utf8_length(c), 0)))
 
     def isin(self, name: str, values: Any) -> np.ndarray:
-        """``e.name in values`` (a null is in no set of strings)."""
-        test = pc.is_in(self.col(name), value_set=pa.array(sorted(values), _type_of(name)))
-        return np.asarray(pc.fill_null(test, False).to_numpy(zero_copy_only=False))
+        """``e.name in values`` of a string column (a null is in no set)."""
+        value_set = pa.array(sorted(values), pa.string())
+        return self._mask(self._strings(name, lambda c: pc.is_in(c, value_set=value_set)))
 
     def eq(self, name: str, value: Any) -> np.ndarray:
-        """``e.name == value``."""
-        test = pc.equal(self.col(name), pa.scalar(value, _type_of(name)))
-        return np.asarray(pc.fill_null(test, False).to_numpy(zero_copy_only=False))
+        """``e.name == value`` (a string, or a boolean's ``is value``)."""
+        if isinstance(value, bool):
+            return self._mask(pc.equal(self.raw(name), value))
+        return self._mask(self._strings(name, lambda c: pc.equal(c, value)))
 
-    def filled(self, name: str) -> np.ndarray:
-        """``e.name or 0`` of an integer column, as numpy int64."""
-        col = pc.fill_null(self.col(name), 0)
-        return np.asarray(col.to_numpy(zero_copy_only=False), dtype=np.int64)
+    def np(self, name: str) -> np.ndarray:
+        """``seq``, or an integer column with absent values 0, as numpy int64 in event
+        order."""
+        key = "np:" + name
+        out = self._cache.get(key)
+        if out is None:
+            if name == "seq" and self._evs is None:
+                out = np.arange(self.n, dtype=np.int64)
+            else:
+                col = pc.fill_null(self.raw(name), 0)
+                out = self._events(np.asarray(col.to_numpy(zero_copy_only=False), np.int64))
+            self._cache[key] = out
+        return out
+
+    filled = np
+
+    # -- values at rows -----------------------------------------------------------------------------
+    def _at(self, rows: np.ndarray) -> Any:
+        src = rows if self.order is None else self.order[rows]
+        return pa.array(src, pa.int64())
+
+    def take(self, name: str, rows: np.ndarray) -> Any:
+        """Column ``name`` at ``rows`` (event positions), decoded and normalised as the
+        :class:`Ev` fields are; ``site`` is ``file:line function``; ``NAME_key`` is list
+        column ``NAME`` as text (equal lists, equal keys)."""
+        if name == "site":
+            return _site_column(self.take("file", rows), self.take("line", rows),
+                                self.take("function", rows))  # fmt: skip
+        if name.endswith("_key"):
+            col = self.take(name.removesuffix("_key"), rows)
+            if pa.types.is_integer(col.type.value_type):
+                col = pc.cast(col, pa.list_(pa.string()))
+            return pc.fill_null(pc.binary_join(col, "\x1f"), "")
+        if name in ("seq", "run", "parent"):
+            values = (self.np("seq")[rows] if name == "seq" else self.parents(rows)
+                      if name == "parent" else np.full(len(rows), self.run))  # fmt: skip
+            return pa.array(values, pa.int64())
+        col = pc.take(self.raw(name), self._at(rows))
+        if pa.types.is_dictionary(col.type):
+            col = pc.cast(col, col.type.value_type)
+        if name in _BOOLS:
+            return pc.fill_null(col, False)
+        if name in _INTS0:
+            return pc.fill_null(col, 0)
+        if name == "error":
+            return pc.if_else(pc.equal(col, ""), pa.scalar(None, pa.string()), col)
+        if name == "transfer":
+            return pc.fill_null(col, "none")
+        return col
+
+    def values(self, name: str, rows: np.ndarray) -> list[Any]:
+        """The Python values of ``name`` at ``rows``."""
+        if self._evs is not None:
+            return [getattr(self._evs[i], name) for i in rows.tolist()]
+        return self.take(name, rows).to_pylist()  # type: ignore[no-any-return]
 
     def ints(self, name: str, rows: np.ndarray) -> np.ndarray:
         """``e.name or 0`` of an integer column at ``rows``."""
-        col = pc.take(self.col(name), pa.array(rows, pa.int64()))
-        return np.asarray(pc.fill_null(col, 0).to_numpy(zero_copy_only=False), dtype=np.int64)
+        return self.np(name)[rows]
 
-    def values(self, name: str, rows: np.ndarray) -> list[Any]:
-        """The Python values of column ``name`` at ``rows``."""
+    def parents(self, rows: np.ndarray) -> np.ndarray:
+        """Event position of the deepcopy group each event at ``rows`` belongs to, or -1."""
         if self._evs is not None:
-            return [getattr(self._evs[i], name) for i in rows.tolist()]
-        return pc.take(self.col(name), pa.array(rows, pa.int64())).to_pylist()  # type: ignore[no-any-return]
+            return np.array([self._evs[i].parent for i in rows.tolist()], dtype=np.int64)
+        groups = np.flatnonzero(self.flag("group"))
+        if not len(groups) or not len(rows):
+            return np.full(len(rows), -1, dtype=np.int64)
+        ids = self.take("span_id", groups)
+        where = pc.fill_null(pc.index_in(self.take("parent_id", rows), value_set=ids), -1)
+        where = np.asarray(where.to_numpy(zero_copy_only=False), dtype=np.int64)
+        return np.where(where >= 0, groups[np.maximum(where, 0)], -1)
 
-    # -- rows ---------------------------------------------------------------------------------------
     def evs(self, rows: np.ndarray) -> list[Ev]:
-        """The :class:`Ev` of each row in ``rows`` (in that order)."""
+        """The :class:`Ev` of each event at ``rows`` (in that order)."""
         if self._evs is not None:
             evs = self._evs
             return [evs[i] for i in rows.tolist()]
-        idx = pa.array(rows, pa.int64())
-        cols = {name: pc.take(self.col(name), idx).to_pylist() for name in Ev.__slots__}
+        cols = {name: self.take(name, rows).to_pylist() for name in Ev.__slots__}
         out = []
         for i in range(len(rows)):
             fields = {name: values[i] for name, values in cols.items()}
@@ -161,15 +236,17 @@ class RunColumns:
         return out
 
     def groups(self, mask: np.ndarray, keys: Sequence[str]) -> list[np.ndarray]:
-        """The rows where ``mask`` holds, grouped by equal values of ``keys``: one array of
-        rows (ascending) per group, groups in order of their first row."""
+        """The events where ``mask`` holds, grouped by equal values of ``keys``: one array of
+        event positions (ascending) per group, groups in order of their first event."""
         rows = np.flatnonzero(mask)
         if not len(rows):
             return []
-        idx = pa.array(rows, pa.int64())
-        tab = pa.table({**{f"k{i}": pc.take(self.col(k), idx) for i, k in enumerate(keys)},
-                        "row": idx})  # fmt: skip
-        grouped = tab.group_by([f"k{i}" for i in range(len(keys))], use_threads=False)
+        if self._evs is not None:
+            cols = {f"k{i}": _ev_column(self._evs, k, rows) for i, k in enumerate(keys)}
+        else:
+            cols = {f"k{i}": self.take(k, rows) for i, k in enumerate(keys)}
+        tab = pa.table({**cols, "row": pa.array(rows, pa.int64())})
+        grouped = tab.group_by(list(cols), use_threads=False)
         lists = grouped.aggregate([("row", "list")]).column("row_list")
         flat = np.asarray(pc.list_flatten(lists).to_numpy(zero_copy_only=False))
         bounds = np.cumsum(np.asarray(pc.list_value_length(lists).to_numpy(zero_copy_only=False)))
@@ -177,105 +254,103 @@ class RunColumns:
 
 
 # --- building: from the event table ------------------------------------------------------------
-#: Columns read at once (the keys that order a run's rows, and what the rules' selections
-#: read); the others are read one by one when asked for (a pair rule's candidates).
-FIRST_COLUMNS = sorted({
-    "run", "name", "start_ns", "end_ns", "span_id", "parent_id", "group", "error", "op",
-    "noop", "alias", "via", "saved_by", "snapshot", "stale", "write_site", "retained_bytes",
-    "transfer", "non_blocking", "pinned", "src_storage", "src_version", "dst_storage",
-    "bytes_allocated", "bytes_logical", "inplace_writes", "graph", "step", "file", "line",
-    "function",
-})  # fmt: skip
+#: String columns read dictionary-encoded (few distinct values; span ids are all distinct).
+_PLAIN_STRINGS = frozenset(("span_id", "parent_id"))
 
 
-def _run_rows(keys: pa.Table, run: str) -> Any:
-    """The positions in ``keys`` (rows of the parts that hold ``run``) of ``run``'s events
-    (not run, step or hazards spans), in event order (start, end, span id)."""
+def _read_column(parts: list[Any], name: str) -> Any:
+    """Column ``name`` of every part, as one chunked array (strings dictionary-encoded when
+    read from Parquet)."""
+    import pyarrow.parquet as pq
+
+    typ = EVENT_TYPES[name]
+    chunks = []
+    for part in parts:
+        path = getattr(part, "parquet", None)
+        if path is not None and getattr(part, "table", None) is None:
+            as_dict = [name] if pa.types.is_string(typ) and name not in _PLAIN_STRINGS else None
+            col = pq.read_table(path, columns=[name], read_dictionary=as_dict).column(0)
+        else:
+            col = part.read([name]).column(0)
+        chunks.extend(col.chunks)
+    if not chunks:
+        return pa.chunked_array([], typ)
+    return pa.chunked_array(chunks)
+
+
+def _event_order(parts: list[Any], run: str) -> np.ndarray:
+    """The source rows (the parts' rows, concatenated) of ``run``'s events (not run, step or
+    hazards spans), in event order (start, end, span id)."""
     from copytrace.tracefile import META_SPANS
 
-    keep = pc.and_(pc.equal(keys.column("run"), run),
-                   pc.invert(pc.is_in(keys.column("name"), pa.array(sorted(META_SPANS)))))
-    kept = pc.indices_nonzero(pc.fill_null(keep, False))
+    names = ["name", "start_ns", "end_ns", "span_id"]
+    several = any(len(p.runs) > 1 for p in parts)
+    keys = pa.table({n: _read_column(parts, n) for n in [*names, *(["run"] if several else [])]})
+    name = keys.column("name")
+    meta = pa.chunked_array(
+        [pc.take(pc.is_in(c.dictionary, value_set=pa.array(sorted(META_SPANS))), c.indices)
+         if pa.types.is_dictionary(c.type)
+         else pc.is_in(c, value_set=pa.array(sorted(META_SPANS))) for c in name.chunks],
+        pa.bool_(),
+    )  # fmt: skip
+    keep = pc.invert(pc.fill_null(meta, False))
+    if several:
+        keep = pc.and_(keep, pc.fill_null(pc.equal(pc.cast(keys.column("run"), pa.string()),
+                                                   run), False))  # fmt: skip
+    kept = pc.indices_nonzero(keep)
     rows = keys.select(["start_ns", "end_ns", "span_id"]).take(kept)
     order = pc.sort_indices(rows, [("start_ns", "ascending"), ("end_ns", "ascending"),
                                    ("span_id", "ascending")])  # fmt: skip
-    return pc.take(kept, order)
+    return np.asarray(pc.take(kept, order).to_numpy(), dtype=np.int64)
 
 
-def _table_getter(parts: list[Any], run: str, index: int) -> tuple[int, Any]:
-    """``(events, get)``: ``get(name)`` gives column ``name`` of ``run``'s events in event
-    order, normalised (:data:`FIRST_COLUMNS` are read at once, the others when asked for)."""
-    first = pa.concat_tables([p.read(FIRST_COLUMNS) for p in parts])
-    take = _run_rows(first, run)
-    n = len(take)
-    cache: dict[str, Any] = {}
+def _run_order(table: Any) -> list[str]:
+    """Runs (trace ids) by start (the run span's, else the earliest span's), then trace id."""
+    from copytrace.tracefile.schema import SPAN_RUN
 
-    def raw(name: str) -> Any:
-        col = cache.get(name)
-        if col is None:
-            if name in FIRST_COLUMNS:
-                whole = first.column(name)
-            else:
-                whole = pa.chunked_array(
-                    [c for p in parts for c in p.read([name]).column(0).chunks],
-                    type=EVENT_TYPES[name],
-                )
-            col = cache[name] = pc.take(whole, take)
-        return col
+    if any(len(p.runs) != 1 for p in table.parts):  # a file of several processes: rare
+        from copytrace.analysis._table_view import _run_order as by_rows
 
-    def get(name: str) -> Any:
-        if name in _BOOLS:
-            return pc.fill_null(raw(name), False)
-        if name in _INTS0:
-            return pc.fill_null(raw(name), 0)
-        if name == "error":
-            err = raw("error")
-            return pc.if_else(pc.equal(err, ""), pa.scalar(None, pa.string()), err)
-        if name == "transfer":
-            return pc.fill_null(raw("transfer"), "none")
-        if name == "site":
-            return _site_column(raw("file"), raw("line"), raw("function"))
-        if name == "seq":
-            return pa.array(np.arange(n, dtype=np.int64))
-        if name == "run":
-            return pa.array(np.full(n, index, dtype=np.int64))
-        if name == "parent":
-            return _parents(raw("span_id"), raw("parent_id"), get("group"))
-        return raw(name)
-
-    return n, get
-
-
-def _parents(span_id: Any, parent_id: Any, group: Any) -> Any:
-    """Position of each event's parent when that parent is a deepcopy group event, else -1."""
-    groups = np.flatnonzero(np.asarray(group.to_numpy(zero_copy_only=False)))
-    n = len(span_id)
-    if not len(groups):
-        return pa.array(np.full(n, -1, dtype=np.int64))
-    ids = pc.take(span_id, pa.array(groups, pa.int64()))
-    where = pc.fill_null(pc.index_in(parent_id, value_set=ids), -1)
-    where = np.asarray(where.to_numpy(zero_copy_only=False), dtype=np.int64)
-    return pa.array(np.where(where >= 0, groups[np.maximum(where, 0)], -1))
+        return by_rows(table)  # type: ignore[no-any-return]
+    starts: dict[str, int] = {}
+    run_starts: dict[str, int] = {}
+    for part in table.parts:
+        (run,) = part.runs
+        start = pc.min(_read_column([part], "start_ns")).as_py()
+        if start is None:
+            continue
+        starts[run] = min(starts.get(run, start), start)
+        name = _read_column([part], "name")
+        is_run = pa.chunked_array(
+            [pc.take(pc.equal(c.dictionary, SPAN_RUN), c.indices)
+             if pa.types.is_dictionary(c.type) else pc.equal(c, SPAN_RUN) for c in name.chunks],
+            pa.bool_(),
+        )  # fmt: skip
+        where = pc.indices_nonzero(pc.fill_null(is_run, False))
+        if len(where):
+            run_starts[run] = pc.take(_read_column([part], "start_ns"), where)[0].as_py()
+    return sorted(starts, key=lambda r: (run_starts.get(r, starts[r]), r))
 
 
 def _table_runs(table: Any) -> Iterator[RunColumns]:
-    from copytrace.analysis._table_view import _run_order
-
     for i, run in enumerate(_run_order(table)):
         parts = [p for p in table.parts if run in p.runs]
-        n, get = _table_getter(parts, run, i)
-        yield RunColumns(n, i, get)
+        order = _event_order(parts, run)
+        yield RunColumns(len(order), i, lambda name, parts=parts: _read_column(parts, name),
+                         order)  # fmt: skip
 
 
 # --- building: from views in memory ------------------------------------------------------------
-def _ev_getter(evs: Sequence[Ev]) -> Any:
-    def get(name: str) -> Any:
-        values = [getattr(e, name) for e in evs]
-        if name in _LISTS:
-            values = [list(v) if v else [] for v in values]
-        return pa.array(values, _type_of(name))
-
-    return get
+def _ev_column(evs: Sequence[Ev], name: str, rows: np.ndarray | None = None) -> Any:
+    """Field ``name`` of ``evs`` (at ``rows``) as a pyarrow array."""
+    picked = evs if rows is None else [evs[i] for i in rows.tolist()]
+    if name.endswith("_key"):
+        return pa.array(["\x1f".join(map(str, getattr(e, name[:-4]) or ())) for e in picked],
+                        pa.string())  # fmt: skip
+    values = [getattr(e, name) for e in picked]
+    if name in _LISTS:
+        values = [list(v) if v else [] for v in values]
+    return pa.array(values, _type_of(name))
 
 
 def columns_of(source: Any) -> Iterator[RunColumns]:
@@ -294,4 +369,4 @@ def columns_of(source: Any) -> Iterator[RunColumns]:
 
     for i, evs in enumerate(runs_of(source)):
         run = evs[0].run if evs and evs[0].run is not None else i
-        yield RunColumns(len(evs), run, _ev_getter(evs), evs)
+        yield RunColumns(len(evs), run, lambda name, evs=evs: _ev_column(evs, name), None, evs)

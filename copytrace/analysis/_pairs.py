@@ -13,8 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from copytrace.analysis._evidence import OWN_RULE, Acc, format_bytes, is_copy, plural, what
 from copytrace.analysis._evidence import accs as _accs
@@ -259,14 +257,11 @@ def _linked(rc: Any, src_side: np.ndarray, dst_side: np.ndarray) -> np.ndarray:
     """Rows of ``src_side`` whose source storage is the result storage of a row of
     ``dst_side``, and rows of ``dst_side`` whose result storage is the source of a row of
     ``src_side``: both ends of every pair a rule could make."""
-    src = rc.col("src_storage")
-    dst = rc.col("dst_storage")
-    srcs = pc.drop_null(pc.filter(src, pa.array(src_side)))
-    dsts = pc.drop_null(pc.filter(dst, pa.array(dst_side)))
-    b_end = pc.fill_null(pc.is_in(src, value_set=pc.unique(dsts)), False)
-    a_end = pc.fill_null(pc.is_in(dst, value_set=pc.unique(srcs)), False)
-    b_end = np.asarray(b_end.to_numpy(zero_copy_only=False)) & src_side
-    a_end = np.asarray(a_end.to_numpy(zero_copy_only=False)) & dst_side
+    src, dst = rc.np("src_storage"), rc.np("dst_storage")
+    src_side = src_side & ~rc.null("src_storage")
+    dst_side = dst_side & ~rc.null("dst_storage")
+    b_end = src_side & np.isin(src, dst[dst_side])
+    a_end = dst_side & np.isin(dst, src[src_side])
     return b_end | a_end  # type: ignore[no-any-return]
 
 

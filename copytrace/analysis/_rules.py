@@ -142,8 +142,9 @@ _DICTS = ("builtins.dict", "collections.OrderedDict")
 
 
 def deepcopy_in_loop(rc: Any) -> list[Finding]:
-    top = rc.flag("group") | (rc.np("parent") == -1)
-    mask = rc.eq("op", "deepcopy") & top & rc.null("error")
+    mask = rc.eq("op", "deepcopy") & rc.null("error")
+    children = np.flatnonzero(mask & ~rc.flag("group"))
+    mask[children[rc.parents(children) != -1]] = False  # inside a deepcopy group
     out = []
     for g in _groups(rc, mask, ("site",), "bytes_allocated"):
         steps = g.steps
