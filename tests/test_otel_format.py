@@ -41,6 +41,16 @@ def _lines(path: Path) -> list[str]:
     return raw.decode("utf-8").splitlines()
 
 
+def _plain(value: dict):
+    """An OTLP/JSON AnyValue as a Python value."""
+    (kind, v), = value.items()
+    if kind == "intValue":
+        return int(v)
+    if kind == "arrayValue":
+        return [_plain(x) for x in v.get("values", [])]
+    return v
+
+
 def _spans(path: Path) -> list[dict]:
     out = []
     for line in _lines(path):
@@ -190,9 +200,9 @@ def test_sdk_exporter_gets_the_same_spans_as_the_file(tmp_path):
     with copytrace.trace(tmp_path, exporters=[memory], flush_events=2) as t:
         for _ in range(3):
             _program(t)
-    # the file also ends with the run's copytrace.hazards span, found by reading the file
-    # back after the exporters were shut down: SDK exporters do not get that one
-    file_spans = {s["spanId"]: s for s in _spans(t.trace_path) if s["name"] != "copytrace.hazards"}
+    # the run's copytrace.hazards span (a deepcopy every step) too, with the same id
+    file_spans = {s["spanId"]: s for s in _spans(t.trace_path)}
+    assert [s["name"] for s in file_spans.values()].count("copytrace.hazards") == 1
     sdk_spans = memory.get_finished_spans()
     assert len(sdk_spans) == len(file_spans)
     for span in sdk_spans:
@@ -205,6 +215,46 @@ def test_sdk_exporter_gets_the_same_spans_as_the_file(tmp_path):
         assert int(f["startTimeUnixNano"]) == span.start_time
         assert int(f["endTimeUnixNano"]) == span.end_time
         assert {a["key"] for a in f.get("attributes", [])} == set(span.attributes)
+
+
+def test_sdk_exporter_gets_the_hazards_span_of_the_file(tmp_path):
+    memory = InMemorySpanExporter()
+    with copytrace.trace(tmp_path, exporters=[memory]) as t:
+        for _ in range(3):
+            _program(t)
+    (hz,) = [s for s in _spans(t.trace_path) if s["name"] == "copytrace.hazards"]
+    (sdk,) = [s for s in memory.get_finished_spans() if s.name == "copytrace.hazards"]
+    (run,) = [s for s in memory.get_finished_spans() if s.name == "copytrace.run"]
+    assert format(sdk.context.span_id, "016x") == hz["spanId"]
+    assert sdk.parent.span_id == run.context.span_id
+    assert sdk.start_time == sdk.end_time == run.end_time
+    assert dict(sdk.attributes) == {"copytrace.hazards": len(hz["events"])}
+    file_events = [
+        {a["key"]: _plain(a["value"]) for a in e["attributes"]} for e in hz["events"]
+    ]
+    sdk_events = [
+        {k: list(v) if isinstance(v, tuple) else v for k, v in e.attributes.items()}
+        for e in sdk.events
+    ]
+    assert sdk_events == file_events
+    # three steps each deep-copy a Linear: the analysis' findings, in its order
+    assert [e["copytrace.hazard.code"] for e in sdk_events] == [
+        f.code for f in copytrace.analyze(t.trace_path)
+    ]
+    assert "deepcopy-in-loop" in [e["copytrace.hazard.code"] for e in sdk_events]
+
+
+def test_hazards_go_to_every_exporter_in_chunks_of_the_sdk_event_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(_otel, "HAZARDS_PER_SPAN", 1)
+    memory = InMemorySpanExporter()
+    with copytrace.trace(tmp_path, exporters=[memory]) as t:
+        for _ in range(3):
+            _program(t)
+    (hz,) = [s for s in _spans(t.trace_path) if s["name"] == "copytrace.hazards"]
+    sdk = [s for s in memory.get_finished_spans() if s.name == "copytrace.hazards"]
+    assert len(hz["events"]) >= 2  # deepcopy-in-loop and the no-op .to() every step
+    assert [len(s.events) for s in sdk] == [1] * len(hz["events"])
+    assert format(sdk[0].context.span_id, "016x") == hz["spanId"]
 
 
 def test_user_tracer_provider_is_used_not_replaced(tmp_path):

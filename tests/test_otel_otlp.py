@@ -165,6 +165,14 @@ _COMPARED = (
 )
 
 
+def _expected(path: Path) -> int:
+    """Spans the backend must get: the file's steps and events, its run span and its
+    hazards span (the programs below deep-copy a module every step: deepcopy-in-loop)."""
+    (run,) = load_trace(path).runs
+    assert run.hazards
+    return len(_file_spans(path)) + 2
+
+
 def _compare(file_path: Path, spans: list[dict]) -> None:
     data = load_trace(file_path)
     (run,) = data.runs
@@ -174,7 +182,16 @@ def _compare(file_path: Path, spans: list[dict]) -> None:
     assert set(expected) <= set(got)
     names = [s["name"] for s in spans]
     assert names.count("copytrace.run") == 1
-    assert len(spans) == len(expected) + 1  # + the run span
+    assert len(spans) == len(expected) + 2  # + the run span and the hazards span
+    # the hazards span reached the backend as it is in the file: under the run span, one
+    # copytrace.hazard event per finding
+    (hz,) = [s for s in spans if s["name"] == "copytrace.hazards"]
+    (run_span,) = [s for s in spans if s["name"] == "copytrace.run"]
+    assert hz["parent_id"] == run_span["context"]["span_id"]
+    assert hz["attributes"].get("copytrace.hazards") == len(run.hazards)
+    codes = [e["attributes"]["copytrace.hazard.code"] for e in hz.get("events", [])]
+    assert codes == [h["copytrace.hazard.code"] for h in run.hazards]
+    assert "deepcopy-in-loop" in codes
     for sid, exp in expected.items():
         span = got[sid]
         assert span["name"] == exp["name"]
@@ -205,8 +222,7 @@ def test_otlp_http_exporter_from_the_api(phoenix, tmp_path, monkeypatch):
     exporter = OTLPSpanExporter(endpoint=phoenix.url + "/v1/traces")
     with copytrace.trace(tmp_path, exporters=[exporter], flush_events=4) as t:
         _program(t)
-    expected = len(_file_spans(t.trace_path)) + 1
-    spans = phoenix.spans(project, expected)
+    spans = phoenix.spans(project, _expected(t.trace_path))
     _compare(t.trace_path, spans)
 
 
@@ -248,8 +264,7 @@ def test_otlp_http_from_standard_env_vars_with_no_code_change(phoenix, tmp_path)
         OTEL_SERVICE_NAME="charlm",
         OTEL_RESOURCE_ATTRIBUTES=f"openinference.project.name={project}",
     )
-    expected = len(_file_spans(path)) + 1
-    spans = phoenix.spans(project, expected)
+    spans = phoenix.spans(project, _expected(path))
     _compare(path, spans)
 
 
@@ -267,5 +282,4 @@ def test_otlp_grpc_from_env(phoenix, tmp_path):
         OTEL_EXPORTER_OTLP_INSECURE="true",
         OTEL_RESOURCE_ATTRIBUTES=f"openinference.project.name={project}",
     )
-    expected = len(_file_spans(path)) + 1
-    _compare(path, phoenix.spans(project, expected))
+    _compare(path, phoenix.spans(project, _expected(path)))

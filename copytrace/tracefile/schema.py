@@ -55,6 +55,7 @@ HAZARD_ATTRS = {
     "call_sites": "copytrace.hazard.call_sites",
     "bytes": "copytrace.hazard.bytes",
     "span_ids": "copytrace.hazard.span_ids",
+    "events": "copytrace.hazard.events",
 }
 
 # CopyEvent field -> span attribute, by value type.

@@ -716,6 +716,12 @@ class FileSink:
     def close(self) -> None:
         self.file.close()
 
+    def write_hazards(self, findings: Sequence[Any], span_id: str, end_ns: int) -> None:
+        """Append the run's ``copytrace.hazards`` span to the closed file."""
+        assert self._run is not None
+        append_hazard_span(self.path, self.file.compression, self._run, end_ns, findings,
+                           span_id=span_id)  # fmt: skip
+
     def abandon(self) -> None:
         self.file.abandon()
 
@@ -854,6 +860,27 @@ class SdkSink:
         if parents is not None:  # keep the run, and the parents of held-back events
             needed = keep()
             self._ctx = {k: v for k, v in parents.items() if k in needed or k == run.span_hex}
+        self.flush()
+
+    def write_hazards(self, findings: Sequence[Any], span_id: str, end_ns: int) -> None:
+        """The run's ``copytrace.hazards`` span(s), children of the run span: one
+        ``copytrace.hazard`` span event per finding, at most :data:`HAZARDS_PER_SPAN` per span
+        (the SDK's default span event limit)."""
+        run = self._run
+        if run is None or self._run_span is None:
+            return
+        t = end_ns + run.offset
+        for k in range(0, len(findings), HAZARDS_PER_SPAN):
+            part = findings[k : k + HAZARDS_PER_SPAN]
+            if self._ids is not None:
+                self._ids.next_span = int(span_id, 16) if k == 0 else 0
+            attrs, events = hazard_span_parts(part)
+            span = self._tracer.start_span(_schema.SPAN_HAZARDS, context=self._parent(run.span_hex),
+                                           start_time=t, attributes=attrs)  # fmt: skip
+            for event in events:
+                span.add_event(_schema.EVENT_HAZARD, event, timestamp=t)
+            span.end(end_time=t)
+            self.spans += 1
         self.flush()
 
     def _flush_user_provider(self) -> None:
@@ -1001,6 +1028,11 @@ class ExportPipeline:
         self._failed: set[int] = set()
         self.errors = 0
         self.closed = False
+        #: Called once the final chunk is written and the file sinks are closed (so that it
+        #: can read the finished file); the findings it returns go to every sink as the run's
+        #: ``copytrace.hazards`` span (see :func:`hazard_span_parts`).
+        self.hazards: Callable[[], Sequence[Any]] | None = None
+        self._end_ns: int | None = None
         self.export_seconds = 0.0
         self.waited_seconds = 0.0  # time the traced thread waited for the worker
 
@@ -1085,6 +1117,8 @@ class ExportPipeline:
         if self.closed:
             return
         t0 = time.perf_counter()
+        if chunk.final is not None:
+            self._end_ns = chunk.final.end_ns
         live = [i for i in range(len(self.sinks)) if i not in self._failed]
         items: Iterable[PlanItem] = self._plan(chunk)
         if len(live) > 1:
@@ -1148,8 +1182,29 @@ class ExportPipeline:
         if self.closed:
             return
         self.closed = True
+        find, end_ns = self.hazards, self._end_ns
+        if find is None or end_ns is None:
+            for i, sink in enumerate(self.sinks):
+                self._call(i, sink.close)
+            self._progress.set()
+            return
+        files = [i for i, sink in enumerate(self.sinks) if isinstance(sink, FileSink)]
+        for i in files:  # the analysis reads the finished file
+            self._call(i, self.sinks[i].close)
+        try:
+            findings = list(find())
+        except Exception as err:  # hazards are advisory
+            self.errors += 1
+            print(f"copytrace: hazard analysis failed: {type(err).__name__}: {err}",
+                  file=sys.stderr)  # fmt: skip
+            findings = []
+        if findings:
+            span_id = os.urandom(8).hex()
+            for i, sink in enumerate(self.sinks):
+                self._call(i, sink.write_hazards, findings, span_id, end_ns)
         for i, sink in enumerate(self.sinks):
-            self._call(i, sink.close)
+            if i not in files:
+                self._call(i, sink.close)
         self._progress.set()
 
 
@@ -1201,13 +1256,17 @@ def epoch_offset() -> int:
     return time.time_ns() - time.perf_counter_ns()
 
 
-def append_hazard_span(
-    path: Path, compression: str | None, run: RunIds, end_ns: int, findings: Sequence[Any]
-) -> None:
-    """Append one request line holding a ``copytrace.hazards`` span (child of the run span)
-    with one ``copytrace.hazard`` span event per finding. A gzip file gets a new gzip member,
-    which readers of concatenated gzip (Python, zcat, the Collector) read as one stream."""
-    off = run.offset
+#: Findings per ``copytrace.hazards`` span sent to SDK exporters (the SDK keeps at most 128
+#: span events per span by default).
+HAZARDS_PER_SPAN = 128
+#: Span ids named per finding (``copytrace.hazard.span_ids``); the count of all its events is
+#: ``copytrace.hazard.events``. Bounds the span's size whatever the run's length.
+MAX_HAZARD_SPAN_IDS = 10_000
+
+
+def hazard_span_parts(findings: Sequence[Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The attributes of a ``copytrace.hazards`` span and of its ``copytrace.hazard`` events,
+    one per finding (:class:`copytrace.analysis.Finding`)."""
     events = []
     for f in findings:
         attrs: dict[str, Any] = {
@@ -1219,24 +1278,42 @@ def append_hazard_span(
         }
         if getattr(f, "bytes", None) is not None:
             attrs["copytrace.hazard.bytes"] = int(f.bytes)
-        span_ids = [str(i) for i in getattr(f, "span_ids", ()) or ()]
+        seqs = getattr(f, "event_seqs", None)
+        if seqs:
+            attrs["copytrace.hazard.events"] = len(seqs)
+        span_ids = [str(i) for i in (getattr(f, "span_ids", ()) or ())[:MAX_HAZARD_SPAN_IDS]]
         if span_ids:
             attrs["copytrace.hazard.span_ids"] = span_ids
-        events.append(
-            {"timeUnixNano": str(end_ns + off), "name": "copytrace.hazard",
-             "attributes": _attributes(attrs)}
-        )  # fmt: skip
+        events.append(attrs)
+    return {"copytrace.hazards": len(findings)}, events
+
+
+def append_hazard_span(
+    path: Path,
+    compression: str | None,
+    run: RunIds,
+    end_ns: int,
+    findings: Sequence[Any],
+    *,
+    span_id: str | None = None,
+) -> None:
+    """Append one request line holding a ``copytrace.hazards`` span (child of the run span)
+    with one ``copytrace.hazard`` span event per finding. A gzip file gets a new gzip member,
+    which readers of concatenated gzip (Python, zcat, the Collector) read as one stream."""
+    off = run.offset
+    attrs, events = hazard_span_parts(findings)
     span = {
         "traceId": run.trace_hex,
-        "spanId": format(random.getrandbits(64) or 1, "016x"),
+        "spanId": span_id or format(random.getrandbits(64) or 1, "016x"),
         "parentSpanId": run.span_hex,
-        "name": "copytrace.hazards",
+        "name": _schema.SPAN_HAZARDS,
         "kind": 1,
         "startTimeUnixNano": str(end_ns + off),
         "endTimeUnixNano": str(end_ns + off),
-        "attributes": _attributes({"copytrace.hazards": len(findings)}),
-        "events": events,
-    }
+        "attributes": _attributes(attrs),
+        "events": [{"timeUnixNano": str(end_ns + off), "name": _schema.EVENT_HAZARD,
+                    "attributes": _attributes(e)} for e in events],
+    }  # fmt: skip
     head, tail = _request_frame(run.resource.attributes, SCOPE_NAME, _version())
     line = (head + _dumps(span) + tail + "\n").encode("utf-8")
     if compression == "gzip":

@@ -27,7 +27,6 @@ from copytrace.tracer._otel import (
     RunEnd,
     RunIds,
     SdkSink,
-    append_hazard_span,
     env_sampler_keeps,
     epoch_offset,
     exporters_from_env,
@@ -679,6 +678,8 @@ class Trace:
         self.running = False
         _ACTIVE_TRACE[0] = None
         _FINISHING[0] = self
+        if self._pipeline is not None and self._file_sink is not None:
+            self._pipeline.hazards = self._find_hazards
         try:
             self._write_final(self._end_ns, _CLOSE_TIMEOUT_S)
         except Exception as err:
@@ -688,7 +689,6 @@ class Trace:
             _restore_signal_handlers()
             if self._compiled is not None:
                 self._compiled.close()
-        self._append_hazards()
         if self._rec.dropped:
             print(
                 f"copytrace: {self._rec.dropped} event(s) dropped: more than "
@@ -707,32 +707,28 @@ class Trace:
             )
         return self.trace_path
 
-    def _append_hazards(self) -> None:
-        """Add the run's hazards to the finished trace file as span events.
+    def _find_hazards(self) -> list[Any]:
+        """The run's hazards, found when the export pipeline has written the final chunk and
+        closed the trace file (on the export thread; see ``ExportPipeline.hazards``).
 
         Hazards need the whole run (hot loops, steps), so they are found after the last
-        flush over the trace's columnar event table (built from the file once and cached
-        beside it, where the report then finds it), and written as one more span,
-        ``copytrace.hazards`` (a child of the run span), whose ``copytrace.hazard`` events
-        carry code, severity, message, fix, call sites, bytes and the ids of the event spans
-        involved.
+        flush, over the trace's columnar event table, at any size. The pipeline then sends
+        them to every sink as one more span, ``copytrace.hazards`` (a child of the run span),
+        whose ``copytrace.hazard`` events carry code, severity, message, fix, call sites,
+        bytes and the ids of the event spans involved: appended to the trace file, and
+        exported to the OTLP / SDK exporters with the events.
         """
-        path, run = self.trace_path, self._run
-        if path is None or run is None or self._file_sink is None:
-            return
-        if self.stats["events"] > _HAZARD_SPAN_MAX_EVENTS:
-            # Parsing a large trace at exit would hold the program's exit for many seconds:
-            # `copytrace report`, `summary` and `check` analyse it at any size instead.
-            return
+        sink = self._file_sink
+        if sink is None or not sink.path.exists():
+            return []
         try:
             from copytrace.analysis import analyze
             from copytrace.tracefile import event_table
 
-            findings = analyze(event_table(path, cache=False))
-            if findings:
-                append_hazard_span(path, self.compression, run, self._end_ns, findings)
+            return analyze(event_table(sink.path, cache=False))
         except Exception as err:  # hazards are advisory: never fail the program's exit
             self._rec.note_error(err)
+            return []
 
     def __enter__(self) -> Trace:
         return self.start()
@@ -973,9 +969,6 @@ def _force_eager() -> Any:
 _USED_PATHS: set[Path] = set()
 
 
-#: events above which the hazards are not appended to the trace file at exit (see
-#: :meth:`Trace._append_hazards`)
-_HAZARD_SPAN_MAX_EVENTS = 200_000
 
 
 def _new_trace_path(output_dir: Path, compression: str | None) -> Path:
