@@ -235,22 +235,71 @@ class RunColumns:
             out.append(Ev(**fields))
         return out
 
+    def codes(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Integer codes of column ``name`` at ``rows``: equal values, equal codes (as Python
+        compares them: a null is only equal to a null). Strings are coded through their
+        dictionaries, ``site`` through the distinct ``(file, line, function)`` triples, so no
+        text is built per row."""
+        if self._evs is not None or name.endswith("_key"):
+            col = _ev_column(self._evs, name, rows) if self._evs is not None else \
+                self.take(name, rows)  # fmt: skip
+            return _dense(pc.dictionary_encode(col))
+        if name == "site":
+            triple = np.stack([self.codes(k, rows) for k in ("file", "line", "function")])
+            distinct, inverse = np.unique(triple, axis=1, return_inverse=True)
+            firsts = np.zeros(distinct.shape[1], dtype=np.int64)
+            firsts[inverse.ravel()[::-1]] = np.arange(len(rows))[::-1]  # a row of each triple
+            text = pc.dictionary_encode(self.take("site", rows[firsts]))
+            return _dense(text)[inverse.ravel()]  # type: ignore[no-any-return]
+        col = self.raw(name)
+        if pa.types.is_string(col.type) or pa.types.is_dictionary(col.type):
+            picked = pc.take(col, self._at(rows))
+            if pa.types.is_dictionary(picked.type):
+                return _dict_codes(picked)
+            return _dense(pc.dictionary_encode(picked))
+        values = pc.take(col, self._at(rows))
+        null = np.asarray(pc.is_null(values).to_numpy(zero_copy_only=False), dtype=bool)
+        ints = np.asarray(pc.fill_null(values, 0).to_numpy(zero_copy_only=False), np.int64)
+        return np.where(null, np.iinfo(np.int64).min, ints)  # type: ignore[no-any-return]
+
     def groups(self, mask: np.ndarray, keys: Sequence[str]) -> list[np.ndarray]:
         """The events where ``mask`` holds, grouped by equal values of ``keys``: one array of
         event positions (ascending) per group, groups in order of their first event."""
         rows = np.flatnonzero(mask)
         if not len(rows):
             return []
-        if self._evs is not None:
-            cols = {f"k{i}": _ev_column(self._evs, k, rows) for i, k in enumerate(keys)}
-        else:
-            cols = {f"k{i}": self.take(k, rows) for i, k in enumerate(keys)}
-        tab = pa.table({**cols, "row": pa.array(rows, pa.int64())})
-        grouped = tab.group_by(list(cols), use_threads=False)
-        lists = grouped.aggregate([("row", "list")]).column("row_list")
-        flat = np.asarray(pc.list_flatten(lists).to_numpy(zero_copy_only=False))
-        bounds = np.cumsum(np.asarray(pc.list_value_length(lists).to_numpy(zero_copy_only=False)))
-        return np.split(flat, bounds[:-1])
+        stacked = np.stack([self.codes(k, rows) for k in keys])
+        _, first, inverse = np.unique(stacked, axis=1, return_index=True, return_inverse=True)
+        inverse = inverse.ravel()
+        rank = np.empty(len(first), dtype=np.int64)
+        rank[np.argsort(first, kind="stable")] = np.arange(len(first))
+        group = rank[inverse]  # groups numbered in order of their first row
+        order = np.argsort(group, kind="stable")
+        bounds = np.flatnonzero(np.diff(group[order])) + 1
+        return np.split(rows[order], bounds)
+
+
+def _dense(encoded: Any) -> np.ndarray:
+    """Codes of a dictionary-encoded column whose dictionary has distinct values (nulls:
+    -1)."""
+    if isinstance(encoded, pa.ChunkedArray):
+        encoded = encoded.combine_chunks()
+    idx = pc.fill_null(encoded.indices, -1)
+    return np.asarray(idx.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+
+def _dict_codes(col: Any) -> np.ndarray:
+    """Codes of a dictionary-encoded string column whose chunks may have different
+    dictionaries (or repeat a value): the same string, the same code (nulls: -1)."""
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+    ids: dict[Any, int] = {}
+    out = []
+    for c in chunks:
+        values = c.dictionary.to_pylist()
+        remap = np.array([ids.setdefault(v, len(ids)) for v in values] + [-1], dtype=np.int64)
+        idx = pc.fill_null(c.indices, len(values)).to_numpy(zero_copy_only=False)
+        out.append(remap[np.asarray(idx, dtype=np.int64)])
+    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
 
 # --- building: from the event table ------------------------------------------------------------

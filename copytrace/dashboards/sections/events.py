@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from copytrace.dashboards._pack import Strings
 from copytrace.dashboards._query import Query
 from copytrace.dashboards._rows import GroupRow, RunInfo
 
-__all__ = ["groups"]
+__all__ = ["payload_groups", "groups"]
 
 _GROUPS = """
 SELECT r.run_idx, COALESCE(g.step, ps.step), g.object_type, g.tensors,
@@ -27,3 +30,20 @@ def groups(q: Query, runs: list[RunInfo]) -> list[GroupRow]:
                  bytes_allocated=int(ba), duration_ns=dur, call_site=site)
         for run_idx, step, otype, tensors, children, ba, dur, site in q.sql(_GROUPS)
     ]  # fmt: skip
+
+
+# --- the page's payload ------------------------------------------------------------------------
+def payload_groups(model: Any, S: Strings, run_index: dict[str, int]) -> list[dict[str, Any]]:
+    """The first 500 deepcopy groups."""
+    return [
+        {
+            "run": run_index[g.run],
+            "step": g.step,
+            "type": S(g.object_type),
+            "tensors": g.tensors,
+            "ba": g.bytes_allocated,
+            "t": g.duration_ns,
+            "site": S(g.call_site),
+        }
+        for g in model.groups[:500]
+    ]

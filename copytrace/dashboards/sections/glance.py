@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from copytrace.dashboards._pack import rounded
 from copytrace.dashboards._rows import STAGES, StageStats, StepRow
 from copytrace.dashboards.sections.steps import median
 
-__all__ = ["stage_stats"]
+__all__ = ["payload_stages", "stage_stats"]
 
 
 def stage_stats(steps: list[StepRow]) -> dict[str, StageStats]:
@@ -28,3 +31,21 @@ def stage_stats(steps: list[StepRow]) -> dict[str, StageStats]:
             st.bytes_per_step = st.bytes_copied / st.steps
             st.events_per_step = st.events_per_step / st.steps
     return out
+
+
+# --- the page's payload ------------------------------------------------------------------------
+def payload_stages(model: Any) -> dict[str, dict[str, Any]]:
+    """Copy-time share and bytes per stage (``share`` / ``median`` in percent)."""
+    return {
+        name: {
+            "steps": st.steps,
+            "step_t": st.step_time_ns,
+            "ct": st.copy_time_ns,
+            "share": rounded(st.share_pct, 4),
+            "median": None if st.median_share_pct is None else rounded(st.median_share_pct, 4),
+            "bc": st.bytes_copied,
+            "bc_step": rounded(st.bytes_per_step, 1),
+            "ev_step": rounded(st.events_per_step, 2),
+        }
+        for name, st in model.stages.items()
+    }

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from copytrace.dashboards._format import as_str, opt_int
+from copytrace.dashboards._pack import Strings
 from copytrace.dashboards._query import Query
 from copytrace.dashboards._rows import HazardRow
 from copytrace.tracefile.schema import HAZARD_ATTRS
 
-__all__ = [
+__all__ = ["payload_hazards",
     "analysis_findings", "attach_events", "from_finding", "from_trace", "hazard_rows",
     "run_analysis", "sort_hazards",
 ]  # fmt: skip
@@ -248,3 +249,24 @@ def hazard_rows(q: Query, findings: list[Any] | None, labels: list[str]) -> list
             first_of.setdefault(eid, pos)
     attach_events(q, rows, first_of, labels)
     return rows
+
+
+# --- the page's payload ------------------------------------------------------------------------
+def payload_hazards(model: Any, S: Strings) -> list[dict[str, Any]]:
+    """One dict per hazard (at most 2000 of its steps; ``events``: how many it names)."""
+    return [
+        {
+            "code": S(h.code),
+            "severity": S(h.severity),
+            "message": S(h.message),
+            "fix": S(h.fix),
+            "sites": [S(s) for s in h.call_sites],
+            "bytes": h.bytes,
+            "steps": h.steps[:2000],
+            "n_steps": len(h.steps),
+            "events": len(h.event_ids),
+            "source": S(h.source),
+            "runs": [S(r) for r in h.runs],
+        }
+        for h in model.hazards
+    ]

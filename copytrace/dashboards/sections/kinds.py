@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from copytrace.dashboards._query import Query
-from copytrace.dashboards._rows import Totals
+from typing import Any
 
-__all__ = ["totals"]
+from copytrace.dashboards._query import Query
+from copytrace.dashboards._rows import KINDS, Totals
+
+__all__ = ["payload_totals", "totals"]
 
 _BY_KIND = """
 SELECT kind, count(*), sum(err), sum(bc), sum(ba), sum(bl), sum(dur) FROM ev GROUP BY kind
@@ -34,3 +36,25 @@ def totals(q: Query) -> Totals:
     t.cross_device_count, t.cross_device_bytes = n, int(nbytes)
     t.group_count = q.sql("SELECT count(*) FROM grp")[0][0]
     return t
+
+
+# --- the page's payload ------------------------------------------------------------------------
+def payload_totals(model: Any) -> dict[str, Any]:
+    """The totals over every event (``t_kind``: copy time per kind, in :data:`KINDS` order)."""
+    t = model.totals
+    return {
+        "events": t.events,
+        "copies": t.copy_count,
+        "aliases": t.alias_count,
+        "noops": t.noop_count,
+        "errors": t.error_count,
+        "groups": t.group_count,
+        "bc": t.bytes_copied,
+        "ba": t.bytes_allocated,
+        "bl": t.bytes_logical,
+        "t": t.copy_time_ns,
+        "t_kind": [t.time_by_kind_ns[k] for k in KINDS],
+        "xdev_n": t.cross_device_count,
+        "xdev_b": t.cross_device_bytes,
+        "hazards": t.hazard_count,
+    }

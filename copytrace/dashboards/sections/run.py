@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import datetime as _dt
+from typing import Any
+
 from copytrace.dashboards._format import as_int, as_str, opt_int
+from copytrace.dashboards._pack import Strings
 from copytrace.dashboards._query import Query, RunMeta
 from copytrace.dashboards._rows import RunInfo
 
-__all__ = ["run_infos", "run_devices"]
+__all__ = ["payload_runs", "payload_warnings", "run_infos", "run_devices"]
 
 
 def _label(rank: int | None, pid: int | None, index: int) -> str:
@@ -84,3 +88,64 @@ def run_devices(q: Query, runs: list[RunInfo]) -> None:
         found.setdefault(run_idx, set()).add(dev)
     for i, info in enumerate(runs):
         info.devices = sorted(found.get(i, ()), key=lambda d: (d != "cpu", d))
+
+
+# --- the page's payload ------------------------------------------------------------------------
+def _started(start_ns: int | None) -> str:
+    if not start_ns:
+        return ""
+    return _dt.datetime.fromtimestamp(start_ns / 1e9, tz=_dt.timezone.utc).strftime(
+        "%Y-%m-%d %H:%M:%S UTC"
+    )
+
+
+def payload_runs(model: Any, S: Strings) -> list[dict[str, Any]]:
+    """The run details of the page's payload: one dict per run (strings as ``S`` indices)."""
+    return [
+        {
+            "label": S(r.label),
+            "rank": r.rank,
+            "pid": r.pid,
+            "host": S(r.host),
+            "command": S(r.command),
+            "torch": S(r.torch_version),
+            "copytrace": S(r.copytrace_version),
+            "start": _started(r.start_ns),
+            "duration_ns": r.duration_ns,
+            "events_recorded": r.events_recorded,
+            "events_loaded": r.events_loaded,
+            "dropped": r.events_dropped,
+            "discarded": r.events_discarded,
+            "errors": r.errors,
+            "internal_detaches": r.internal_detaches,
+            "steps": r.steps,
+            "complete": r.complete,
+            "overhead_ns": r.overhead_ns,
+            "devices": [S(d) for d in r.devices],
+            "files": [S(f) for f in r.files],
+        }
+        for r in model.runs
+    ]
+
+
+def payload_warnings(model: Any) -> list[str]:
+    """The page's warnings: unreadable lines, dropped or discarded events, internal errors,
+    runs without a run span, a failed analysis."""
+    out = []
+    if model.bad_lines:
+        out.append(f"{model.bad_lines} unreadable line(s) were skipped (file cut mid-write?).")
+    for r in model.runs:
+        if r.events_dropped:
+            out.append(f"{r.label}: {r.events_dropped:,} event(s) dropped at the buffer cap; "
+                       "totals are lower bounds.")  # fmt: skip
+        if r.events_discarded:
+            out.append(f"{r.label}: {r.events_discarded:,} recorded event(s) were discarded "
+                       "and are not in the trace; totals are lower bounds.")  # fmt: skip
+        if r.errors:
+            out.append(f"{r.label}: {r.errors:,} internal copytrace error(s) were caught.")
+        if not r.complete:
+            out.append(f"{r.label}: no run span (tracing did not stop cleanly); "
+                       "run metadata is incomplete.")  # fmt: skip
+    if model.analysis.startswith("failed"):
+        out.append(f"hazard analysis {model.analysis}")
+    return out

@@ -7,10 +7,11 @@ from collections.abc import Iterable
 from typing import Any
 
 from copytrace.dashboards._format import site_labels, source_line
+from copytrace.dashboards._pack import Strings
 from copytrace.dashboards._query import Query
-from copytrace.dashboards._rows import NO_MODULE, CubeRow, OpRow, RunInfo, SiteRow
+from copytrace.dashboards._rows import KINDS, NO_MODULE, CubeRow, OpRow, RunInfo, SiteRow
 
-__all__ = ["Sources", "sources"]
+__all__ = ["OP_PALETTE", "op_colors", "payload_cube", "payload_sites", "Sources", "sources"]
 
 _CUBE = """
 SELECT run_idx, module, site, op, kind, graph, phase, via, count(*), sum(bc), sum(ba),
@@ -115,3 +116,39 @@ def sources(q: Query, runs: list[RunInfo], read_sources: bool = True) -> Sources
     out.modules = _by_copied(modules.values())
     out.ops = _by_copied(ops.values())
     return out
+
+
+# --- the page's payload ------------------------------------------------------------------------
+#: Op colours, assigned to ops in order of bytes copied, then count.
+OP_PALETTE = (
+    "#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
+    "#17becf", "#bcbd22", "#7f7f7f", "#393b79", "#ad494a", "#637939", "#7b4173",
+    "#3182bd", "#e6550d", "#31a354", "#756bb1",
+)  # fmt: skip
+_CUBE_COLUMNS = ("run", "module", "site", "op", "kind", "graph", "phase", "via", "n", "bc", "ba", "bl",
+         "t", "err")  # fmt: skip
+
+
+def op_colors(model: Any) -> dict[str, str]:
+    """A colour per op, in order of bytes copied, then events."""
+    ops_sorted = sorted(model.ops, key=lambda o: (-o.bytes_copied, -o.count, o.op))
+    return {o.op: OP_PALETTE[i % len(OP_PALETTE)] for i, o in enumerate(ops_sorted)}
+
+
+def payload_cube(model: Any, S: Strings) -> dict[str, list[Any]]:
+    """The cube (counts and bytes per run, module, call site, op, kind...) as columns."""
+    cols: dict[str, list[Any]] = {k: [] for k in _CUBE_COLUMNS}
+    kinds = list(KINDS)
+    for c in model.cube:
+        row = (c.run, S(c.module), S(c.call_site), S(c.op), kinds.index(c.kind), S(c.graph),
+               S(c.phase), S(c.via), c.count, c.bytes_copied, c.bytes_allocated,
+               c.bytes_logical, c.time_ns, c.errors)  # fmt: skip
+        for key, value in zip(_CUBE_COLUMNS, row, strict=True):
+            cols[key].append(value)
+    return cols
+
+
+def payload_sites(model: Any, S: Strings) -> dict[int, dict[str, int]]:
+    """Label and source line of each call site, keyed by the site's ``S`` index."""
+    return {S(row.key): {"label": S(row.label), "source": S(row.source)}
+            for row in model.call_sites}  # fmt: skip

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+from copytrace.dashboards._pack import rounded
 from copytrace.dashboards._query import Query
-from copytrace.dashboards._rows import WARMUP_FACTOR, RunInfo, StepRow
+from copytrace.dashboards._rows import STAGES, WARMUP_FACTOR, RunInfo, StepRow
 
-__all__ = ["step_rows", "median"]
+__all__ = ["payload_steps", "step_rows", "median"]
 
 _PER_STEP = """
 SELECT run_idx, step, count(*), count(*) FILTER (WHERE kind = 'copy' AND err = 0),
@@ -71,3 +73,21 @@ def step_rows(q: Query, runs: list[RunInfo]) -> list[StepRow]:
         _assign_stages(ordered)
         out.extend(ordered)
     return out
+
+
+# --- the page's payload ------------------------------------------------------------------------
+_STEP = ("run", "step", "dur", "stage", "ev", "nc", "na", "nn", "bc", "ba", "ct", "start", "end")
+
+
+def payload_steps(model: Any, run_index: dict[str, int]) -> dict[str, list[Any]]:
+    """The per-step rows as columns (``run``: the run's index; ``start`` / ``end`` in ms)."""
+    cols: dict[str, list[Any]] = {k: [] for k in _STEP}
+    stages = list(STAGES)
+    for s in model.steps:
+        row = (run_index[s.run], s.step, s.duration_ns, stages.index(s.stage), s.events,
+               s.copy_count, s.alias_count, s.noop_count, s.bytes_copied, s.bytes_allocated,
+               s.copy_time_ns, None if s.start_ms is None else rounded(s.start_ms),
+               None if s.end_ms is None else rounded(s.end_ms))  # fmt: skip
+        for key, value in zip(_STEP, row, strict=True):
+            cols[key].append(value)
+    return cols

@@ -14,10 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from copytrace.dashboards._format import format_bytes
+from copytrace.dashboards._pack import Strings, rounded
 from copytrace.dashboards._query import Query
-from copytrace.dashboards._rows import LARGE_EVENT_BYTES, EventTemplate
+from copytrace.dashboards._rows import KINDS, LARGE_EVENT_BYTES, EventTemplate
 
-__all__ = ["SampleInfo", "Sample", "sample", "spread_positions"]
+__all__ = ["payload_timeline", "SampleInfo", "Sample", "sample", "spread_positions"]
 
 _CLASS = """
 CREATE OR REPLACE TEMP TABLE cls AS
@@ -180,3 +182,67 @@ def sample(q: Query, max_points: int, large_bytes: int = LARGE_EVENT_BYTES) -> S
         out.ev_span_id.append(row[27])
         out.ev_hazard.append(row[28])
     return out
+
+
+# --- the page's payload ------------------------------------------------------------------------
+_TEMPLATE_STR_FIELDS = (
+    "op", "dtype", "src_dtype", "src_device", "dst_device", "transfer", "graph", "grad_fn",
+    "phase", "module", "call_site", "thread", "group", "error", "via", "origin",
+)  # fmt: skip
+
+
+def _points(model: Any, chosen: list[int]) -> tuple[dict[str, list[Any]], list[Any]]:
+    """The chosen events as columns (``tpl``: index into the templates they use, which are
+    returned in order of first use; ``t`` in ms)."""
+    tpl_map: dict[int, int] = {}
+    tpl_rows: list[Any] = []
+    pts: dict[str, list[Any]] = {k: [] for k in ("run", "t", "d", "step", "tpl", "hz")}
+    for i in chosen:
+        ti = model.ev_tpl[i]
+        j = tpl_map.get(ti)
+        if j is None:
+            j = tpl_map[ti] = len(tpl_rows)
+            tpl_rows.append(model.templates[ti])
+        pts["run"].append(model.ev_run[i])
+        pts["t"].append(rounded(model.ev_t_ns[i] / 1e6))
+        pts["d"].append(model.ev_dur_ns[i])
+        pts["step"].append(model.ev_step[i])
+        pts["tpl"].append(j)
+        pts["hz"].append(model.ev_hazard[i])
+    return pts, tpl_rows
+
+
+def _templates(tpl_rows: list[Any], S: Strings) -> dict[str, list[Any]]:
+    cols: dict[str, list[Any]] = {f: [] for f in _TEMPLATE_STR_FIELDS}
+    cols.update(kind=[], ba=[], bl=[], shape=[], nb=[], pinned=[], aten=[])
+    kinds = list(KINDS)
+    for t in tpl_rows:
+        for f in _TEMPLATE_STR_FIELDS:
+            cols[f].append(S(getattr(t, f)))
+        cols["kind"].append(kinds.index(t.kind))
+        cols["ba"].append(t.bytes_allocated)
+        cols["bl"].append(t.bytes_logical)
+        cols["shape"].append(S("[" + ", ".join(str(d) for d in t.shape) + "]"))
+        cols["nb"].append(1 if t.non_blocking else 0)
+        cols["pinned"].append(None if t.pinned is None else int(t.pinned))
+        cols["aten"].append(S(", ".join(t.aten)))
+    return cols
+
+
+def payload_timeline(model: Any, S: Strings, max_points: int) -> dict[str, Any]:
+    """The timeline's sample of at most ``max_points`` events (hazard and error events kept
+    beyond it): ``tpl`` (event templates as columns), ``pts`` (the events) and ``sample``
+    (what was shown of how many)."""
+    from copytrace.dashboards._model import sample_events
+
+    info = SampleInfo()
+    chosen = sample_events(model, max_points, info=info)
+    pts, tpl_rows = _points(model, chosen)
+    large = (f"at least {format_bytes(info.large_bytes)}" if info.large_bytes == LARGE_EVENT_BYTES
+             else f"larger than {format_bytes(info.large_bytes - 1)}")  # fmt: skip
+    return {
+        "tpl": _templates(tpl_rows, S),
+        "pts": pts,
+        "sample": {"shown": len(chosen), "total": model.n_events, "max_points": max_points,
+                   "large": large, "per_hazard": info.per_hazard},  # fmt: skip
+    }

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from copytrace.dashboards._pack import Strings
 from copytrace.dashboards._query import Query
 from copytrace.dashboards._rows import TransferRow
 
-__all__ = ["transfers"]
+__all__ = ["payload_transfers", "transfers"]
 
 _PAIRS = """
 SELECT run_idx, COALESCE(NULLIF(src_device, ''), '?') AS src,
@@ -53,3 +56,25 @@ def transfers(q: Query) -> tuple[list[TransferRow], list[tuple[int, TransferRow]
                                                 key=lambda kv: (kv[0][0], -kv[1].bytes_logical,
                                                                 kv[0]))]  # fmt: skip
     return rows, per_run
+
+
+# --- the page's payload ------------------------------------------------------------------------
+def payload_transfers(model: Any, S: Strings) -> list[dict[str, Any]]:
+    """One dict per (run, source device, destination device, transfer kind)."""
+    return [
+        {
+            "run": run,
+            "src": S(t.src_device),
+            "dst": S(t.dst_device),
+            "kind": S(t.transfer),
+            "n": t.count,
+            "nc": t.copy_count,
+            "ba": t.bytes_allocated,
+            "bl": t.bytes_logical,
+            "nb": t.non_blocking_count,
+            "pin": t.pinned_count,
+            "pin_known": t.pinned_known,
+            "t": t.time_ns,
+        }
+        for run, t in model.transfers_by_run
+    ]
