@@ -245,12 +245,10 @@ class RunColumns:
                 self.take(name, rows)  # fmt: skip
             return _dense(pc.dictionary_encode(col))
         if name == "site":
-            triple = np.stack([self.codes(k, rows) for k in ("file", "line", "function")])
-            distinct, inverse = np.unique(triple, axis=1, return_inverse=True)
-            firsts = np.zeros(distinct.shape[1], dtype=np.int64)
-            firsts[inverse.ravel()[::-1]] = np.arange(len(rows))[::-1]  # a row of each triple
+            triple = _combine([self.codes(k, rows) for k in ("file", "line", "function")])
+            _, firsts = np.unique(triple, return_index=True)  # a row of each triple
             text = pc.dictionary_encode(self.take("site", rows[firsts]))
-            return _dense(text)[inverse.ravel()]  # type: ignore[no-any-return]
+            return _dense(text)[triple]  # type: ignore[no-any-return]
         col = self.raw(name)
         if pa.types.is_string(col.type) or pa.types.is_dictionary(col.type):
             picked = pc.take(col, self._at(rows))
@@ -268,15 +266,29 @@ class RunColumns:
         rows = np.flatnonzero(mask)
         if not len(rows):
             return []
-        stacked = np.stack([self.codes(k, rows) for k in keys])
-        _, first, inverse = np.unique(stacked, axis=1, return_index=True, return_inverse=True)
-        inverse = inverse.ravel()
+        inverse = _combine([self.codes(k, rows) for k in keys])
+        _, first = np.unique(inverse, return_index=True)
         rank = np.empty(len(first), dtype=np.int64)
         rank[np.argsort(first, kind="stable")] = np.arange(len(first))
         group = rank[inverse]  # groups numbered in order of their first row
         order = np.argsort(group, kind="stable")
         bounds = np.flatnonzero(np.diff(group[order])) + 1
         return np.split(rows[order], bounds)
+
+
+def _combine(columns: list[np.ndarray]) -> np.ndarray:
+    """One code per row for the tuple of its codes in ``columns``: ``0 .. k-1`` for the
+    ``k`` distinct tuples, in sorted order."""
+    key: np.ndarray | None = None
+    for col in columns:
+        _, dense = np.unique(col, return_inverse=True)
+        dense = dense.ravel().astype(np.int64)
+        if key is not None:
+            _, dense = np.unique(key * (int(dense.max()) + 1) + dense, return_inverse=True)
+            dense = dense.ravel().astype(np.int64)
+        key = dense
+    assert key is not None
+    return key
 
 
 def _dense(encoded: Any) -> np.ndarray:
