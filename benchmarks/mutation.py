@@ -13,8 +13,10 @@ Targets:
 
 - ``recorder``: the byte, alias and graph facts of an API copy (``Recorder._record_api`` and
   the helpers it computes them with) in ``copytrace/tracer/_recorder.py``;
-- ``rules``: the hazard rules, ``copytrace/analysis/_rules.py``, except ``round_trip`` and
+- ``rules``: the hazard rules that group events, ``copytrace/analysis/_rules.py``, except
   ``pageable_transfer``, whose tests need a CUDA device;
+- ``pairs``: the hazard rules that pair events and their candidate selection,
+  ``copytrace/analysis/_pairs.py``, except ``round_trip`` (CUDA, as above);
 - ``otel``: the span export in ``copytrace/tracer/_otel.py`` (attributes, OTLP/JSON encoding,
   SDK spans, the hazards span).
 
@@ -25,7 +27,7 @@ Usage::
     python benchmarks/mutation.py --targets rules --max-mutants 0   # every mutant of one
     python benchmarks/mutation.py --show-survivors      # and the diff of each survivor
 
-About 30 minutes for the three default samples on 2 shared CPU cores. Exit status 0; the
+About 40 minutes for the four default samples on 2 shared CPU cores. Exit status 0; the
 scores are in the output (and in the README's development section).
 """
 
@@ -81,8 +83,14 @@ TARGETS = {
         "copytrace/analysis/_rules.py",
         (),
         ("tests/test_hazards.py", "tests/test_hazard_messages.py"),
-        # their tests need a CUDA device (host<->device transfers); see README
-        skip=("round_trip", "pageable_transfer"),
+        # its tests need a CUDA device (host<->device transfers); see README
+        skip=("pageable_transfer",),
+    ),
+    "pairs": Target(
+        "copytrace/analysis/_pairs.py",
+        (),
+        ("tests/test_hazards.py", "tests/test_hazard_messages.py"),
+        skip=("round_trip", "_round_trip_rows", "_moves"),
     ),
     "otel": Target(
         "copytrace/tracer/_otel.py",
@@ -99,6 +107,8 @@ TARGETS = {
             "SdkSink.write",
             "ExportPipeline._plan",
             "append_hazard_span",
+            "hazard_span_parts",
+            "SdkSink.write_hazards",
             "iter_lines",
             "pack_lines",
         ),
