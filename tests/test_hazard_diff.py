@@ -28,7 +28,9 @@ from _tracegen import write_many, write_trace
 
 import copytrace
 from copytrace import CopyEvent
-from copytrace.analysis import HAZARDS, analyze
+from copytrace.analysis import HAZARDS, Budget, analyze, step_totals
+from copytrace.analysis._budget import check_budget
+from copytrace.analysis._view import runs_of
 from copytrace.tracefile import event_table, load_trace
 from copytrace.tracer._otel import Chunk, ExportPipeline, FileSink, RunEnd, RunIds, make_resource
 
@@ -44,11 +46,22 @@ def _same(source: Any, reference_source: Any = None) -> list[Any]:
     return new
 
 
+def _same_totals(source: Any) -> None:
+    """Budgets' step totals column by column equal those over one view per event; and so do
+    the budget checks' lines."""
+    views = runs_of(source)
+    by_columns = step_totals(source)
+    assert by_columns == step_totals(views)
+    budget = Budget(max_bytes_per_step=100, max_copies_per_step=2, max_bytes=1000, max_copies=5)
+    assert check_budget(source, [], budget) == check_budget(views, [], budget)
+
+
 def _same_file(path: Path) -> list[Any]:
     """Both analysers over a trace file's event table (each its own table) and its loaded
-    trace."""
+    trace; the budgets' step totals too."""
     found = _same(event_table(path, cache=False), event_table(path, cache=False))
     _same(load_trace(path))
+    _same_totals(event_table(path, cache=False))
     return found
 
 
@@ -215,6 +228,7 @@ def test_random_events(tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
     events = _random_events(rng, 500)
     found = _same(events)
+    _same_totals(events)
     path = tmp_path / "copytrace-1.otlp.jsonl"
     _write(events, path)
     assert _same_file(path)

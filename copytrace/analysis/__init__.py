@@ -33,7 +33,6 @@ from copytrace.analysis._budget import (
 from copytrace.analysis._columns import columns_of
 from copytrace.analysis._findings import HAZARDS, SEVERITIES, Finding, Hazard, normalize_codes
 from copytrace.analysis._rules import RULES, format_bytes, is_hot
-from copytrace.analysis._view import runs_of
 
 __all__ = [
     "HAZARDS",
@@ -112,7 +111,7 @@ def check(
     """
     if findings is None:
         findings = _analyze(source, None)
-    return check_budget(runs_of(source), findings, budget), findings
+    return check_budget(source, findings, budget), findings
 
 
 def format_findings(findings: Sequence[Finding], limit: int | None = None) -> str:

@@ -69,9 +69,18 @@ def _is_counted(e: Ev) -> bool:
     return not e.group and not e.alias and not e.noop and e.error is None
 
 
-def step_totals(runs: list[list[Ev]]) -> list[StepTotal]:
-    """Per-step totals of every run, in (run, step) order (steps without copies omitted)."""
-    totals: dict[tuple[int, int], StepTotal] = {}
+def _is_views(source: Any) -> bool:
+    """Whether ``source`` is already one list of :class:`Ev` per run."""
+    from copytrace.analysis._table_view import TableRuns
+
+    if isinstance(source, TableRuns):
+        return True
+    return isinstance(source, list) and all(
+        isinstance(run, list) and all(isinstance(e, Ev) for e in run[:1]) for run in source
+    )
+
+
+def _view_totals(runs: list[list[Ev]], totals: dict[tuple[int, int], StepTotal]) -> None:
     for events in runs:
         for e in events:
             if not _is_counted(e):
@@ -85,18 +94,78 @@ def step_totals(runs: list[list[Ev]]) -> list[StepTotal]:
             row = total.sites.setdefault(e.site or "(unknown call site)", [0, 0])
             row[0] += e.bytes_allocated
             row[1] += 1
-    return [totals[k] for k in sorted(totals)]
+
+
+def _column_totals(rc: Any, totals: dict[tuple[int, int], StepTotal]) -> None:
+    """Add the counted copies of one run's columns, grouped by (step, call site) at once."""
+    import numpy as np
+
+    from copytrace.analysis._columns import _combine
+
+    mask = ~rc.flag("group") & ~rc.flag("alias") & ~rc.flag("noop") & rc.null("error")
+    rows = np.flatnonzero(mask)
+    if not len(rows):
+        return
+    steps = rc.np("step")[rows]
+    key = _combine([steps, rc.codes("site", rows)])
+    _, first = np.unique(key, return_index=True)
+    nbytes = np.zeros(len(first), dtype=np.int64)
+    np.add.at(nbytes, key, rc.np("bytes_allocated")[rows])
+    counts = np.bincount(key, minlength=len(first))
+    sites = rc.values("site", rows[first])
+    for g in np.argsort(first, kind="stable").tolist():  # in order of first copy
+        k = (rc.run or 0, int(steps[first[g]]))
+        total = totals.get(k)
+        if total is None:
+            total = totals[k] = StepTotal(run=k[0], step=k[1])
+        total.bytes += int(nbytes[g])
+        total.copies += int(counts[g])
+        row = total.sites.setdefault(sites[g] or "(unknown call site)", [0, 0])
+        row[0] += int(nbytes[g])
+        row[1] += int(counts[g])
+
+
+def step_totals(source: Any) -> list[StepTotal]:
+    """Per-step totals of every run, in (run, step) order (steps without copies omitted).
+
+    Args:
+        source: what :func:`copytrace.analysis.analyze` takes (read column by column), or
+            one list of :class:`Ev` per run.
+    """
+    return _totals(source)[0]
+
+
+def _totals(source: Any) -> tuple[list[StepTotal], int]:
+    """:func:`step_totals`, and the number of runs."""
+    totals: dict[tuple[int, int], StepTotal] = {}
+    if _is_views(source):
+        _view_totals(source, totals)
+        runs = len(source)
+    else:
+        from copytrace.analysis._columns import columns_of
+
+        runs = 0
+        for rc in columns_of(source):
+            _column_totals(rc, totals)
+            runs += 1
+    return [totals[k] for k in sorted(totals)], runs
 
 
 def _label(t: StepTotal, many_runs: bool) -> str:
     return f"run {t.run} step {t.step}" if many_runs else f"step {t.step}"
 
 
-def check_budget(runs: list[list[Ev]], findings: list[Finding], budget: Budget) -> list[str]:
-    """One line per violated limit or forbidden finding; empty when within budget."""
+def check_budget(source: Any, findings: list[Finding], budget: Budget) -> list[str]:
+    """One line per violated limit or forbidden finding; empty when within budget.
+
+    Args:
+        source: as for :func:`step_totals`.
+        findings: the findings of ``source``.
+        budget: the limits.
+    """
     lines: list[str] = []
-    totals = step_totals(runs)
-    many = len(runs) > 1
+    totals, runs = _totals(source)
+    many = runs > 1
     per_step = [t for t in totals if t.step >= budget.warmup_steps]
     for limit, attr, what, flag in (
         (budget.max_bytes_per_step, "bytes", "bytes", "max-bytes-per-step"),

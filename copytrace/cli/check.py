@@ -99,9 +99,8 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
     for line in violations:
         print(f"copytrace check: {line}", file=err)
     from copytrace.analysis import step_totals
-    from copytrace.analysis._view import runs_of
 
-    totals = step_totals(runs_of(trace))
+    totals = step_totals(trace)
     worst_bytes = max((t.bytes for t in totals), default=0)
     worst_copies = max((t.copies for t in totals), default=0)
     verdict = "FAILED" if violations else "OK"
