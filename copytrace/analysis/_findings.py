@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 __all__ = ["Finding", "Hazard", "HAZARDS", "SEVERITIES", "normalize_codes"]
@@ -77,8 +77,9 @@ class Finding:
     span_ids: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        """All fields as a plain dict (JSON-ready)."""
-        return asdict(self)
+        """All fields as a plain dict (JSON-ready; the lists are copies)."""
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), list) else v)
+                for f in fields(self)}  # fmt: skip
 
     def one_line(self) -> str:
         """``severity code at site: message`` on one line."""

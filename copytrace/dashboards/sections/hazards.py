@@ -157,9 +157,11 @@ def attach_events(
     for hz, site, _o in rows:
         if site not in hazards[hz].call_sites:
             hazards[hz].call_sites.append(site)
+    seen = [set(h.steps) for h in hazards]
     for hz, step in q.sql("SELECT DISTINCT h.hz, e.step FROM ev e JOIN hz h USING (span_id) "
                           "WHERE e.step >= 0"):  # fmt: skip
-        if step not in hazards[hz].steps:
+        if step not in seen[hz]:
+            seen[hz].add(step)
             hazards[hz].steps.append(step)
     for hz, run_idx in q.sql("SELECT DISTINCT h.hz, e.run_idx FROM ev e JOIN hz h "
                              "USING (span_id) ORDER BY ALL"):  # fmt: skip
