@@ -328,7 +328,8 @@ def _read_column(parts: list[Any], name: str) -> Any:
     chunks = []
     for part in parts:
         path = getattr(part, "parquet", None)
-        if path is not None and getattr(part, "table", None) is None:
+        alone = getattr(part, "table", None) is None and not getattr(part, "sidecar", None)
+        if path is not None and alone:  # one Parquet file: read strings as dictionaries
             as_dict = [name] if pa.types.is_string(typ) and name not in _PLAIN_STRINGS else None
             col = pq.read_table(path, columns=[name], read_dictionary=as_dict).column(0)
         else:
