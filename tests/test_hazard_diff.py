@@ -207,7 +207,10 @@ def _random_events(rng: random.Random, n: int) -> list[CopyEvent]:
         if is_group:
             group = seq
         rows.append(row)
-    return [CopyEvent(seq=i, start_ns=1000 * i, end_ns=1000 * i + 500, **row)
+    # every 5th event starts and ends with the one before it: the file's order then comes
+    # from the span ids
+    starts = [1000 * (i - 1 if i % 5 == 4 else i) for i in range(len(rows))]
+    return [CopyEvent(seq=i, start_ns=starts[i], end_ns=starts[i] + 500, **row)
             for i, row in enumerate(rows)]  # fmt: skip
 
 

@@ -342,13 +342,12 @@ def _read_column(parts: list[Any], name: str) -> Any:
 
 def _event_order(parts: list[Any], run: str) -> np.ndarray:
     """The source rows (the parts' rows, concatenated) of ``run``'s events (not run, step or
-    hazards spans), in event order (start, end, span id)."""
+    hazards spans), in event order (start, end, span id). Span ids are read only when two
+    events have the same start and end."""
     from copytrace.tracefile import META_SPANS
 
-    names = ["name", "start_ns", "end_ns", "span_id"]
     several = any(len(p.runs) > 1 for p in parts)
-    keys = pa.table({n: _read_column(parts, n) for n in [*names, *(["run"] if several else [])]})
-    name = keys.column("name")
+    name = _read_column(parts, "name")
     meta = pa.chunked_array(
         [pc.take(pc.is_in(c.dictionary, value_set=pa.array(sorted(META_SPANS))), c.indices)
          if pa.types.is_dictionary(c.type)
@@ -357,13 +356,20 @@ def _event_order(parts: list[Any], run: str) -> np.ndarray:
     )  # fmt: skip
     keep = pc.invert(pc.fill_null(meta, False))
     if several:
-        keep = pc.and_(keep, pc.fill_null(pc.equal(pc.cast(keys.column("run"), pa.string()),
-                                                   run), False))  # fmt: skip
-    kept = pc.indices_nonzero(keep)
-    rows = keys.select(["start_ns", "end_ns", "span_id"]).take(kept)
-    order = pc.sort_indices(rows, [("start_ns", "ascending"), ("end_ns", "ascending"),
+        runs = pc.cast(_read_column(parts, "run"), pa.string())
+        keep = pc.and_(keep, pc.fill_null(pc.equal(runs, run), False))
+    kept = np.asarray(pc.indices_nonzero(keep).to_numpy(), dtype=np.int64)
+    start = np.asarray(_read_column(parts, "start_ns").to_numpy(), dtype=np.int64)[kept]
+    end = np.asarray(_read_column(parts, "end_ns").to_numpy(), dtype=np.int64)[kept]
+    order = np.lexsort((end, start))
+    start, end = start[order], end[order]
+    if not bool(np.any((start[1:] == start[:-1]) & (end[1:] == end[:-1]))):
+        return kept[order]  # type: ignore[no-any-return]
+    keys = pa.table({"start": start, "end": end,
+                     "span_id": pc.take(_read_column(parts, "span_id"), kept[order])})
+    again = pc.sort_indices(keys, [("start", "ascending"), ("end", "ascending"),
                                    ("span_id", "ascending")])  # fmt: skip
-    return np.asarray(pc.take(kept, order).to_numpy(), dtype=np.int64)
+    return kept[order][np.asarray(again.to_numpy(), dtype=np.int64)]  # type: ignore[no-any-return]
 
 
 def _run_order(table: Any) -> list[str]:
