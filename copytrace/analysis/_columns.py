@@ -1,11 +1,12 @@
 """One run's events as normalised columns (pyarrow), for the vectorised hazard rules.
 
-A :class:`RunColumns` holds a run's events in event order (start, end, span id), one column
-per :class:`~copytrace.analysis._view.Ev` field, normalised as the views were (absent booleans
+A :class:`RunColumns` gives a run's events in event order (start, end, span id), one column
+per :class:`~copytrace.analysis._view.Ev` field, read as the views read them (absent booleans
 false, absent step and byte counts 0, an empty ``error`` absent, ``transfer`` ``"none"``, the
 call site as ``file:line function``, ``parent`` the position of the event's deepcopy group or
--1). Columns are computed when first asked for, so a rule that reads three columns costs three
-columns. Rows are events; ``seq`` is the event's position in the run (or ``CopyEvent.seq`` for
+-1). A column is read from the table when first asked for, so a rule that reads three columns
+costs three columns; predicates give numpy masks over the events, and values are decoded only
+at the events asked for. ``seq`` is the event's position in the run (or ``CopyEvent.seq`` for
 events from memory).
 """
 
@@ -33,6 +34,8 @@ _INTS = ("src_storage", "src_offset", "src_version", "dst_storage", "dst_version
          "inplace_writes", "retained_bytes")  # fmt: skip
 _LISTS = {"aten": pa.list_(pa.string()), "shape": pa.list_(pa.int64()),
           "src_stride": pa.list_(pa.int64()), "saved_by": pa.list_(pa.string())}  # fmt: skip
+
+
 def _type_of(name: str) -> pa.DataType:
     if name in _BOOLS or name == "pinned":
         return pa.bool_()
