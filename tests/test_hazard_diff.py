@@ -232,6 +232,8 @@ def test_random_events(tmp_path: Path, seed: int) -> None:
     events = _random_events(rng, 500)
     found = _same(events)
     _same_totals(events)
+    for code in HAZARDS:  # asking for one code runs its rule alone: the same findings
+        assert analyze(events, codes=[code]) == [f for f in found if f.code == code]
     path = tmp_path / "copytrace-1.otlp.jsonl"
     _write(events, path)
     assert _same_file(path)

@@ -230,7 +230,8 @@ def noop_conversion(rc: Any) -> list[Finding]:
     return out
 
 
-#: The rules, in report order (``rule(rc) -> findings`` over a run's columns).
+#: The rules, in report order (``rule(rc) -> findings`` over a run's columns): one per code of
+#: :data:`~copytrace.analysis._findings.HAZARDS`, in the same order.
 RULES: tuple[Callable[[Any], list[Finding]], ...] = (
     PAIR_RULES["data-inplace"],
     lost_inplace_write,
