@@ -77,7 +77,20 @@ def _analyze(source: Any, codes: Iterable[str] | None) -> list[Finding]:
             for f in rule(rc):
                 if wanted is None or f.code in wanted:
                     findings.append(f)
+    _release_columns()
     return _sort(findings)
+
+
+def _release_columns() -> None:
+    """Hand the memory the columns used back to the system (pyarrow's allocator keeps freed
+    memory for reuse: the report's DuckDB, or the traced program after stop, would not get
+    it)."""
+    try:
+        import pyarrow as pa
+
+        pa.default_memory_pool().release_unused()
+    except Exception:  # an older pyarrow: the memory is only kept for reuse
+        pass
 
 
 def analyze(source: Any, *, codes: Iterable[str] | None = None) -> list[Finding]:
