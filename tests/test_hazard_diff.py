@@ -283,5 +283,5 @@ def test_benchmark_trace(tmp_path: Path) -> None:
     path = tmp_path / "copytrace-1.otlp.jsonl"
     generate_trace(path, 5000)
     found = _same_file(path)
-    # 5000 events over 50 steps: deepcopy each ~100th event, no-op .to() and .contiguous()
-    assert [f.code for f in found] == ["deepcopy-in-loop", "noop-conversion", "noop-conversion"]
+    # 5000 events over 50 steps, 40 % of them a no-op .to() at one line: a hot no-op
+    assert "noop-conversion" in [f.code for f in found]
