@@ -154,9 +154,12 @@ class Query:
     def _spans_view(self) -> None:
         parts, seen, overlap = [], set(), False
         for i, part in enumerate(self.table.parts):
+            if part.sidecar:
+                files = ", ".join(_quote(str(f)) for f in part.sidecar)
+                parts.append(f"SELECT * FROM read_parquet([{files}])")
             if part.parquet is not None:
                 parts.append(f"SELECT * FROM read_parquet({_quote(str(part.parquet))})")
-            else:
+            if part.table is not None:
                 self.con.register(f"mem{i}", part.table)
                 parts.append(f"SELECT * FROM mem{i}")
             overlap |= bool(seen & set(part.runs))

@@ -22,53 +22,27 @@ import pyarrow.compute as pc
 import pyarrow.json as pj
 
 from copytrace.tracefile import _reader
-from copytrace.tracefile.schema import ATTRIBUTE_OF, META_SPANS, PREFIX
+from copytrace.tracefile.schema import (
+    ATTRIBUTE_OF,
+    META_SPANS,
+    PREFIX,
+    TABLE_VERSION,
+    event_schema,
+)
 
 __all__ = ["EVENT_SCHEMA", "META_SPANS", "TABLE_VERSION", "Builder", "iter_blocks", "row_of_raw"]
 
-TABLE_VERSION = "1"
 _BLOCK_BYTES = 32 << 20
 
 _STR, _INT, _BOOL = pa.string(), pa.int64(), pa.bool_()
-_INT_FIELDS = frozenset((
-    "bytes_allocated", "bytes_logical", "step", "line", "thread_id", "src_storage",
-    "src_offset", "src_version", "dst_storage", "dst_version", "inplace_writes",
-    "retained_bytes", "tensors",
-))  # fmt: skip
-_BOOL_FIELDS = frozenset((
-    "alias", "noop", "non_blocking", "requires_grad", "src_requires_grad", "is_leaf",
-    "pinned", "snapshot", "stale", "group", "fake",
-))  # fmt: skip
-_INT_LIST_FIELDS = frozenset(("shape", "src_stride"))
-_STR_LIST_FIELDS = frozenset(("aten", "saved_by"))
+#: The table's schema (:data:`copytrace.tracefile.schema.TABLE_COLUMNS`).
+EVENT_SCHEMA = event_schema()
+_TYPE_OF = {name: EVENT_SCHEMA.field(name).type for name in ATTRIBUTE_OF}
 
 
 def _field_type(name: str) -> pa.DataType:
-    if name in _INT_FIELDS:
-        return _INT
-    if name in _BOOL_FIELDS:
-        return _BOOL
-    if name in _INT_LIST_FIELDS:
-        return pa.list_(_INT)
-    if name in _STR_LIST_FIELDS:
-        return pa.list_(_STR)
-    return _STR
+    return _TYPE_OF[name]
 
-
-#: The table's schema: span identity and times, then the CopyEvent fields.
-EVENT_SCHEMA = pa.schema(
-    [
-        ("run", _STR),
-        ("span_id", _STR),
-        ("parent_id", _STR),
-        ("name", _STR),
-        ("start_ns", _INT),
-        ("end_ns", _INT),
-        *[(name, _field_type(name)) for name in ATTRIBUTE_OF],
-        ("attrs_json", _STR),
-        ("events_json", _STR),
-    ]
-)
 
 # The OTLP/JSON request as pyarrow's JSON reader types it.
 _SCALAR_VALUE = [("stringValue", _STR), ("intValue", _STR), ("boolValue", _BOOL),
@@ -95,14 +69,20 @@ _KEY_OF = {key: name for name, key in ATTRIBUTE_OF.items()}
 
 
 
-def iter_blocks(path: Path) -> Iterator[tuple[bytes | None, int]]:
-    """Yield ``(block of whole lines, bytes read)``; None for an unreadable gzip tail."""
+def iter_blocks(path: Path, start: int = 0) -> Iterator[tuple[bytes | None, int]]:
+    """Yield ``(block of whole lines, bytes read)``; None for an unreadable gzip tail.
+
+    Args:
+        path: A trace file, plain or gzip.
+        start: Read from this byte on (the start of a line, or of a gzip member).
+    """
     with path.open("rb") as raw:
+        raw.seek(start)
         magic = raw.read(2)
-        raw.seek(0)
+        raw.seek(start)
         fh: Any = gzip.GzipFile(fileobj=raw, mode="rb") if magic == b"\x1f\x8b" else raw
         buf: list[bytes] = []
-        size, pos = 0, 0
+        size, pos = 0, start
         try:
             for line in fh:
                 buf.append(line)

@@ -1,7 +1,11 @@
 """The columnar event table: every span of a trace as one row of a pyarrow table.
 
-The OTLP/JSON file stays the source of truth. The table is built once per trace file by
-pyarrow's native JSON reader (a whole block of lines at a time; a block with a bad line is
+The OTLP/JSON file stays the source of truth. When the tracer wrote its columnar sidecar
+(``.copytrace-cache/<file>.events/``, :mod:`._sidecar`), the table is read from it and only
+the bytes of the file beyond it are parsed (the hazards span appended at stop); a sidecar
+that is cut, unreadable or does not match the file is used up to its last consistent part,
+with one line saying so (:attr:`EventTable.notes`). Otherwise the table is built once per
+trace file by pyarrow's native JSON reader (a whole block of lines at a time; a block with a bad line is
 read line by line, and a line pyarrow cannot type, e.g. an ``intValue`` written as a JSON
 number by another writer, goes through the Python reader, so nothing readable is lost) and
 cached beside the file as ``.copytrace-cache/<file>.events.parquet``, keyed by the file's
@@ -31,7 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from copytrace._errors import TraceFileError
-from copytrace.tracefile import _reader
+from copytrace.tracefile import _reader, _sidecar
 from copytrace.tracefile._parse import (
     EVENT_SCHEMA,
     META_SPANS,
@@ -40,10 +44,7 @@ from copytrace.tracefile._parse import (
     iter_blocks,
     row_of_raw,
 )
-from copytrace.tracefile.schema import SPAN_HAZARDS, SPAN_RUN, SPAN_STEP
-
-#: Folder beside the trace files that holds their tables.
-CACHE_DIR = ".copytrace-cache"
+from copytrace.tracefile.schema import CACHE_DIR, SPAN_HAZARDS, SPAN_RUN, SPAN_STEP
 
 __all__ = [
     "CACHE_DIR",
@@ -57,12 +58,15 @@ class FileTable:
 
     Attributes:
         path: The trace file.
-        parquet: The Parquet file holding its rows (the cache), or None when kept in memory.
-        table: The rows (None once written to ``parquet`` and dropped to save memory).
+        parquet: The Parquet file holding its rows (the cache), or None.
+        table: Rows kept in memory: all of them (no cache), those after the sidecar's, or
+            None.
         resources: Resource attributes per run (trace id).
         bad_lines: Lines that could not be read.
         rows: Number of rows.
         runs: Trace ids seen.
+        sidecar: The tracer's sidecar parts holding the first rows (then ``table`` the rest).
+        notes: One line per problem with the sidecar (see :func:`open_sidecar`).
     """
 
     path: Path
@@ -72,16 +76,37 @@ class FileTable:
     bad_lines: int = 0
     rows: int = 0
     runs: list[str] = field(default_factory=list)
+    sidecar: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
 
     def read(self, columns: list[str] | None = None, filters: Any = None) -> pa.Table:
         """The rows (optionally only ``columns``; ``filters`` as for ``pyarrow.parquet``)."""
+        tabs = []
+        if self.sidecar:
+            tabs.append(pq.read_table([str(p) for p in self.sidecar], columns=columns,
+                                      filters=filters, schema=EVENT_SCHEMA))  # fmt: skip
+        if self.parquet is not None:
+            tabs.append(pq.read_table(self.parquet, columns=columns, filters=filters))
         if self.table is not None:
             tab = self.table
             if filters is not None:
                 tab = tab.filter(filters)
-            return tab.select(columns) if columns is not None else tab
-        assert self.parquet is not None
-        return pq.read_table(self.parquet, columns=columns, filters=filters)
+            tabs.append(tab.select(columns) if columns is not None else tab)
+        if len(tabs) == 1:
+            return tabs[0]
+        if not tabs:
+            empty = EVENT_SCHEMA.empty_table()
+            return empty.select(columns) if columns is not None else empty
+        return pa.concat_tables([t.replace_schema_metadata(None) for t in tabs])
+
+    def stamp_files(self) -> list[Path] | None:
+        """Files whose size and mtime identify the rows (to key caches of results), or None
+        for rows held in memory only."""
+        if self.parquet is not None:
+            return [self.parquet]
+        if self.sidecar:
+            return [self.path, *self.sidecar]
+        return None
 
 
 @dataclass
@@ -121,6 +146,11 @@ class EventTable:
         return sum(p.bad_lines for p in self.parts)
 
     @property
+    def notes(self) -> list[str]:
+        """One line per problem met while reading (e.g. a cut columnar sidecar)."""
+        return [n for p in self.parts for n in p.notes]
+
+    @property
     def empty_files(self) -> list[Path]:
         """Files without a copytrace span."""
         return [p.path for p in self.parts if p.rows == 0]
@@ -147,9 +177,6 @@ class EventTable:
         tables = [p.read(columns, filters) for p in self.parts]
         return pa.concat_tables(tables) if tables else EVENT_SCHEMA.empty_table()
 
-    def sources(self) -> list[str | pa.Table]:
-        """What DuckDB reads: each part's Parquet path, or its in-memory table."""
-        return [str(p.parquet) if p.parquet is not None else p.table for p in self.parts]
 
 
 # --- caching ---------------------------------------------------------------------------------
@@ -213,6 +240,11 @@ def build_file_table(
     Raises:
         OSError: If the file cannot be read.
     """
+    size = path.stat().st_size
+    side = _sidecar.open_sidecar(path, size)
+    notes = [side.note] if side is not None and side.note else []
+    if side is not None and side.parts:
+        return _with_sidecar(path, side, notes, progress)
     stamp = _stamp(path)
     if cache:
         found = _load_cached(path, stamp)
@@ -229,7 +261,7 @@ def build_file_table(
         if progress is not None:
             progress(nbytes)
     table = builder.finish()
-    part = FileTable(path, resources=builder.resources, bad_lines=builder.bad_lines)
+    part = FileTable(path, resources=builder.resources, bad_lines=builder.bad_lines, notes=notes)
     part.rows = table.num_rows
     part.runs = sorted(set(pc.unique(table.column("run")).to_pylist())) if table.num_rows else []
     if cache and table.num_rows:
@@ -237,6 +269,30 @@ def build_file_table(
     if part.parquet is None:
         part.table = table
     return part
+
+
+def _with_sidecar(
+    path: Path, side: _sidecar.Sidecar, notes: list[str], progress: Callable[[int], None] | None
+) -> FileTable:
+    """The rows of ``path`` from its sidecar, and from the file's bytes beyond it."""
+    builder = Builder()
+    builder.resources = {run: dict(res) for run, res in side.resources.items()}
+    for block, nbytes in iter_blocks(path, side.covered):
+        if block is None:
+            builder.bad_lines += 1
+        else:
+            builder.add_block(block)
+        if progress is not None:
+            progress(nbytes)
+    tail = builder.finish()
+    if progress is not None:
+        progress(side.covered)
+    runs = set(side.resources) if side.rows else set()
+    if tail.num_rows:
+        runs |= set(pc.unique(tail.column("run")).to_pylist())
+    return FileTable(path, table=tail if tail.num_rows else None, resources=builder.resources,
+                     bad_lines=builder.bad_lines, rows=side.rows + tail.num_rows,
+                     runs=sorted(runs), sidecar=side.parts, notes=notes)  # fmt: skip
 
 
 def event_table(

@@ -24,8 +24,14 @@ __all__ = [
     "SPAN_RUN",
     "SPAN_STEP",
     "STR_FIELDS",
+    "CACHE_DIR",
     "EVENT_HAZARD",
+    "SIDECAR_SUFFIX",
+    "TABLE_COLUMNS",
+    "TABLE_VERSION",
     "TRACE_GLOBS",
+    "column_kind",
+    "event_schema",
 ]
 
 #: File name patterns read from a trace directory.
@@ -130,3 +136,65 @@ FIELD_DEFAULTS: dict[str, Any] = {
     "stale": False,
     "fake": False,
 }
+
+
+# --- the event table ------------------------------------------------------------------------
+#: Version of the event table's columns (the Parquet cache and the sidecar carry it).
+TABLE_VERSION = "1"
+#: Hidden folder beside the trace files for their event tables: the tracer's columnar sidecar
+#: (``<file>`` + :data:`SIDECAR_SUFFIX`) and the Parquet cache of files read without one.
+CACHE_DIR = ".copytrace-cache"
+#: The sidecar of a trace file is the folder ``CACHE_DIR/<file name>`` + this suffix.
+SIDECAR_SUFFIX = ".events"
+
+_INT_FIELDS = frozenset((
+    "bytes_allocated", "bytes_logical", "step", "line", "thread_id", "src_storage",
+    "src_offset", "src_version", "dst_storage", "dst_version", "inplace_writes",
+    "retained_bytes", "tensors",
+))  # fmt: skip
+_BOOL_FIELDS = frozenset((
+    "alias", "noop", "non_blocking", "requires_grad", "src_requires_grad", "is_leaf",
+    "pinned", "snapshot", "stale", "group", "fake",
+))  # fmt: skip
+_INT_LIST_FIELDS = frozenset(("shape", "src_stride"))
+_STR_LIST_FIELDS = frozenset(("aten", "saved_by"))
+
+
+def column_kind(name: str) -> str:
+    """The value kind of event field ``name``: ``str``, ``int``, ``bool``, ``int_list`` or
+    ``str_list``."""
+    if name in _INT_FIELDS:
+        return "int"
+    if name in _BOOL_FIELDS:
+        return "bool"
+    if name in _INT_LIST_FIELDS:
+        return "int_list"
+    if name in _STR_LIST_FIELDS:
+        return "str_list"
+    return "str"
+
+
+#: The event table's columns in order, as ``(name, kind)`` (see :func:`column_kind`): span
+#: identity and times (ns since the epoch), one column per CopyEvent field (null where the
+#: span has no such attribute), and the attributes / span events of the spans in
+#: :data:`META_SPANS` as JSON text. The Parquet cache and the tracer's sidecar both have
+#: exactly these columns (:func:`event_schema`).
+TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("run", "str"), ("span_id", "str"), ("parent_id", "str"), ("name", "str"),
+    ("start_ns", "int"), ("end_ns", "int"),
+    *[(name, column_kind(name)) for name in ATTRIBUTE_OF],
+    ("attrs_json", "str"), ("events_json", "str"),
+)  # fmt: skip
+
+_SCHEMA: list[Any] = []
+
+
+def event_schema() -> Any:
+    """:data:`TABLE_COLUMNS` as a ``pyarrow.Schema`` (imports pyarrow on first use)."""
+    if not _SCHEMA:
+        import pyarrow as pa
+
+        types = {"str": pa.string(), "int": pa.int64(), "bool": pa.bool_(),
+                 "int_list": pa.list_(pa.int64()), "str_list": pa.list_(pa.string())}  # fmt: skip
+        _SCHEMA.append(pa.schema([(name, types[kind]) for name, kind in TABLE_COLUMNS]))
+    return _SCHEMA[0]

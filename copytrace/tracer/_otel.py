@@ -35,7 +35,6 @@ import socket
 import sys
 import threading
 import time
-import zlib
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
@@ -239,8 +238,10 @@ class TraceFile:
         level: gzip compression level (1 = fastest ... 9 = smallest).
 
     After each :meth:`flush` every line written so far is readable, also if the process is
-    killed right after: a gzip stream is sync-flushed (``Z_SYNC_FLUSH``), so a reader that
-    reaches the cut end has decoded every earlier line.
+    killed right after: a gzip file ends its gzip member at each flush and starts a new one
+    at the next write (readers of concatenated gzip, ``zcat`` and the Collector read the
+    members as one stream), so the file can also be read from any flush point on
+    (:attr:`size`), which the columnar sidecar relies on.
     """
 
     def __init__(
@@ -253,11 +254,14 @@ class TraceFile:
         self._gz: gzip.GzipFile | None = None
         self.lines = 0
         self.bytes_uncompressed = 0
+        #: Bytes in the file after the last :meth:`flush` or :meth:`close`.
+        self.size = 0
         self._closed = False
 
     def _open(self) -> IO[bytes]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._raw = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        if self._raw is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._raw = open(self.path, "wb")  # noqa: SIM115 - closed by close()
         if self.compression == "gzip":
             self._gz = gzip.GzipFile(
                 filename="", mode="wb", fileobj=self._raw, compresslevel=self.level, mtime=0
@@ -268,7 +272,7 @@ class TraceFile:
     def write_lines(self, lines: Sequence[str]) -> None:
         if not lines or self._closed:
             return
-        fh = self._gz or self._raw or self._open()
+        fh = self._gz or (self._raw if self.compression != "gzip" else None) or self._open()
         data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
         fh.write(data)
         self.lines += len(lines)
@@ -276,9 +280,11 @@ class TraceFile:
 
     def flush(self) -> None:
         if self._gz is not None:
-            self._gz.flush(zlib.Z_SYNC_FLUSH)
+            self._gz.close()  # ends the member; the raw file stays open
+            self._gz = None
         if self._raw is not None:
             self._raw.flush()
+            self.size = self._raw.tell()
 
     def close(self) -> None:
         if self._closed:
@@ -289,6 +295,7 @@ class TraceFile:
                 self._gz.close()
         finally:
             if self._raw is not None:
+                self.size = self._raw.tell()
                 self._raw.close()
 
     def abandon(self) -> None:
@@ -651,6 +658,43 @@ class _Encoder:
         return "".join(parts)
 
 
+class _SidecarRows:
+    """One flush's spans for the columnar sidecar, in file order: runs of copy events kept
+    as columns of plain values, the other spans as :func:`meta_row` arguments."""
+
+    __slots__ = ("segments", "ids", "parents", "names", "starts", "ends", "attrs")
+
+    def __init__(self) -> None:
+        self.segments: list[tuple[str, Any]] = []
+        self._new()
+
+    def _new(self) -> None:
+        self.ids: list[str] = []
+        self.parents: list[str] = []
+        self.names: list[str] = []
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.attrs: list[dict[str, Any]] = []
+
+    def event(self, sid: str, parent: str, name: str, start: int, end: int, attrs: Any) -> None:
+        self.ids.append(sid)
+        self.parents.append(parent)
+        self.names.append(name)
+        self.starts.append(start)
+        self.ends.append(end)
+        self.attrs.append(attrs)
+
+    def meta(self, *args: Any) -> None:
+        self.done()
+        self.segments.append(("meta", args))
+
+    def done(self) -> None:
+        if self.ids:
+            self.segments.append(("events", (self.ids, self.parents, self.names, self.starts,
+                                             self.ends, self.attrs)))  # fmt: skip
+            self._new()
+
+
 class FileSink:
     """Writes the trace file (see :class:`TraceFile`); spans encoded straight from events.
 
@@ -659,6 +703,8 @@ class FileSink:
         compression: ``"gzip"`` or ``None``.
         level: gzip level.
         max_line_bytes: longest request line.
+        sidecar: also write the columnar sidecar (``copytrace.tracefile._sidecar``): the
+            event table's rows of each flush, built from the flush's span attributes.
     """
 
     def __init__(
@@ -668,12 +714,16 @@ class FileSink:
         compression: str | None = "gzip",
         level: int = 6,
         max_line_bytes: int = MAX_LINE_BYTES,
+        sidecar: bool = True,
     ) -> None:
         self.file = TraceFile(path, compression, level)
         self._max = max_line_bytes
         self._enc = _Encoder()
         self._run: RunIds | None = None
         self._frame = ("", "")
+        self._sidecar: Any = None
+        self._want_sidecar = sidecar
+        self.sidecar_seconds = 0.0
         self.spans = 0
 
     @property
@@ -686,35 +736,84 @@ class FileSink:
 
     def write(self, items: Iterable[PlanItem], chunk: Chunk, keep: Callable[[], set[str]]) -> None:
         write = self.file.write_lines
-        for line in iter_lines(*self._frame, self._encode(items, chunk), self._max):
+        rows = _SidecarRows() if self._want_sidecar else None
+        for line in iter_lines(*self._frame, self._encode(items, chunk, rows), self._max):
             write((line,))
         self.file.flush()
+        if rows is not None:
+            self._to_sidecar(rows)
 
-    def _encode(self, items: Sequence[PlanItem], chunk: Chunk) -> Iterator[str]:
+    def _to_sidecar(self, rows: _SidecarRows | None, final: bool = False) -> None:
+        """Hand a flush's rows to the sidecar writer (after the JSON lines are flushed);
+        any trouble stops the sidecar (readers then parse the JSON), never the trace file."""
+        t0 = time.perf_counter()
+        try:
+            from copytrace.tracefile import _sidecar as sc
+
+            side = self._sidecar
+            if side is None:
+                assert self._run is not None
+                side = self._sidecar = sc.SidecarWriter(
+                    self.file.path, self._run.trace_hex, dict(self._run.resource.attributes)
+                )
+            if rows is not None:
+                rows.done()
+                trace = self._run.trace_hex if self._run is not None else ""
+                for kind, seg in rows.segments:
+                    if kind == "events":
+                        side.add(sc.event_batch(trace, *seg))
+                    else:
+                        side.add_rows([sc.meta_row(*seg)])
+            if final:
+                side.close(self.file.size)
+            else:
+                side.commit(self.file.size)
+        except Exception as err:
+            self._want_sidecar = False
+            print(f"copytrace: columnar sidecar of {self.file.path.name} stopped "
+                  f"({type(err).__name__}: {err}); the trace file is complete", file=sys.stderr)
+        self.sidecar_seconds += time.perf_counter() - t0
+
+    def _encode(
+        self, items: Sequence[PlanItem], chunk: Chunk, rows: _SidecarRows | None = None
+    ) -> Iterator[str]:
         run = self._run
         assert run is not None
         enc, trace, off = self._enc, run.trace_hex, run.offset
         for span_id, parent, ev, step in items:
             self.spans += 1
             if ev is not None and type(ev) is not CopyEvent:  # a compiled-region record
-                yield enc.span(trace, span_id, parent, ev.span_name, ev.start_ns + off,
-                               ev.end_ns + off, ev.span_attributes(), None,
-                               [(n, t + off, a) for n, t, a in ev.span_events()])  # fmt: skip
+                args = (trace, span_id, parent, ev.span_name, ev.start_ns + off, ev.end_ns + off,
+                        ev.span_attributes(), [(n, t + off, a) for n, t, a in ev.span_events()])
+                if rows is not None:
+                    rows.meta(*args)
+                yield enc.span(*args[:7], None, args[7])
             elif ev is not None:
                 start, end = _times(ev, run.start_ns)
+                attrs = event_attributes(ev)
+                if rows is not None:
+                    rows.event(span_id, parent, "copytrace." + ev.op, start + off, end + off, attrs)
                 yield enc.span(trace, span_id, parent, "copytrace." + ev.op, start + off,
-                               end + off, event_attributes(ev), ev.error)  # fmt: skip
+                               end + off, attrs, ev.error)  # fmt: skip
             elif step is not None:
-                yield enc.span(trace, span_id, parent, "copytrace.step", step[1] + off,
-                               step[2] + off, {"copytrace.step": step[0]})  # fmt: skip
+                args = (trace, span_id, parent, "copytrace.step", step[1] + off, step[2] + off,
+                        {"copytrace.step": step[0]})
+                if rows is not None:
+                    rows.meta(*args)
+                yield enc.span(*args)
         final = chunk.final
         if final is not None:
             self.spans += 1
-            yield enc.span(trace, run.span_hex, None, "copytrace.run", run.start_ns + off,
-                           final.end_ns + off, final.attributes, final.error)  # fmt: skip
+            args = (trace, run.span_hex, None, "copytrace.run", run.start_ns + off,
+                    final.end_ns + off, final.attributes)
+            if rows is not None:
+                rows.meta(*args)
+            yield enc.span(*args, final.error)
 
     def close(self) -> None:
         self.file.close()
+        if self._want_sidecar and self.file.size:
+            self._to_sidecar(None, final=True)
 
     def write_hazards(self, findings: Sequence[Any], span_id: str, end_ns: int) -> None:
         """Append the run's ``copytrace.hazards`` span to the closed file."""
@@ -723,6 +822,7 @@ class FileSink:
                            span_id=span_id)  # fmt: skip
 
     def abandon(self) -> None:
+        self._want_sidecar = False
         self.file.abandon()
 
 

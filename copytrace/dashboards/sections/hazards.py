@@ -216,7 +216,8 @@ def _findings_cache(source: Any) -> Path | None:
     source files, in the user's cache folder; None when ``source`` is not read from files
     (or the analyser is not a package on disk)."""
     parts = getattr(source, "parts", None)
-    if not parts or any(p.parquet is None for p in parts):
+    stamps = [p.stamp_files() for p in parts or ()]
+    if not parts or any(files is None for files in stamps):
         return None
     try:
         import copytrace.analysis as analysis
@@ -230,9 +231,10 @@ def _findings_cache(source: Any) -> Path | None:
         for f in sorted(Path(where).parent.glob("*.py")):
             st = f.stat()
             key.update(f"{f.name}:{st.st_size}:{st.st_mtime_ns};".encode())
-        for p in parts:
-            st = p.parquet.stat()
-            key.update(f"{p.parquet.resolve()}:{st.st_size}:{st.st_mtime_ns}:{p.runs};".encode())
+        for p, files in zip(parts, stamps, strict=True):
+            for f in files or ():
+                st = f.stat()
+                key.update(f"{f.resolve()}:{st.st_size}:{st.st_mtime_ns}:{p.runs};".encode())
     except OSError:
         return None
     home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "copytrace"
