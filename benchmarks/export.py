@@ -276,9 +276,11 @@ def cmd_sizes(events: list[CopyEvent], n_steps: int) -> None:
         print(f"FileSink gzip -{level}, flushed every 4096 events: {size / n:.1f} B/event")
 
 
-def _write_file(events, steps, path, compression, level, chunk_events) -> int:
+def _write_file(events, steps, path, compression, level, chunk_events, sidecar=True, out=None):
+    """Write ``events`` as the tracer does (flushes of ``chunk_events`` at step boundaries);
+    return the trace file's size. ``out`` (a dict) gets the sink's ``sidecar_seconds``."""
     run = RunIds(T0, 0, make_resource())
-    sink = FileSink(path, compression=compression, level=level)
+    sink = FileSink(path, compression=compression, level=level, sidecar=sidecar)
     pipe = ExportPipeline(run, [sink])
     pipe.begin()
     by_step: dict[int, list[CopyEvent]] = {}
@@ -295,6 +297,8 @@ def _write_file(events, steps, path, compression, level, chunk_events) -> int:
     pipe.close(
         Chunk(buf, done, final=RunEnd(events[-1].end_ns + 10, {"copytrace.events": len(events)}))
     )
+    if out is not None:
+        out["sidecar_seconds"] = sink.sidecar_seconds
     return path.stat().st_size
 
 
@@ -325,12 +329,19 @@ def cmd_speed(events: list[CopyEvent], n_steps: int) -> None:
     print(f"{n} events; export seconds per 100k events (this machine, one thread)")
     with tempfile.TemporaryDirectory() as tmp:
         for comp, level in ((None, 6), ("gzip", 1), ("gzip", 6)):
-            path = Path(tmp) / f"t{level}.otlp.jsonl"
+            path = Path(tmp) / f"{comp}{level}" / "t.otlp.jsonl"
             t0 = time.perf_counter()
-            size = _write_file(events, steps, path, comp, level, 4096)
+            size = _write_file(events, steps, path, comp, level, 4096, sidecar=False)
             dt = time.perf_counter() - t0
+            out: dict[str, float] = {}
+            t0 = time.perf_counter()
+            _write_file(events, steps, path, comp, level, 4096, out=out)
+            dt_side = time.perf_counter() - t0
+            side = sum(f.stat().st_size for f in path.parent.rglob("part-*.parquet"))
             name = "plain" if comp is None else f"gzip -{level}"
-            print(f"  trace file, {name:<8}: {dt * per:6.2f} s  ({size / n:.1f} B/event)")
+            print(f"  trace file, {name:<8}: {dt * per:6.2f} s  ({size / n:.1f} B/event); "
+                  f"with the columnar sidecar {dt_side * per:6.2f} s, of which the sidecar "
+                  f"{out['sidecar_seconds'] * per:5.2f} s ({side / n:.1f} B/event)")
     t0 = time.perf_counter()
     for ev in events:
         event_attributes(ev)

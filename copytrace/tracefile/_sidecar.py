@@ -154,8 +154,10 @@ def event_batch(
     ends: list[int],
     attrs: list[dict[str, Any]],
 ) -> pa.RecordBatch:
-    """The rows of copy-event spans from their span attributes (as written to the file),
-    built column by column."""
+    """The rows of copy-event spans from their span attributes, as written to the file
+    (``event_attributes``: left-out values are absent, hence null), converted by pyarrow
+    in one call for the whole flush. A value whose type its column cannot hold is read as
+    the file's reader reads it (one value at a time: slower, the same rows)."""
     n = len(ids)
     cols: dict[str, pa.Array] = {
         "run": pa.array([trace] * n, pa.string()),
@@ -165,16 +167,32 @@ def event_batch(
         "start_ns": pa.array(starts, pa.int64()),
         "end_ns": pa.array(ends, pa.int64()),
     }
-    for fname, key in _FIELDS:
-        cols[fname] = _column(fname, [a.get(key) for a in attrs])
-    ops = cols["op"].to_pylist() if cols["op"].null_count else None
-    if ops is not None:
+    try:
+        fields = pa.RecordBatch.from_pylist(attrs, schema=_key_schema())
+        cols.update(zip(ATTRIBUTE_OF, fields.columns, strict=True))
+    except (pa.ArrowException, OverflowError, TypeError, ValueError):
+        for fname, key in _FIELDS:
+            cols[fname] = _column(fname, [a.get(key) for a in attrs])
+    if cols["op"].null_count:  # no op attribute: the span name's
+        ops = cols["op"].to_pylist()
         cols["op"] = pa.array(
             [o if o else nm[len(PREFIX) :] for o, nm in zip(ops, names, strict=True)], pa.string()
         )
     cols["attrs_json"] = pa.nulls(n, pa.string())
     cols["events_json"] = pa.nulls(n, pa.string())
     return pa.RecordBatch.from_pydict(cols, schema=event_schema())
+
+
+_KEY_SCHEMA: list[pa.Schema] = []
+
+
+def _key_schema() -> pa.Schema:
+    """The CopyEvent columns named by their span attribute keys."""
+    if not _KEY_SCHEMA:
+        schema = event_schema()
+        _KEY_SCHEMA.append(pa.schema([(key, schema.field(name).type)
+                                      for name, key in _FIELDS]))  # fmt: skip
+    return _KEY_SCHEMA[0]
 
 
 # --- writer ------------------------------------------------------------------------------------------

@@ -659,8 +659,8 @@ class _Encoder:
 
 
 class _SidecarRows:
-    """One flush's spans for the columnar sidecar, in file order: runs of copy events kept
-    as columns of plain values, the other spans as :func:`meta_row` arguments."""
+    """One flush's spans for the columnar sidecar, in file order: runs of copy events (span
+    ids, parents, names, times, span attributes), the other spans as ``meta_row`` arguments."""
 
     __slots__ = ("segments", "ids", "parents", "names", "starts", "ends", "attrs")
 
@@ -686,7 +686,10 @@ class _SidecarRows:
 
     def meta(self, *args: Any) -> None:
         self.done()
-        self.segments.append(("meta", args))
+        if self.segments and self.segments[-1][0] == "meta":
+            self.segments[-1][1].append(args)
+        else:
+            self.segments.append(("meta", [args]))
 
     def done(self) -> None:
         if self.ids:
@@ -763,7 +766,7 @@ class FileSink:
                     if kind == "events":
                         side.add(sc.event_batch(trace, *seg))
                     else:
-                        side.add_rows([sc.meta_row(*seg)])
+                        side.add_rows([sc.meta_row(*args) for args in seg])
             if final:
                 side.close(self.file.size)
             else:
