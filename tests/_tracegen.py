@@ -379,6 +379,7 @@ def write_trace(
     pid: int = 4242,
     truncated: bool = False,
     gz: bool = False,
+    sidecar: bool = False,
 ) -> Path:
     """Write the synthetic trace of one process into ``directory`` and return its path.
 
@@ -386,24 +387,57 @@ def write_trace(
         directory: Output directory (created if missing).
         pid: Process id; also determines the trace id.
         truncated: Append half of an extra line, as a file cut mid-write would end.
-        gz: Write ``.otlp.jsonl.gz`` instead of ``.otlp.jsonl``.
+        gz: Write ``.otlp.jsonl.gz`` instead of ``.otlp.jsonl`` (one gzip member per line,
+            as the tracer ends a member at each flush).
+        sidecar: Also write the columnar sidecar as the tracer does, through its writer: one
+            flush per line for the events, steps and run lines, one part each; the hazards
+            line is appended after the sidecar is closed, as the tracer appends it at stop.
 
     Returns:
         The file written, ``copytrace-testhost-<pid>.otlp.jsonl[.gz]``.
     """
     directory.mkdir(parents=True, exist_ok=True)
-    lines = trace_lines(pid)
-    text = "\n".join(lines) + "\n"
+    lines = [ln + "\n" for ln in trace_lines(pid)]
     if truncated:
-        text += lines[0][: len(lines[0]) // 2]
+        lines.append(lines[0][: len(lines[0]) // 2])
     name = f"copytrace-testhost-{pid}.otlp.jsonl"
-    if gz:
-        path = directory / (name + ".gz")
-        path.write_bytes(gzip.compress(text.encode()))
-    else:
-        path = directory / name
-        path.write_text(text, encoding="utf-8")
+    path = directory / (name + ".gz" if gz else name)
+    writer = None
+    if sidecar:
+        from copytrace.tracefile import _sidecar
+
+        writer = _sidecar.SidecarWriter(path, f"{pid:032x}", {
+            "service.name": "copytrace", "process.pid": pid, "host.name": "testhost"})  # fmt: skip
+    with path.open("wb") as fh:
+        for i, ln in enumerate(lines):
+            data = ln.encode()
+            fh.write(gzip.compress(data, mtime=0) if gz else data)
+            fh.flush()
+            if writer is not None and i < 3:
+                _to_sidecar(writer, ln, fh.tell())
     return path
+
+
+def _to_sidecar(writer: Any, line: str, json_bytes: int) -> None:
+    """Hand the spans of one flushed ``line`` to the sidecar writer, as the file sink does."""
+    from copytrace.tracefile import _sidecar, decode_value
+    from copytrace.tracefile.schema import META_SPANS
+
+    for rs in json.loads(line)["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for sp in ss["spans"]:
+                attrs = {a["key"]: decode_value(a["value"]) for a in sp.get("attributes", [])}
+                args = (sp["traceId"], sp["spanId"], sp.get("parentSpanId"), sp["name"],
+                        int(sp["startTimeUnixNano"]), int(sp["endTimeUnixNano"]))  # fmt: skip
+                if sp["name"] in META_SPANS:
+                    events = [(e["name"], int(e["timeUnixNano"]),
+                               {a["key"]: decode_value(a["value"]) for a in e["attributes"]})
+                              for e in sp.get("events", [])]  # fmt: skip
+                    writer.add_rows([_sidecar.meta_row(*args, attrs, events)])
+                else:
+                    writer.add(_sidecar.event_batch(args[0], [args[1]], [args[2] or ""],
+                                                    [args[3]], [args[4]], [args[5]], [attrs]))
+    writer.close(json_bytes)  # a part per flush
 
 
 def write_many(

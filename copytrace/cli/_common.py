@@ -78,7 +78,10 @@ def select_runs(table: Any, args: Any, path: Path | str, err: TextIO | None = No
 
 
 def warn_unreadable(trace: Any, path: Path | str, err: TextIO | None = None) -> None:
-    """One stderr line when lines of the trace could not be read (a file cut mid-write)."""
+    """One stderr line when lines of the trace could not be read (a file cut mid-write),
+    and one per columnar sidecar that could not be used whole (its trace file was read)."""
+    for note in getattr(trace, "notes", ()):
+        print(f"copytrace: warning: {note}", file=err or sys.stderr)
     if trace.bad_lines:
         print(
             f"copytrace: warning: skipped {trace.bad_lines} unreadable line(s) in {path}",

@@ -8,7 +8,7 @@ flush's spans to :class:`SidecarWriter`, which builds Arrow columns from the rec
 whole flush (never per event) and writes a part once :data:`PART_ROWS` rows are buffered, and
 the rest when tracing stops. Each part is written to a temporary name and renamed, so a part
 is whole or absent; its key-value metadata says how many bytes of the trace file its rows and
-the parts before it cover (``copytrace.json_bytes``), a digest of the 64 bytes before that
+the parts before it cover (``copytrace.json_bytes``), a digest of the 4 KiB before that
 point (``copytrace.json_tail``), the table version and the run's resource attributes.
 
 The gzip trace file starts a new gzip member at each flush (:class:`~copytrace.tracer._otel.
@@ -53,7 +53,7 @@ __all__ = [
 
 #: Rows buffered before a part is written (bounded memory in the traced process, few parts).
 PART_ROWS = 65536
-_TAIL = 64
+_TAIL = 4096
 _INT64 = (-(2**63), 2**63 - 1)
 _KEY_BYTES = b"copytrace.json_bytes"
 _KEY_TAIL = b"copytrace.json_tail"
