@@ -6,15 +6,17 @@ Usage::
     python benchmarks/report_size.py --events 1000000 --ranks 1
     python benchmarks/report_size.py --events 10000000 --ranks 8 --keep /tmp/ct-bench
 
-For each size it writes a synthetic trace (OTLP/JSON lines, as the tracer writes them: a
-training-loop mix of no-op ``.to()`` calls, ``detach`` aliases, clones, host-to-device and
-device-to-host copies, ``copy_``, deepcopy, in several modules and call sites, 100 events
-per step, and a ``copytrace.hazards`` span), split over ``--ranks`` files, then times in
-fresh subprocesses: one naive pass of stdlib ``json.loads`` over every line (the reference),
-``copytrace report`` without the event-table cache (it parses the files and writes the
-cache), ``copytrace report`` again (from the cache), ``copytrace summary`` and
-``copytrace check``; with the peak memory of each and the report's size. Not a test: it only
-prints numbers.
+For each size it writes a synthetic trace as the tracer writes it (its file sink: plain
+OTLP/JSON lines and the columnar sidecar, flushed every ~4096 events at a step boundary,
+then the ``copytrace.hazards`` span appended as at stop): a training-loop mix of no-op
+``.to()`` calls, ``detach`` aliases, clones, host-to-device and device-to-host copies,
+``copy_``, deepcopy, in several modules and call sites, 100 events per step; split over
+``--ranks`` files. Then it times, each in a fresh subprocess: one naive pass of stdlib
+``json.loads`` over every line (the reference), ``copytrace report`` (from the sidecars),
+``copytrace summary`` and ``copytrace check``, with their peak memory and the report's size;
+and, up to 1M events, the same files without their sidecars (hard links): ``copytrace
+report`` parsing the JSON (it writes the Parquet cache), then again from that cache.
+Not a test: it only prints numbers.
 """
 
 from __future__ import annotations
@@ -67,162 +69,103 @@ _TEMPLATES = [
 # fmt: on
 
 
-def _v(value: object) -> dict:
-    if isinstance(value, bool):
-        return {"boolValue": value}
-    if isinstance(value, int):
-        return {"intValue": str(value)}
-    if isinstance(value, list):
-        return {"arrayValue": {"values": [_v(x) for x in value]}}
-    return {"stringValue": str(value)}
-
-
-def _attr_json(attrs: dict) -> str:
-    return ",".join(
-        json.dumps({"key": k, "value": _v(v)}, separators=(",", ":")) for k, v in attrs.items()
-    )
-
-
-def _templates() -> list[tuple[int, str, str]]:
-    """Pre-rendered (weight, span name, attribute JSON without the step) per variant."""
+def _template_events() -> list[tuple[int, dict]]:
+    """(weight, CopyEvent fields without seq, step and times) per variant."""
     out = []
     for (weight, op, kind, nbytes, shape, src, dst, transfer, module, file, line, func, phase,
          graph, aten) in _TEMPLATES:  # fmt: skip
         for b in range(2) if "{b}" in module else [None]:
-            mod = module.format(b=b) if b is not None else module
-            attrs = {
-                "copytrace.op": op,
-                "copytrace.dtype": "float32",
-                "copytrace.src_dtype": "float32",
-                "copytrace.src_device": src,
-                "copytrace.dst_device": dst,
-                "copytrace.transfer": transfer,
-                "copytrace.graph": graph,
-                "copytrace.phase": phase,
-                "code.file.path": f"/home/user/project/{file}",
-                "code.function.name": func,
-                "thread.name": "MainThread",
-                "copytrace.bytes_allocated": nbytes if kind == "copy" and op != "copy_" else 0,
-                "copytrace.bytes_logical": nbytes,
-                "copytrace.alias": kind != "copy",
-                "copytrace.noop": kind == "noop",
-                "copytrace.non_blocking": transfer == "h2d",
-                "copytrace.requires_grad": graph == "attached",
-                "code.line.number": line,
-                "thread.id": 140607661808512,
-                "copytrace.aten": aten,
-                "copytrace.shape": shape,
-            }
-            if mod:
-                attrs["copytrace.module"] = mod
-            out.append((weight, f"copytrace.{op}", _attr_json(attrs)))
+            fields = {
+                "op": op, "aten": tuple(aten), "dtype": "float32", "src_dtype": "float32",
+                "src_device": src, "dst_device": dst, "transfer": transfer,
+                "bytes_allocated": nbytes if kind == "copy" and op != "copy_" else 0,
+                "bytes_logical": nbytes, "alias": kind != "copy", "noop": kind == "noop",
+                "non_blocking": transfer == "h2d", "requires_grad": graph == "attached",
+                "graph": graph, "phase": phase, "shape": tuple(shape),
+                "module": (module.format(b=b) if b is not None else module) or None,
+                "file": f"/home/user/project/{file}", "line": line, "function": func,
+                "thread_id": 140607661808512, "thread_name": "MainThread",
+            }  # fmt: skip
+            out.append((weight, fields))
     return out
 
 
-_HAZARD_ATTRS = [
-    {"key": "copytrace.hazard.code", "value": {"stringValue": "CT-SYNC-D2H"}},
-    {"key": "copytrace.hazard.severity", "value": {"stringValue": "warning"}},
-    {"key": "copytrace.hazard.message",
-     "value": {"stringValue": "device-to-host copy every step synchronises the GPU"}},
-    {"key": "copytrace.hazard.fix",
-     "value": {"stringValue": "accumulate on the device; call .item() once per log"}},
-    {"key": "copytrace.hazard.call_sites",
-     "value": {"arrayValue": {"values": [{"stringValue": "/home/user/project/train.py:190 main"}]}}},
-]  # fmt: skip
-
-
 def generate_trace(path: Path, n_events: int, seed: int = 0, pid: int = 4242) -> None:
-    """Write a synthetic trace of ``n_events`` event spans (plus steps and a run span).
+    """Write a synthetic trace of ``n_events`` events as the tracer writes it: its file sink
+    (plain OTLP/JSON and the columnar sidecar), flushed at the first step boundary with
+    4096 events buffered, then the ``copytrace.hazards`` span appended as at stop.
 
     Args:
         path: File to write (``*.otlp.jsonl``).
         n_events: Event spans to write.
-        seed: Random seed for the mix of events (and the trace id).
+        seed: Random seed for the mix of events.
         pid: ``process.pid`` of the run.
     """
+    from types import SimpleNamespace
+
+    from opentelemetry.sdk.resources import Resource
+
+    from copytrace.tracer._events import CopyEvent
+    from copytrace.tracer._otel import (
+        Chunk,
+        ExportPipeline,
+        FileSink,
+        RunEnd,
+        RunIds,
+        append_hazard_span,
+    )
+
     rng = random.Random(seed)
-    tpls = _templates()
-    weights = [w for w, _, _ in tpls]
-    choice = rng.choices(range(len(tpls)), weights=weights, k=n_events)
-    hazard_ids: list[str] = []
+    tpls = _template_events()
+    choice = rng.choices(range(len(tpls)), weights=[w for w, _ in tpls], k=n_events)
     n_steps = max(3, -(-n_events // EVENTS_PER_STEP))
-    trace_id = f"{rng.getrandbits(128):032x}"
-    run_id = 1
-    head = (
-        '{"resourceSpans":[{"resource":{"attributes":['
-        '{"key":"service.name","value":{"stringValue":"copytrace"}},'
-        '{"key":"process.pid","value":{"intValue":"%d"}},'
-        '{"key":"host.name","value":{"stringValue":"bench"}}]},'
-        '"scopeSpans":[{"scope":{"name":"copytrace","version":"0.1.0"},"spans":['
-    )
-    tail = "]}]}]}\n"
-    span_fmt = (
-        '{"traceId":"' + trace_id + '","spanId":"%016x","parentSpanId":"%016x","name":"%s",'
-        '"kind":1,"startTimeUnixNano":"%d","endTimeUnixNano":"%d","attributes":[%s,'
-        '{"key":"copytrace.step","value":{"intValue":"%d"}}],"status":{}}'
-    )
-    step_fmt = (
-        '{"traceId":"%s","spanId":"%016x","parentSpanId":"%016x","name":"copytrace.step",'
-        '"kind":1,"startTimeUnixNano":"%d","endTimeUnixNano":"%d","attributes":'
-        '[{"key":"copytrace.step","value":{"intValue":"%d"}}],"status":{}}'
-    )
-    run_fmt = (
-        '{"traceId":"%s","spanId":"%016x","name":"copytrace.run","kind":1,'
-        '"startTimeUnixNano":"%d","endTimeUnixNano":"%d","attributes":[%s],"status":{}}'
-    )
-    head = head % pid
-    with path.open("w", encoding="utf-8") as fh:
-        batch: list[str] = []
+    resource = Resource({"service.name": "copytrace", "process.pid": pid, "host.name": "bench",
+                         "process.command_args": ["train.py", "--synthetic", str(n_events)]})
+    run = RunIds(0, T0, resource)
+    hazard_ids: list[str] = []
 
-        def flush() -> None:
-            if batch:
-                fh.write(head + ",".join(batch) + tail)
-                batch.clear()
+    class _Sink(FileSink):  # notes the span ids of the d2h copies, for the hazard
+        def write(self, items, chunk, keep):  # type: ignore[no-untyped-def]
+            items = list(items)
+            for sid, _, ev, _ in items:
+                if ev is not None and ev.op == "cpu" and len(hazard_ids) < 1000:
+                    hazard_ids.append(sid)
+            super().write(items, chunk, keep)
 
-        for i in range(n_events):
-            step = min(i // EVENTS_PER_STEP, n_steps - 1)
-            within = i - step * EVENTS_PER_STEP
-            start = T0 + step * STEP_NS + 50_000 + within * (STEP_NS - 100_000) // EVENTS_PER_STEP
+    sink = _Sink(path, compression=None)
+    pipe = ExportPipeline(run, [sink])
+    pipe.begin()
+    events: list = []
+    steps: list[tuple[int, int, int]] = []
+    i = 0
+    for step in range(n_steps):
+        for within in range(EVENTS_PER_STEP if step < n_steps - 1 else n_events - i):
+            if i >= n_events:
+                break
             ti = choice[i]
-            _, name, attrs = tpls[ti]
-            dur = 2_000 + (ti * 7919 + i) % 40_000
-            if name == "copytrace.cpu" and len(hazard_ids) < 1000:
-                hazard_ids.append(f"{0x1000000 + i:016x}")
-            batch.append(
-                span_fmt % (0x1000000 + i, 0x100 + step, name, start, start + dur, attrs, step)
-            )
-            if len(batch) >= SPANS_PER_LINE:
-                flush()
-        for s in range(n_steps):
-            batch.append(
-                step_fmt
-                % (trace_id, 0x100 + s, run_id, T0 + s * STEP_NS, T0 + (s + 1) * STEP_NS, s)
-            )
-        flush()
-        run_attrs = _attr_json(
-            {
-                "copytrace.version": "0.1.0",
-                "copytrace.torch_version": "2.13.0",
-                "process.command_args": ["train.py", "--synthetic", str(n_events)],
-                "copytrace.events": n_events,
-                "copytrace.events_dropped": 0,
-                "copytrace.errors": 0,
-                "copytrace.internal_detaches": 0,
-                "copytrace.steps": n_steps,
-                "copytrace.overhead_ns": n_events * 9_000,
-            }
-        )
-        end = T0 + n_steps * STEP_NS
-        batch.append(run_fmt % (trace_id, run_id, T0, end, run_attrs))
-        ids = {"key": "copytrace.hazard.span_ids",
-               "value": {"arrayValue": {"values": [{"stringValue": h} for h in hazard_ids]}}}
-        hazards = {"traceId": trace_id, "spanId": f"{2:016x}", "parentSpanId": f"{run_id:016x}",
-                   "name": "copytrace.hazards", "kind": 1, "startTimeUnixNano": str(end),
-                   "endTimeUnixNano": str(end), "events": [
-                       {"timeUnixNano": str(end), "name": "copytrace.hazard",
-                        "attributes": [*_HAZARD_ATTRS, ids]}]}  # fmt: skip
-        batch.append(json.dumps(hazards, separators=(",", ":")))
-        flush()
+            start = step * STEP_NS + 50_000 + within * (STEP_NS - 100_000) // EVENTS_PER_STEP
+            events.append(CopyEvent(seq=i, step=step, start_ns=start,
+                                    end_ns=start + 2_000 + (ti * 7919 + i) % 40_000,
+                                    **tpls[ti][1]))  # fmt: skip
+            i += 1
+        steps.append((step, step * STEP_NS, (step + 1) * STEP_NS))
+        if len(events) >= 4096:
+            pipe.write_now(Chunk(events, steps))
+            events, steps = [], []
+    end = n_steps * STEP_NS
+    attrs = {"copytrace.version": "0.1.0", "copytrace.torch_version": "2.13.0",
+             "copytrace.events": n_events, "copytrace.events_dropped": 0, "copytrace.errors": 0,
+             "copytrace.internal_detaches": 0, "copytrace.steps": n_steps,
+             "copytrace.overhead_ns": n_events * 9_000}  # fmt: skip
+    pipe.close(Chunk(events, steps, final=RunEnd(end, attrs)))
+    finding = SimpleNamespace(
+        code="CT-SYNC-D2H", severity="warning",
+        message="device-to-host copy every step synchronises the GPU",
+        fix="accumulate on the device; call .item() once per log",
+        call_sites=["/home/user/project/train.py:190 main"], bytes=4 * len(hazard_ids),
+        span_ids=hazard_ids,
+    )  # fmt: skip
+    append_hazard_span(path, None, run, end, [finding])
 
 
 def _measure(argv: list[str]) -> dict:
@@ -268,6 +211,16 @@ def _mib(n: float) -> str:
     return f"{n / (1 << 20):,.1f} MiB"
 
 
+def _json_only(trace_dir: Path) -> Path:
+    """The same trace files without their sidecars (hard links), no cache."""
+    out = trace_dir.with_name(trace_dir.name + "-json")
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir()
+    for f in trace_dir.glob("*.otlp.jsonl"):
+        os.link(f, out / f.name)
+    return out
+
+
 def _row(n: int, ranks: int, work: Path) -> str:
     trace_dir = work / f"bench-{n}x{ranks}"
     trace_dir.mkdir(parents=True, exist_ok=True)
@@ -276,20 +229,29 @@ def _row(n: int, ranks: int, work: Path) -> str:
         if not f.exists():
             generate_trace(f, n // ranks, seed=r, pid=4242 + r)
     for cache in trace_dir.glob(".copytrace-cache/*.events.parquet"):
-        cache.unlink()
+        cache.unlink()  # only the sidecars: no cache of a parsed file
     out = trace_dir / "report.html"
     size = sum(f.stat().st_size for f in trace_dir.glob("*.otlp.jsonl"))
-    naive = _child(["naive-json", str(trace_dir)]) if ranks == 1 or n <= 1_000_000 else None
-    cold = _child(["report", str(trace_dir), "-o", str(out)])
-    warm = _child(["report", str(trace_dir), "-o", str(out)])
+    side = sum(f.stat().st_size for f in trace_dir.glob(".copytrace-cache/*.events/*.parquet"))
+    small = n <= 1_000_000  # the JSON-only reports take minutes beyond that
+    naive = _child(["naive-json", str(trace_dir)]) if small else None
+    report = _child(["report", str(trace_dir), "-o", str(out)])
     summary = _child(["summary", str(trace_dir)])
     check = _child(["check", str(trace_dir), "--allow-partial"])
     ref = f"{naive['s']:6.1f} s" if naive else "     -  "
+    json_cols = "     -   |     -  "
+    if small:
+        plain = _json_only(trace_dir)
+        cold = _child(["report", str(plain), "-o", str(plain / "report.html")])
+        warm = _child(["report", str(plain), "-o", str(plain / "report.html")])
+        json_cols = (f"{cold['s']:6.1f} s ({cold['peak_mib']:,.0f} MiB) | "
+                     f"{warm['s']:5.1f} s")  # fmt: skip
+        shutil.rmtree(plain, ignore_errors=True)
+    peak = max(report["peak_mib"], summary["peak_mib"], check["peak_mib"])
     return (
-        f"{n:>11,} | {ranks} | {_mib(size):>12} | {ref} | {cold['s']:6.1f} s | "
-        f"{warm['s']:5.1f} s | {summary['s']:5.1f} s | {check['s']:5.1f} s | "
-        f"{max(cold['peak_mib'], warm['peak_mib']):6,.0f} MiB | "
-        f"{_mib(out.stat().st_size):>9}"
+        f"{n:>11,} | {ranks} | {_mib(size):>12} | {_mib(side):>10} | {ref} | "
+        f"{report['s']:6.1f} s | {summary['s']:5.1f} s | {check['s']:5.1f} s | "
+        f"{peak:6,.0f} MiB | {_mib(out.stat().st_size):>9} | {json_cols}"
     )
 
 
@@ -306,8 +268,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     work = args.keep or Path(tempfile.mkdtemp(prefix="copytrace-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    print("     events | ranks | trace (plain) | naive json | report (parse) | "
-          "report (cached) | summary | check | peak memory | report size", flush=True)
+    print("     events | ranks | trace (plain) | sidecar | naive json | report | summary | "
+          "check | peak memory | report size | JSON only: report (parse, peak) | "
+          "JSON only: report (cached)", flush=True)
     try:
         for n in args.events:
             print(_row(n, args.ranks, work), flush=True)
