@@ -235,6 +235,11 @@ class Query:
             f" AND name NOT IN ({meta_names})"
         )
         con.execute(_EVENTS_SQL.format(meta=meta_names, site=_site_sql("e.")))
+        # eid: sort the keys alone (a window over the whole rows sorts them all: 4x slower)
+        con.execute(
+            "UPDATE ev SET eid = o.eid FROM (SELECT rowid AS r, row_number() OVER (ORDER BY "
+            "run_idx, start_ns, end_ns, span_id) - 1 AS eid FROM ev) o WHERE ev.rowid = o.r"
+        )
         if self.sql("SELECT count(*) FROM ev WHERE step < 0")[0][0]:
             # events without a step number or step parent: the step span they fall in
             con.execute(
@@ -288,7 +293,7 @@ SELECT
   COALESCE(NULLIF(e.transfer, ''), 'none') AS transfer,
   COALESCE(e.non_blocking, false) AS non_blocking, e.pinned,
   COALESCE(g.object_type, '') AS grp, e.parent_id, e.start_ns, e.end_ns,
-  row_number() OVER (ORDER BY e.run_idx, e.start_ns, e.end_ns, e.span_id) - 1 AS eid
+  CAST(0 AS BIGINT) AS eid
 FROM stepped e
 LEFT JOIN grp g ON g.run = e.run AND g.span_id = e.parent_id
 """

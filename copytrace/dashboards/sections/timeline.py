@@ -26,8 +26,15 @@ CREATE OR REPLACE TEMP TABLE cls AS
 SELECT e.eid, e.run_idx,
   CASE WHEN e.err = 1 THEN 'must' WHEN h.hz IS NOT NULL THEN 'hz'
        WHEN e.kind = 'copy' AND e.bl >= $large THEN 'large' ELSE 'rest' END AS cls,
-  COALESCE(h.hz, -1) AS hz, e.bl, e.eid AS idx
+  COALESCE(h.hz, -1) AS hz, e.bl, e.eid AS idx, hash(e.run_idx, e.site, e.op, e.kind) AS g
 FROM ev e LEFT JOIN hz h USING (span_id)
+"""
+# The picked events' other fields, from a scan of the spans filtered on their ids (a plain
+# join lets DuckDB build its hash table on the million spans instead of the picked few).
+_PICKED_SPANS_SQL = """
+CREATE OR REPLACE TEMP TABLE picked_spans AS
+SELECT run, span_id, shape, dtype, src_dtype, grad_fn, aten, thread_name, error, origin
+FROM spans WHERE span_id IN (SELECT e.span_id FROM ev e JOIN picked p USING (eid))
 """
 _TEMPLATE_SQL = """
 WITH chosen AS (SELECT e.* FROM ev e JOIN picked p USING (eid))
@@ -37,7 +44,7 @@ SELECT e.op, e.kind, e.ba, e.bl, COALESCE(s.shape, []), COALESCE(s.dtype, ''),
   COALESCE(s.aten, []), COALESCE(s.thread_name, ''), e.grp, COALESCE(s.error, ''), e.via,
   COALESCE(s.origin, ''), e.run_idx, e.t_ns, e.dur, e.step, e.span_id, COALESCE(h.hz, -1)
 FROM chosen e
-JOIN spans s ON s.run = e.run AND s.span_id = e.span_id
+JOIN picked_spans s ON s.run = e.run AND s.span_id = e.span_id
 LEFT JOIN hz h ON h.span_id = e.span_id
 ORDER BY e.eid
 """
@@ -105,15 +112,15 @@ def _plan(q: Query, max_points: int, info: SampleInfo) -> list[tuple[str, Any, l
     if threshold is not None:
         info.large_bytes = threshold + 1
         q.sql("UPDATE cls SET cls = 'rest' WHERE cls = 'large' AND bl <= $t", {"t": threshold})
+    # (run, call site, op, kind) groups, told apart by a hash of the four (column g)
     buckets = q.sql(
-        "SELECT c.run_idx, e.site, e.op, e.kind, count(*) AS n FROM cls c JOIN ev e "
-        "USING (eid) WHERE c.cls = 'rest' GROUP BY ALL ORDER BY n, min(c.idx)"
+        "SELECT g, count(*) AS n FROM cls WHERE cls = 'rest' GROUP BY g ORDER BY n, min(idx)"
     )
     left = len(buckets)
-    for run_idx, site, op, kind, n in buckets:  # water-filling: small groups keep all
+    for g, n in buckets:  # water-filling: small groups keep all
         share = budget // left if left else 0
         take = min(n, share)
-        plan.append(("rest", (run_idx, site, op, kind), spread_positions(n, take)))
+        plan.append(("rest", g, spread_positions(n, take)))
         budget -= take
         left -= 1
     return plan
@@ -123,33 +130,24 @@ def _pick(q: Query, plan: list[tuple[str, Any, list[int]]]) -> None:
     """Table ``picked`` (eid, idx): the events the plan keeps."""
     import pyarrow as pa
 
-    rows = []
-    for cls, key, positions in plan:
-        if cls == "hz" or cls == "large":
-            rows.extend((cls, key, "", "", "", p) for p in positions)
-        elif cls == "rest":
-            rows.extend((cls, key[0], key[1], key[2], key[3], p) for p in positions)
-    s, i64 = pa.string(), pa.int64()
-    cols = list(zip(*rows, strict=True)) if rows else [[]] * 6
+    rows = [(cls, key, p) for cls, key, positions in plan if cls != "must" for p in positions]
+    cols = list(zip(*rows, strict=True)) if rows else [[]] * 3
     q.put("want", {name: (typ, list(col)) for (name, typ), col in zip(
-        (("cls", s), ("k1", i64), ("k2", s), ("k3", s), ("k4", s), ("pos", i64)), cols,
+        (("cls", pa.string()), ("k", pa.uint64()), ("pos", pa.int64())), cols,
         strict=True)})  # fmt: skip
+    # numbered within each bucket: a hazard, a size of large copies, a group (its hash)
     q.con.execute("""
     CREATE OR REPLACE TEMP TABLE picked AS
-    WITH ranked AS (
-      SELECT c.eid, c.idx, c.cls,
-        CASE c.cls WHEN 'hz' THEN c.hz WHEN 'large' THEN c.bl ELSE c.run_idx END AS k1,
-        CASE WHEN c.cls = 'rest' THEN e.site ELSE '' END AS k2,
-        CASE WHEN c.cls = 'rest' THEN e.op ELSE '' END AS k3,
-        CASE WHEN c.cls = 'rest' THEN e.kind ELSE '' END AS k4
-      FROM cls c JOIN ev e USING (eid)
+    WITH keyed AS (
+      SELECT eid, idx, cls, CASE cls WHEN 'hz' THEN CAST(hz AS UBIGINT)
+        WHEN 'large' THEN CAST(bl AS UBIGINT) ELSE g END AS k
+      FROM cls
     ), numbered AS (
-      SELECT *, row_number() OVER (PARTITION BY cls, k1, k2, k3, k4 ORDER BY idx) - 1 AS pos
-      FROM ranked
+      SELECT *, row_number() OVER (PARTITION BY cls, k ORDER BY idx) - 1 AS pos FROM keyed
     )
     SELECT eid, idx FROM numbered WHERE cls = 'must'
     UNION ALL
-    SELECT n.eid, n.idx FROM numbered n JOIN want w USING (cls, k1, k2, k3, k4, pos)
+    SELECT n.eid, n.idx FROM numbered n JOIN want w USING (cls, k, pos)
     """)
 
 
@@ -167,6 +165,7 @@ def sample(q: Query, max_points: int, large_bytes: int = LARGE_EVENT_BYTES) -> S
         q.con.execute("CREATE OR REPLACE TEMP TABLE picked AS SELECT eid, idx FROM cls")
     else:
         _pick(q, _plan(q, max_points, out.info))
+    q.con.execute(_PICKED_SPANS_SQL)
     index: dict[tuple[Any, ...], int] = {}
     for row in q.sql(_TEMPLATE_SQL):
         key = (*row[:4], tuple(row[4]), *row[5:17], tuple(row[17]), *row[18:23])
