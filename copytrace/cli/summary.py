@@ -221,7 +221,7 @@ def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
     path = Path(args.path)
     trace = select_runs(event_table(path), args, path)
     warn_unreadable(trace, path)
-    model = build_model(trace, analyze=not args.no_analysis, max_points=0)
+    model = build_model(trace, analyze=not args.no_analysis, timeline=False)
     (out or sys.stdout).write(format_summary(model, args.top))
     return 0
 

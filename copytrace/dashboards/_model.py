@@ -199,6 +199,7 @@ def build_model(
     read_sources: bool = True,
     progress: Any = None,
     max_points: int = MAX_TIMELINE_POINTS,
+    timeline: bool = True,
 ) -> ReportModel:
     """Aggregate a trace into the data shown by the report.
 
@@ -214,6 +215,8 @@ def build_model(
         progress: Optional callable ``(n_sections_done)``, called after each section.
         max_points: Most events kept in the event columns for the timeline (hazard and
             error events are kept beyond it).
+        timeline: Choose the timeline's events at all (False leaves the event columns
+            empty: ``copytrace summary`` has no timeline).
 
     Returns:
         Run metadata, totals (bytes in bytes, times in ns), steps with stages, per call site /
@@ -228,7 +231,7 @@ def build_model(
     table = table_from_trace(source) if isinstance(source, TraceData) else source
     q = Query(table)
     try:
-        return _build(q, found, status, read_sources, progress, max_points)
+        return _build(q, found, status, read_sources, progress, max_points if timeline else -1)
     finally:
         q.close()
 
@@ -259,7 +262,7 @@ def _build(
     totals.hazard_count = len(hz_rows)
     pairs, pairs_by_run = sec.transfers.transfers(q)
     tick()
-    smp = sec.timeline.sample(q, max_points)
+    smp = sec.timeline.sample(q, max_points) if max_points >= 0 else sec.timeline.Sample()
     tick()
     return ReportModel(
         runs=runs, totals=totals, stages=sec.glance.stage_stats(step_rows),

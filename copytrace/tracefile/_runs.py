@@ -64,15 +64,22 @@ def run_groups(table: Any) -> list[RunGroup]:
     for run, res in table.resources.items():
         commands[run] = _command(res)
     for part in table.parts:
-        tab = part.read(["run", "name", "start_ns", "end_ns", "attrs_json"])
-        if tab.num_rows == 0:
+        if part.rows == 0:
             continue
-        agg = tab.group_by("run").aggregate([("start_ns", "min"), ("end_ns", "max")])
-        for run, lo, hi in zip(*(agg.column(c).to_pylist() for c in
-                                 ("run", "start_ns_min", "end_ns_max")), strict=True):  # fmt: skip
+        if len(part.runs) == 1:  # one process per file, as the tracer writes: times only
+            tab = part.read(["start_ns", "end_ns"])
+            found = [(part.runs[0], pc.min(tab.column("start_ns")).as_py(),
+                      pc.max(tab.column("end_ns")).as_py())]  # fmt: skip
+        else:
+            tab = part.read(["run", "start_ns", "end_ns"])
+            agg = tab.group_by("run").aggregate([("start_ns", "min"), ("end_ns", "max")])
+            found = list(zip(*(agg.column(c).to_pylist() for c in
+                               ("run", "start_ns_min", "end_ns_max")), strict=True))  # fmt: skip
+        for run, lo, hi in found:
             b = bounds.setdefault(run, [lo, hi])
             b[0], b[1] = min(b[0], lo), max(b[1], hi)
-        spans = tab.filter(pc.equal(tab.column("name"), "copytrace.run")).to_pylist()
+        spans = part.read(["run", "attrs_json"],
+                          filters=pc.equal(pc.field("name"), "copytrace.run")).to_pylist()
         for row in spans:
             cmd = _command(json.loads(row["attrs_json"] or "{}"))
             if cmd:
