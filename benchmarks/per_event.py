@@ -5,7 +5,9 @@ tensors) and nothing else, so the recording cost per event dominates. Each varia
 own subprocess (import and start-up excluded: the timed region is the loop):
 
     plain       the loop untraced
-    copytrace   COPYTRACE=1, the C++ observer path, trace file written (gzip OTLP/JSON)
+    copytrace   COPYTRACE=1, the C++ observer path, trace file written (gzip OTLP/JSON and
+                its columnar sidecar)
+    ct_nosidecar  the same without the columnar sidecar (COPYTRACE_SIDECAR=0)
     ct_python   COPYTRACE=1 COPYTRACE_OBSERVER=python, the Python fallback path
     profiler    torch.profiler (record_shapes=True, with_stack=True), then listing its events
 
@@ -52,8 +54,10 @@ print(json.dumps({"run": run, "listed": listed}))
 def _run(variant: str, steps: int, out: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COPYTRACE")}
     env["OMP_NUM_THREADS"] = "1"
-    if variant in ("copytrace", "ct_python"):
+    if variant in ("copytrace", "ct_python", "ct_nosidecar"):
         env.update(COPYTRACE="1", COPYTRACE_REPORT="0", COPYTRACE_OUTPUT=out)
+        if variant == "ct_nosidecar":
+            env["COPYTRACE_SIDECAR"] = "0"
         if variant == "ct_python":
             env["COPYTRACE_OBSERVER"] = "python"
     proc = subprocess.run(

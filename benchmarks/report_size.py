@@ -221,7 +221,7 @@ def _json_only(trace_dir: Path) -> Path:
     return out
 
 
-def _row(n: int, ranks: int, work: Path) -> str:
+def _row(n: int, ranks: int, work: Path, hazards: bool = True) -> str:
     trace_dir = work / f"bench-{n}x{ranks}"
     trace_dir.mkdir(parents=True, exist_ok=True)
     for r in range(ranks):
@@ -235,23 +235,25 @@ def _row(n: int, ranks: int, work: Path) -> str:
     side = sum(f.stat().st_size for f in trace_dir.glob(".copytrace-cache/*.events/*.parquet"))
     small = n <= 1_000_000  # the JSON-only reports take minutes beyond that
     naive = _child(["naive-json", str(trace_dir)]) if small else None
-    report = _child(["report", str(trace_dir), "-o", str(out)])
-    summary = _child(["summary", str(trace_dir)])
+    no = [] if hazards else ["--no-analysis"]
+    report = _child(["report", str(trace_dir), "-o", str(out), *no])
+    summary = _child(["summary", str(trace_dir), *no])
     check = _child(["check", str(trace_dir), "--allow-partial"])
     ref = f"{naive['s']:6.1f} s" if naive else "     -  "
     json_cols = "     -   |     -  "
     if small:
         plain = _json_only(trace_dir)
-        cold = _child(["report", str(plain), "-o", str(plain / "report.html")])
-        warm = _child(["report", str(plain), "-o", str(plain / "report.html")])
+        cold = _child(["report", str(plain), "-o", str(plain / "report.html"), *no])
+        warm = _child(["report", str(plain), "-o", str(plain / "report.html"), *no])
         json_cols = (f"{cold['s']:6.1f} s ({cold['peak_mib']:,.0f} MiB) | "
                      f"{warm['s']:5.1f} s")  # fmt: skip
         shutil.rmtree(plain, ignore_errors=True)
-    peak = max(report["peak_mib"], summary["peak_mib"], check["peak_mib"])
     return (
         f"{n:>11,} | {ranks} | {_mib(size):>12} | {_mib(side):>10} | {ref} | "
-        f"{report['s']:6.1f} s | {summary['s']:5.1f} s | {check['s']:5.1f} s | "
-        f"{peak:6,.0f} MiB | {_mib(out.stat().st_size):>9} | {json_cols}"
+        f"{report['s']:6.1f} s ({report['peak_mib']:,.0f} MiB) | "
+        f"{summary['s']:5.1f} s ({summary['peak_mib']:,.0f} MiB) | "
+        f"{check['s']:5.1f} s ({check['peak_mib']:,.0f} MiB) | "
+        f"{_mib(out.stat().st_size):>9} | {json_cols}"
     )
 
 
@@ -261,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--events", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--ranks", type=int, default=1, help="trace files (ranks) per size")
     parser.add_argument("--keep", type=Path, default=None, help="keep traces and reports here")
+    parser.add_argument("--no-analysis", action="store_true",
+                        help="report and summary without the hazard analyser (check runs it)")
     parser.add_argument("--measure", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:
@@ -268,12 +272,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     work = args.keep or Path(tempfile.mkdtemp(prefix="copytrace-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    print("     events | ranks | trace (plain) | sidecar | naive json | report | summary | "
-          "check | peak memory | report size | JSON only: report (parse, peak) | "
+    print("     events | ranks | trace (plain) | sidecar | naive json | report (peak) | "
+          "summary (peak) | check (peak) | report size | JSON only: report (parse, peak) | "
           "JSON only: report (cached)", flush=True)
     try:
         for n in args.events:
-            print(_row(n, args.ranks, work), flush=True)
+            print(_row(n, args.ranks, work, hazards=not args.no_analysis), flush=True)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)

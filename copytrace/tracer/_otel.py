@@ -708,6 +708,7 @@ class FileSink:
         max_line_bytes: longest request line.
         sidecar: also write the columnar sidecar (``copytrace.tracefile._sidecar``): the
             event table's rows of each flush, built from the flush's span attributes.
+            Default: unless ``COPYTRACE_SIDECAR=0``.
     """
 
     def __init__(
@@ -717,7 +718,7 @@ class FileSink:
         compression: str | None = "gzip",
         level: int = 6,
         max_line_bytes: int = MAX_LINE_BYTES,
-        sidecar: bool = True,
+        sidecar: bool | None = None,
     ) -> None:
         self.file = TraceFile(path, compression, level)
         self._max = max_line_bytes
@@ -725,6 +726,8 @@ class FileSink:
         self._run: RunIds | None = None
         self._frame = ("", "")
         self._sidecar: Any = None
+        if sidecar is None:
+            sidecar = os.environ.get("COPYTRACE_SIDECAR", "1").strip() != "0"
         self._want_sidecar = sidecar
         self.sidecar_seconds = 0.0
         self.spans = 0
