@@ -67,6 +67,7 @@ def hazard_event(time_ms: float, span_ids: list[int], call_site: str, nbytes: in
         "copytrace.hazard.fix": "move it out of the loop",
         "copytrace.hazard.call_sites": [call_site],
         "copytrace.hazard.bytes": nbytes,
+        "copytrace.hazard.events": len(span_ids),
         "copytrace.hazard.span_ids": [f"{i:016x}" for i in span_ids],
     }
     return {

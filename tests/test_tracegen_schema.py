@@ -107,7 +107,8 @@ def test_synthetic_traces_use_the_real_schema(tmp_path: Path) -> None:
     # the hazard events carry every attribute the tracer writes
     hazard_keys = {k for k in real["copytrace.hazards"] if k.startswith("event:")}
     assert {k for k in synthetic["copytrace.hazards"] if k.startswith("event:")} == hazard_keys
-    assert len(hazard_keys) == 7  # code, severity, message, fix, call_sites, bytes, span_ids
+    # code, severity, message, fix, call_sites, bytes, events, span_ids
+    assert len(hazard_keys) == 8
 
 
 def test_gzip_and_plain_synthetic_files_hold_the_same_lines(tmp_path: Path) -> None:
