@@ -116,6 +116,11 @@ class Query:
     """
 
     def __init__(self, table: EventTable) -> None:
+        import pyarrow as pa
+
+        # what pyarrow freed (the hazard analysis' columns) goes back to the system before
+        # DuckDB builds its tables: the two never add up in the peak
+        pa.default_memory_pool().release_unused()
         self.table = table
         self.bad_lines = table.bad_lines
         self.files = list(table.files)
