@@ -33,6 +33,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from copytrace.tracer import _facts as _F
 from copytrace.tracer import _handover, _watch
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._events import CopyEvent
@@ -48,6 +49,8 @@ _Tensor = torch.Tensor
 _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
 _sequence_nr = torch._C._autograd._get_sequence_nr
+_facts = _F.facts
+_same_storage = _F.same_storage
 _MAX_SPANS = 200_000
 _TAG = "copytrace"  # key in grad_fn.metadata: (module path, "file:line") of the forward call
 
@@ -164,14 +167,6 @@ def _aten_table() -> dict[Any, int]:
     return table
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    name = _DTYPE_NAMES.get(dtype)
-    if name is None:
-        name = _DTYPE_NAMES[dtype] = str(dtype).removeprefix("torch.")
-    return name
-
-
-_DTYPE_NAMES: dict[torch.dtype, str] = {}
 _ATEN_NAMES: dict[Any, str] = {}
 
 
@@ -186,39 +181,11 @@ def _aten_name(op: Any) -> str:
     return name
 
 
-def _shape(t: torch.Tensor) -> tuple[int, ...]:
-    try:
-        return tuple(t.shape)
-    except Exception:  # nested tensors have no single shape
-        return ()
-
-
-def _nbytes(t: torch.Tensor) -> int:
-    """Logical bytes: numel x element size (0 when the layout has no numel)."""
-    try:
-        return t.numel() * t.element_size()
-    except Exception:
-        return 0
-
-
-def _storage_ptr(t: torch.Tensor) -> int | None:
-    """Identity of ``t``'s storage (its StorageImpl): shared by every alias, distinct for
-    every copy, including empty, meta and fake storages whose data pointer is 0."""
-    try:
-        return t.untyped_storage()._cdata
-    except Exception:  # sparse, nested, some subclasses: no single storage
-        return None
-
-
-def _is_fake(t: torch.Tensor) -> bool:
-    """A FakeTensor (no real memory) or a meta tensor."""
-    fake_module = sys.modules.get("torch._subclasses.fake_tensor")
-    if fake_module is not None and isinstance(t, fake_module.FakeTensor):
-        return True
-    try:
-        return bool(t.is_meta)
-    except Exception:
-        return False
+_dtype_name = _F.dtype_name
+_device_str = _F.device_str
+_shape = _F.shape
+_nbytes = _F.nbytes
+_is_fake = _F.is_fake
 
 
 def _storage_nbytes(t: torch.Tensor) -> int:
@@ -226,16 +193,6 @@ def _storage_nbytes(t: torch.Tensor) -> int:
         return t.untyped_storage().nbytes()
     except Exception:
         return _nbytes(t)
-
-
-def _device_str(device: torch.device) -> str:
-    name = _DEVICE_NAMES.get(device)
-    if name is None:
-        name = _DEVICE_NAMES[device] = sys.intern(str(device))
-    return name
-
-
-_DEVICE_NAMES: dict[torch.device, str] = {}
 
 
 def _transfer(src: str, dst: str) -> str:
@@ -543,33 +500,37 @@ class Recorder:
             and not isinstance(out, _Tensor)
         ):
             return  # t.type() with no argument returns a string
+        native = self.native
+        fs = _facts(native, src)
         ev = CopyEvent(op=op, aten=tuple(pending.aten), error=error)
         ev.seq = len(self.events) + self.dropped
         ev.start_ns = start
         ev.end_ns = end
-        ev.src_dtype = _dtype_name(src.dtype)
-        ev.src_device = _device_str(src.device)
-        src_rg = src.requires_grad if src_requires_grad is None else src_requires_grad
+        ev.src_dtype = fs[_F.DTYPE]
+        ev.src_device = fs[_F.DEVICE]
+        src_rg = fs[_F.REQUIRES_GRAD] if src_requires_grad is None else src_requires_grad
         ev.src_requires_grad = src_rg
         ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
+        fo = None
         if error is not None or op == "numpy":
             # Failed call, or an ndarray view of the tensor's memory (an alias).
-            ev.shape = _shape(src)
+            ev.shape = fs[_F.SHAPE]
             ev.dtype = ev.src_dtype
             ev.dst_device = ev.src_device
-            ev.bytes_logical = _nbytes(src)
+            ev.bytes_logical = fs[_F.LOGICAL_BYTES]
             ev.alias = op == "numpy" and error is None
             ev.requires_grad = False
             ev.graph = "detached" if src_rg and ev.alias else "none"
         else:
-            ev.shape = _shape(out)
-            ev.dtype = _dtype_name(out.dtype)
-            ev.dst_device = _device_str(out.device)
-            ev.bytes_logical = _nbytes(out)
-            ev.requires_grad = out.requires_grad
-            grad_fn = out.grad_fn
-            ev.grad_fn = type(grad_fn).__name__ if grad_fn is not None else None
-            ev.is_leaf = out.is_leaf
+            fo = _facts(native, out, True)
+            ev.shape = fo[_F.SHAPE]
+            ev.dtype = fo[_F.DTYPE]
+            ev.dst_device = fo[_F.DEVICE]
+            ev.bytes_logical = fo[_F.LOGICAL_BYTES]
+            ev.requires_grad = fo[_F.REQUIRES_GRAD]
+            grad_fn = fo[_F.GRAD_FN]
+            ev.grad_fn = fo[_F.GRAD_FN_NAME]
+            ev.is_leaf = fo[_F.IS_LEAF]
             if op == "copy_":
                 ev.alias = False
                 ev.bytes_allocated = 0
@@ -578,24 +539,25 @@ class Recorder:
             elif op in _ALWAYS_ALIAS:
                 ev.alias = True
             else:
-                ptr = _storage_ptr(out)
-                ev.alias = ptr is not None and ptr == _storage_ptr(src)
-                if not ev.alias and _is_fake(out):
+                storage = fo[_F.STORAGE]
+                ev.alias = _same_storage(storage, fs[_F.STORAGE])
+                if not ev.alias and fo[_F.FAKE]:
                     ev.fake = True  # a copy of no real memory: logical bytes only
                 elif not ev.alias:
-                    nbytes = _storage_nbytes(out)
+                    nbytes = fo[_F.STORAGE_BYTES]
                     group = self.group
                     if op == "deepcopy":
-                        grad = getattr(out, "grad", None) if out.is_leaf else None
+                        grad = getattr(out, "grad", None) if ev.is_leaf else None
                         if grad is not None:
                             nbytes += _storage_nbytes(grad)
-                    if group is not None and ptr is not None:
+                    if group is not None and storage is not None:
+                        ptr = storage._cdata
                         if ptr in group.storages:
                             nbytes = 0  # storage shared inside the copied object: copied once
                         else:
                             group.storages.add(ptr)
                     ev.bytes_allocated = nbytes
-            if grad_fn is not None or (ev.noop and out.requires_grad):
+            if grad_fn is not None or (ev.noop and ev.requires_grad):
                 ev.graph = "attached"
             elif src_rg:
                 ev.graph = "detached"
@@ -608,12 +570,12 @@ class Recorder:
             ev.pinned = src.is_pinned()
         self._context(ev)
         if ev.grad_fn is not None and ev.phase != "backward":
-            _tag_grad_fn(out, ev)
+            _tag_grad_fn(grad_fn, ev)
         group = self.group
         if group is not None and error is None:
             group.bytes += ev.bytes_allocated
             group.tensors += 1
-        self.watch.event(ev, op, src, out)
+        self.watch.event(ev, op, src, out, fs, fo)
         self._append(ev)
 
     # -- aten-level events ------------------------------------------------------------------
@@ -647,26 +609,29 @@ class Recorder:
         else:
             dst = out if isinstance(out, _Tensor) else None
             src = tensors[0] if tensors else None
-            allocated = _storage_nbytes(dst) if dst is not None else 0
+            allocated = -1  # the new storage's bytes, from its facts below
         if src is None or dst is None:
             return None
+        native = self.native
+        fs = _facts(native, src)
+        fd = fs if dst is src else _facts(native, dst)
         ev = CopyEvent(op="implicit", aten=(name,))
         ev.seq = len(self.events) + self.dropped
         ev.start_ns = start
         ev.end_ns = end
-        ev.bytes_allocated = allocated
-        ev.src_dtype = _dtype_name(src.dtype)
-        ev.src_device = _device_str(src.device)
-        ev.src_requires_grad = src.requires_grad
-        ev.shape = _shape(dst)
-        ev.dtype = _dtype_name(dst.dtype)
-        ev.dst_device = _device_str(dst.device)
+        ev.bytes_allocated = fd[_F.STORAGE_BYTES] if allocated < 0 else allocated
+        ev.src_dtype = fs[_F.DTYPE]
+        ev.src_device = fs[_F.DEVICE]
+        ev.src_requires_grad = fs[_F.REQUIRES_GRAD]
+        ev.shape = fd[_F.SHAPE]
+        ev.dtype = fd[_F.DTYPE]
+        ev.dst_device = fd[_F.DEVICE]
         ev.transfer = _transfer(ev.src_device, ev.dst_device)
-        ev.bytes_logical = _nbytes(dst)
+        ev.bytes_logical = fd[_F.LOGICAL_BYTES]
         ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
         # Dispatch-level tensors carry no autograd metadata: graph facts stay unknown ("none").
         self._context(ev)
-        self.watch.event(ev, "implicit", src, dst)
+        self.watch.event(ev, "implicit", src, dst, fs, fd)
         if kind == _COPY_INTO and ev.dst_version is not None:
             # Seen below the ADInplaceOrView kernel, which bumps the written tensor's version
             # counter once the op returns (a write-back `x[:, 0] = f(x[:, 0])`): record the
@@ -757,12 +722,12 @@ def _end_fold(native: Any) -> tuple:
     return native.end_fold() if native is not None else ()
 
 
-def _tag_grad_fn(out: torch.Tensor, ev: CopyEvent) -> None:
+def _tag_grad_fn(grad_fn: Any, ev: CopyEvent) -> None:
     """Tag the copy's grad_fn so that the copy its backward makes names this forward call."""
     if ev.file is None:
         return
     try:
-        out.grad_fn.metadata[_TAG] = (ev.module, f"{ev.file}:{ev.line}")
+        grad_fn.metadata[_TAG] = (ev.module, f"{ev.file}:{ev.line}")
     except Exception:  # nodes without metadata (custom C++ functions)
         pass
 

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from copytrace.tracer import _facts as _F
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._fresh import INDEX_OPS as _INDEX_OPS
 from copytrace.tracer._fresh import Fresh
@@ -84,6 +85,12 @@ class StorageIds:
         try:
             storage = t.untyped_storage()
         except Exception:  # sparse, nested, some wrapper subclasses: no single storage
+            return None
+        return self.of_storage(storage)
+
+    def of_storage(self, storage: Any) -> int | None:
+        """The id of a storage object (``untyped_storage()``); None for None."""
+        if storage is None:
             return None
         key = id(storage)
         entry = self._ids.get(key)
@@ -157,25 +164,40 @@ class Watch:
         return events
 
     # -- every event ----------------------------------------------------------------------
-    def event(self, ev: CopyEvent, op: str, src: Any, out: Any) -> None:
-        """Add storage facts to ``ev`` and start the watches it calls for. Never raises."""
+    def event(
+        self, ev: CopyEvent, op: str, src: Any, out: Any, fs: tuple | None = None,
+        fo: tuple | None = None,
+    ) -> None:  # fmt: skip
+        """Add storage facts to ``ev`` and start the watches it calls for. ``fs``, ``fo``: the
+        facts (``copytrace.tracer._facts``) of ``src`` and ``out`` when already read. Never
+        raises."""
         try:
-            self._event(ev, op, src, out)
+            self._event(ev, op, src, out, fs, fo)
         except Exception as err:
             self.rec.note_error(err)
 
-    def _event(self, ev: CopyEvent, op: str, src: Any, out: Any) -> None:
+    def _event(
+        self, ev: CopyEvent, op: str, src: Any, out: Any, fs: tuple | None, fo: tuple | None
+    ) -> None:
         ids = self.ids
-        ev.src_storage = sid = ids.of(src)
-        if sid is not None and not src.is_nested:  # nested tensors have no single view
-            ev.src_offset = src.storage_offset()
-            ev.src_stride = tuple(src.stride())
-            ev.src_version = _version(src)
+        if fs is None:
+            fs = _F.py_facts(src)
+        ev.src_storage = sid = ids.of_storage(fs[_F.STORAGE])
+        if sid is not None and fs[_F.OFFSET] is not None:  # nested tensors: no single view
+            ev.src_offset = fs[_F.OFFSET]
+            ev.src_stride = fs[_F.STRIDE]
+            ev.src_version = fs[_F.VERSION]
         if ev.error is not None:
             return
         if isinstance(out, _Tensor):
-            ev.dst_storage = sid if out is src else ids.of(out)
-            ev.dst_version = _version(out)
+            if out is src:
+                ev.dst_storage = sid
+                ev.dst_version = fs[_F.VERSION] if fo is None else fo[_F.VERSION]
+            else:
+                if fo is None:
+                    fo = _F.py_facts(out)
+                ev.dst_storage = ids.of_storage(fo[_F.STORAGE])
+                ev.dst_version = fo[_F.VERSION]
         elif ev.alias:
             ev.dst_storage = sid  # numpy(): an ndarray on the same memory
         if not isinstance(out, _Tensor):

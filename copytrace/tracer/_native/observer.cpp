@@ -576,6 +576,10 @@ void set_copy_hooks(py::object fresh, py::object written, py::object hook, py::o
 
 }  // namespace
 
+namespace copytrace_facts {
+void define(py::module_& m);  // tensor facts for the recorder (end of this file)
+}  // namespace copytrace_facts
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "copytrace's dispatcher-level copy observer (BackendSelect kernels)";
   m.def("install", &install, "Register the kernels for the given (name, overload, kind) ops");
@@ -616,4 +620,148 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bind_torch_function", [](py::object mode) {
     return py::reinterpret_steal<py::object>(PyCFunction_New(&g_tf_def, mode.ptr()));
   }, "The C __torch_function__ bound to `mode` (its __self__)");
+  copytrace_facts::define(m);
 }
+
+
+// --- Tensor facts for the recorder, in one call ----------------------------------------------
+// facts(t, with_grad_fn) reads what copytrace/tracer/_facts.py's Python reader read of a
+// tensor (shape, dtype, device, autograd state, storage, view, version counter), from C++ and
+// without re-entering torch's Python bindings. Only for plain tensors (torch.Tensor and
+// nn.Parameter, strided, not nested, no symbolic sizes); for anything else it returns None and
+// the Python readers decide. Never reads data, never syncs a device, keeps no reference.
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/autograd/python_cpp_function.h>
+#include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/Storage.h>
+
+namespace copytrace_facts {
+
+std::vector<PyObject*> g_dtype_names;                 // by ScalarType: "float32", ... (owned)
+std::unordered_map<int32_t, PyObject*> g_device_names;  // by (type << 16 | index) (owned)
+
+PyObject* dtype_name(at::ScalarType st) {
+  const auto i = static_cast<size_t>(st);
+  if (i >= g_dtype_names.size()) g_dtype_names.resize(i + 1, nullptr);
+  PyObject*& slot = g_dtype_names[i];
+  if (slot == nullptr) {
+    // str(torch.float32) is "torch.float32": the name the Python reader keeps
+    PyObject* text = PyObject_Str(reinterpret_cast<PyObject*>(torch::getTHPDtype(st)));
+    if (text == nullptr) return nullptr;
+    std::string s = PyUnicode_AsUTF8(text);
+    Py_DECREF(text);
+    if (s.rfind("torch.", 0) == 0) s = s.substr(6);
+    slot = PyUnicode_InternFromString(s.c_str());
+    if (slot == nullptr) return nullptr;
+  }
+  Py_INCREF(slot);
+  return slot;
+}
+
+PyObject* device_name(const c10::Device& d) {
+  const int32_t key = (static_cast<int32_t>(d.type()) << 16) | (d.index() & 0xffff);
+  auto found = g_device_names.find(key);
+  if (found == g_device_names.end()) {
+    PyObject* name = PyUnicode_InternFromString(d.str().c_str());  // as str(torch.device)
+    if (name == nullptr) return nullptr;
+    found = g_device_names.emplace(key, name).first;
+  }
+  Py_INCREF(found->second);
+  return found->second;
+}
+
+PyObject* int_tuple(c10::IntArrayRef values) {
+  PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
+  if (out == nullptr) return nullptr;
+  for (size_t i = 0; i < values.size(); ++i) {
+    PyObject* v = PyLong_FromLongLong(values[i]);
+    if (v == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(i), v);
+  }
+  return out;
+}
+
+inline PyObject* new_bool(bool v) { return Py_NewRef(v ? Py_True : Py_False); }
+
+// (shape, dtype, device, requires_grad, is_leaf, grad_fn, grad_fn name, storage, storage bytes,
+//  logical bytes, storage offset, strides, version or None, is_meta); is_leaf, grad_fn and its
+//  name only with with_grad_fn (else None). See copytrace/tracer/_facts.py.
+PyObject* facts(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  if (nargs < 1 || !THPVariable_CheckExact(argv[0])) Py_RETURN_NONE;
+  const bool with_grad_fn = nargs > 1 && PyObject_IsTrue(argv[1]) == 1;
+  PyObject* items[14] = {nullptr};
+  try {
+    const at::Tensor& t = THPVariable_Unpack(argv[0]);
+    if (!t.defined() || t.layout() != c10::kStrided || t.is_nested()) Py_RETURN_NONE;
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    if (impl->has_symbolic_sizes_strides() || !impl->has_storage()) Py_RETURN_NONE;
+    const c10::Storage& storage = impl->storage();
+    if (storage.unsafeGetStorageImpl() == nullptr) Py_RETURN_NONE;
+    const c10::SymInt sym_bytes = storage.sym_nbytes();
+    if (sym_bytes.is_heap_allocated()) Py_RETURN_NONE;
+    const int64_t storage_bytes = sym_bytes.as_int_unchecked();
+    const int64_t logical = t.numel() * static_cast<int64_t>(t.element_size());
+    items[0] = int_tuple(t.sizes());
+    items[1] = dtype_name(t.scalar_type());
+    items[2] = device_name(t.device());
+    items[3] = new_bool(t.requires_grad());
+    if (with_grad_fn) {
+      // grad_fn() may regenerate a view's node: read only where the Python reader reads it
+      const auto& grad_fn = t.grad_fn();
+      items[4] = new_bool(!grad_fn);
+      if (grad_fn) {
+        items[5] = torch::autograd::functionToPyObject(grad_fn);
+        if (items[5] != nullptr) items[6] = PyType_GetName(Py_TYPE(items[5]));
+      } else {
+        items[5] = Py_NewRef(Py_None);
+        items[6] = Py_NewRef(Py_None);
+      }
+    } else {
+      items[4] = Py_NewRef(Py_None);
+      items[5] = Py_NewRef(Py_None);
+      items[6] = Py_NewRef(Py_None);
+    }
+    items[7] = THPStorage_Wrap(storage);
+    items[8] = PyLong_FromLongLong(storage_bytes);
+    items[9] = PyLong_FromLongLong(logical);
+    items[10] = PyLong_FromLongLong(t.storage_offset());
+    items[11] = int_tuple(t.strides());
+    items[12] = t.is_inference() ? Py_NewRef(Py_None) : PyLong_FromLongLong(t._version());
+    items[13] = new_bool(t.is_meta());
+  } catch (const std::exception&) {
+    for (PyObject* item : items) Py_XDECREF(item);
+    PyErr_Clear();
+    Py_RETURN_NONE;  // let the Python readers decide
+  }
+  for (PyObject* item : items) {
+    if (item == nullptr) {
+      for (PyObject* other : items) Py_XDECREF(other);
+      if (PyErr_Occurred()) PyErr_Clear();
+      Py_RETURN_NONE;
+    }
+  }
+  PyObject* out = PyTuple_New(14);
+  if (out == nullptr) {
+    for (PyObject* item : items) Py_DECREF(item);
+    return nullptr;
+  }
+  for (Py_ssize_t i = 0; i < 14; ++i) PyTuple_SET_ITEM(out, i, items[i]);
+  return out;
+}
+
+PyMethodDef g_facts_def = {"facts", reinterpret_cast<PyCFunction>(
+                               reinterpret_cast<void (*)()>(&facts)),
+                           METH_FASTCALL,
+                           "facts(t, with_grad_fn=False): a plain tensor's facts as one tuple "
+                           "(see copytrace/tracer/_facts.py), or None"};
+
+void define(py::module_& m) {
+  PyObject* fn = PyCFunction_NewEx(&g_facts_def, nullptr, m.ptr());
+  if (fn == nullptr) throw py::error_already_set();
+  m.add_object("facts", py::reinterpret_steal<py::object>(fn));
+}
+
+}  // namespace copytrace_facts
