@@ -69,11 +69,18 @@ def is_inplace(func: Any, kwargs: dict | None = None) -> bool:
     return known or bool(kwargs and kwargs.get("inplace") is True)
 
 
-class _Entry:
-    __slots__ = ("ref", "ev", "index", "site", "used")
+class _Entry(weakref.ref):
+    """A weak reference to a fresh copy, with what is known of its writes: one object per
+    watched copy (its callback is :meth:`Fresh._gone`)."""
 
-    def __init__(self, ref: weakref.ref, ev: CopyEvent, index: bool) -> None:
-        self.ref = ref
+    __slots__ = ("key", "ev", "index", "site", "used")
+
+    def __new__(cls, out: torch.Tensor, callback: Any, ev: CopyEvent, index: bool) -> _Entry:
+        return weakref.ref.__new__(cls, out, callback)
+
+    def __init__(self, out: torch.Tensor, callback: Any, ev: CopyEvent, index: bool) -> None:
+        super().__init__(out, callback)
+        self.key = id(out)
         self.ev = ev
         self.index = index
         self.site: str | None = None  # first in-place write
@@ -88,6 +95,7 @@ class Fresh:
         self.fresh: dict[int, _Entry] = {}
         self.written: dict[int, _Entry] = {}
         self._note_error = note_error
+        self._callback = self._gone
 
     def events(self) -> list[CopyEvent]:
         return [entry.ev for entry in list(self.fresh.values())]
@@ -97,21 +105,21 @@ class Fresh:
         fresh = self.fresh
         if len(fresh) >= _MAX_FRESH:
             return
-        key = id(out)
-        written = self.written
-
-        def gone(ref: weakref.ref, key: int = key) -> None:
-            entry = fresh.get(key)
-            if entry is None or entry.ref is not ref:
-                return
-            del fresh[key]
-            if written.get(key) is entry:
-                del written[key]
-                if not entry.used:  # written, then dropped unused: the write is lost
-                    entry.ev.write_site = entry.site
-
         ev.inplace_writes = 0
-        fresh[key] = _Entry(weakref.ref(out, gone), ev, index)
+        entry = _Entry(out, self._callback, ev, index)
+        fresh[entry.key] = entry
+
+    def _gone(self, entry: _Entry) -> None:
+        key = entry.key
+        fresh = self.fresh
+        if fresh.get(key) is not entry:
+            return
+        del fresh[key]
+        written = self.written
+        if written.get(key) is entry:
+            del written[key]
+            if not entry.used:  # written, then dropped unused: the write is lost
+                entry.ev.write_site = entry.site
 
     def call(self, func: Any, args: tuple, kwargs: dict) -> None:
         """A torch call with a watched tensor among its arguments. Never raises."""
@@ -121,7 +129,7 @@ class Fresh:
             if self.written:
                 self._uses(args, kwargs, target if inplace else None)
             entry = self.fresh.get(id(target))
-            if entry is None or entry.ref() is not target or not inplace:
+            if entry is None or entry() is not target or not inplace:
                 return
             entry.ev.inplace_writes = (entry.ev.inplace_writes or 0) + 1
             if entry.index and entry.site is None:
@@ -142,7 +150,7 @@ class Fresh:
                 if item is target or not isinstance(item, _Tensor):
                     continue
                 entry = written.get(id(item))
-                if entry is not None and entry.ref() is item:
+                if entry is not None and entry() is item:
                     entry.used = True
                     del written[id(item)]
 

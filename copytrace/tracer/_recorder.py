@@ -51,6 +51,8 @@ _current_node = torch._C._current_autograd_node
 _sequence_nr = torch._C._autograd._get_sequence_nr
 _facts = _F.facts
 _same_storage = _F.same_storage
+# Every field at its default: the C++ observer copies it for each new event (copy_slots).
+_PROTOTYPE = CopyEvent()
 _MAX_SPANS = 200_000
 _TAG = "copytrace"  # key in grad_fn.metadata: (module path, "file:line") of the forward call
 
@@ -502,7 +504,13 @@ class Recorder:
             return  # t.type() with no argument returns a string
         native = self.native
         fs = _facts(native, src)
-        ev = CopyEvent(op=op, aten=tuple(pending.aten), error=error)
+        if native is not None:
+            ev = native.copy_slots(_PROTOTYPE)
+            ev.op = op
+            ev.aten = tuple(pending.aten)
+            ev.error = error
+        else:
+            ev = CopyEvent(op=op, aten=tuple(pending.aten), error=error)
         ev.seq = len(self.events) + self.dropped
         ev.start_ns = start
         ev.end_ns = end
@@ -615,7 +623,12 @@ class Recorder:
         native = self.native
         fs = _facts(native, src)
         fd = fs if dst is src else _facts(native, dst)
-        ev = CopyEvent(op="implicit", aten=(name,))
+        if native is not None:
+            ev = native.copy_slots(_PROTOTYPE)
+            ev.op = "implicit"
+            ev.aten = (name,)
+        else:
+            ev = CopyEvent(op="implicit", aten=(name,))
         ev.seq = len(self.events) + self.dropped
         ev.start_ns = start
         ev.end_ns = end

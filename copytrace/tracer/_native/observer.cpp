@@ -634,6 +634,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Storage.h>
+#include <structmember.h>
 
 namespace copytrace_facts {
 
@@ -758,10 +759,40 @@ PyMethodDef g_facts_def = {"facts", reinterpret_cast<PyCFunction>(
                            "facts(t, with_grad_fn=False): a plain tensor's facts as one tuple "
                            "(see copytrace/tracer/_facts.py), or None"};
 
+// copy_slots(proto): a new object of proto's type whose __slots__ hold proto's values (a
+// shallow copy, about 10x cheaper than CopyEvent's 51-field __init__), not tracked by the
+// cycle collector: an event holds only strings, numbers and tuples of them, so it can be in no
+// reference cycle, and a trace keeps up to a million of them alive.
+PyObject* copy_slots(PyObject*, PyObject* proto) {
+  PyTypeObject* type = Py_TYPE(proto);
+  if (!(type->tp_flags & Py_TPFLAGS_HEAPTYPE) || type->tp_members == nullptr ||
+      type->tp_dictoffset != 0) {
+    PyErr_SetString(PyExc_TypeError, "copy_slots: an instance of a class with __slots__");
+    return nullptr;
+  }
+  PyObject* out = type->tp_alloc(type, 0);
+  if (out == nullptr) return nullptr;
+  for (PyMemberDef* member = type->tp_members; member->name != nullptr; ++member) {
+    if (member->type != T_OBJECT_EX) continue;
+    PyObject* value = *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(proto) +
+                                                    member->offset);
+    Py_XINCREF(value);
+    *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(out) + member->offset) = value;
+  }
+  if (PyObject_GC_IsTracked(out)) PyObject_GC_UnTrack(out);
+  return out;
+}
+
+PyMethodDef g_copy_slots_def = {"copy_slots", &copy_slots, METH_O,
+                                "copy_slots(proto): a shallow copy of a __slots__ object "
+                                "(a new CopyEvent from a prototype), untracked by the GC"};
+
 void define(py::module_& m) {
-  PyObject* fn = PyCFunction_NewEx(&g_facts_def, nullptr, m.ptr());
-  if (fn == nullptr) throw py::error_already_set();
-  m.add_object("facts", py::reinterpret_steal<py::object>(fn));
+  for (PyMethodDef* def : {&g_facts_def, &g_copy_slots_def}) {
+    PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
+    if (fn == nullptr) throw py::error_already_set();
+    m.add_object(def->ml_name, py::reinterpret_steal<py::object>(fn));
+  }
 }
 
 }  // namespace copytrace_facts
