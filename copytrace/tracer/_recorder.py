@@ -33,8 +33,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from copytrace.tracer import _callsite, _handover, _watch
 from copytrace.tracer import _facts as _F
-from copytrace.tracer import _handover, _watch
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._events import CopyEvent
 from copytrace.tracer._fresh import INDEX_OPS
@@ -374,7 +374,11 @@ class Recorder:
             self.dropped += 1
 
     def _context(self, ev: CopyEvent) -> None:
-        site = user_frame(sys._getframe(2))
+        native = self.native
+        if native is not None:  # the same walk in C, with the user's line cached
+            site = native.call_site(_callsite._KIND, _callsite._code_kind)
+        else:
+            site = user_frame(sys._getframe(2))
         if site is not None:
             ev.file, ev.line, ev.function, ev.via = site
         ev.step = self.step_index

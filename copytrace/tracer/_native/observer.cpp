@@ -787,8 +787,111 @@ PyMethodDef g_copy_slots_def = {"copy_slots", &copy_slots, METH_O,
                                 "copy_slots(proto): a shallow copy of a __slots__ object "
                                 "(a new CopyEvent from a prototype), untracked by the GC"};
 
+// call_site(kinds, classify): (file, line, function, via) of the innermost user-code frame on
+// the calling thread's stack, as copytrace/tracer/_callsite.py's user_frame() finds it, or
+// None. kinds: dict code object -> kind (0 user, 1 torch or an installed package, 2 copytrace
+// or the stdlib, 3 a mode's handler), filled through classify(code) on a miss. The user
+// frame's (file, line, function) is cached per (code object, instruction): a line number is
+// otherwise a scan of the code's line table. The cache holds its code objects (never frames).
+struct SiteKey {
+  PyObject* code;
+  int lasti;
+  bool operator==(const SiteKey& o) const { return code == o.code && lasti == o.lasti; }
+};
+struct SiteKeyHash {
+  size_t operator()(const SiteKey& k) const {
+    return std::hash<void*>()(k.code) ^ (std::hash<int>()(k.lasti) * 31);
+  }
+};
+std::unordered_map<SiteKey, PyObject*, SiteKeyHash> g_sites;  // -> (file, line, name), owned
+constexpr size_t kMaxSites = 1 << 16;
+
+void clear_sites() {
+  for (auto& [key, site] : g_sites) {
+    Py_DECREF(key.code);
+    Py_DECREF(site);
+  }
+  g_sites.clear();
+}
+
+PyObject* user_site(PyFrameObject* frame, PyCodeObject* code) {
+  const SiteKey key{reinterpret_cast<PyObject*>(code), PyFrame_GetLasti(frame)};
+  auto found = g_sites.find(key);
+  if (found != g_sites.end()) return Py_NewRef(found->second);
+  PyObject* site = Py_BuildValue("(OiO)", code->co_filename, PyFrame_GetLineNumber(frame),
+                                 code->co_name);
+  if (site == nullptr) return nullptr;
+  if (g_sites.size() >= kMaxSites) clear_sites();
+  Py_INCREF(key.code);
+  g_sites.emplace(key, Py_NewRef(site));
+  return site;
+}
+
+PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  if (nargs < 2 || !PyDict_Check(argv[0])) {
+    PyErr_SetString(PyExc_TypeError, "call_site(kinds: dict, classify)");
+    return nullptr;
+  }
+  PyObject* kinds = argv[0];
+  PyObject* via = nullptr;  // borrowed from a code object we hold while walking
+  PyObject* result = nullptr;
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  std::vector<PyCodeObject*> held;  // codes whose qualname `via` may borrow
+  while (frame != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    PyObject* kind_obj = PyDict_GetItemWithError(kinds, reinterpret_cast<PyObject*>(code));
+    long kind;
+    if (kind_obj == nullptr) {
+      if (PyErr_Occurred()) break;
+      PyObject* k = PyObject_CallOneArg(argv[1], reinterpret_cast<PyObject*>(code));
+      if (k == nullptr || PyDict_SetItem(kinds, reinterpret_cast<PyObject*>(code), k) < 0) {
+        Py_XDECREF(k);
+        Py_DECREF(code);
+        break;
+      }
+      kind = PyLong_AsLong(k);
+      Py_DECREF(k);
+    } else {
+      kind = PyLong_AsLong(kind_obj);
+    }
+    if (kind == 0) {
+      PyObject* site = user_site(frame, code);
+      if (site != nullptr) {
+        result = PyTuple_Pack(4, PyTuple_GET_ITEM(site, 0), PyTuple_GET_ITEM(site, 1),
+                              PyTuple_GET_ITEM(site, 2), via != nullptr ? via : Py_None);
+        Py_DECREF(site);
+      }
+      Py_DECREF(code);
+      break;
+    }
+    if (kind == 1 && via == nullptr) {
+      via = code->co_qualname;
+      held.push_back(code);
+    } else {
+      Py_DECREF(code);
+    }
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  if (result == nullptr && !PyErr_Occurred()) {
+    if (frame == nullptr) result = Py_NewRef(Py_None);  // no user frame on the stack
+  }
+  Py_XDECREF(frame);
+  for (PyCodeObject* code : held) Py_DECREF(code);
+  return result;
+}
+
+PyMethodDef g_call_site_def = {"call_site", reinterpret_cast<PyCFunction>(
+                                   reinterpret_cast<void (*)()>(&call_site)),
+                               METH_FASTCALL,
+                               "call_site(kinds, classify): the user's (file, line, function, "
+                               "via) or None (see copytrace/tracer/_callsite.py)"};
+
 void define(py::module_& m) {
-  for (PyMethodDef* def : {&g_facts_def, &g_copy_slots_def}) {
+  m.def("clear_sites", &clear_sites, "Drop the call-site cache (and the code objects it holds)");
+  for (PyMethodDef* def : {&g_facts_def, &g_copy_slots_def, &g_call_site_def}) {
     PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
     if (fn == nullptr) throw py::error_already_set();
     m.add_object(def->ml_name, py::reinterpret_steal<py::object>(fn));
