@@ -45,7 +45,10 @@ _PREFIXES: tuple[tuple[str, ...], tuple[str, ...]] | None = None
 # _LIB: torch or an installed package (names the via); _OTHER: copytrace, the stdlib;
 # _MODE: a mode's handler, passed through.
 _USER, _LIB, _OTHER, _MODE = 0, 1, 2, 3
-_KIND: dict[CodeType, int] = {}
+# id(code object) -> (code object, kind): keyed by identity, since hashing a code object hashes
+# its whole contents (constants, names, bytecode: ~2k instructions per lookup); the entry
+# holds the code object, so its id is not reused while the entry lives.
+_KIND: dict[int, tuple[CodeType, int]] = {}
 _SITE_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 _MODE_HANDLERS = frozenset(("__torch_function__", "__torch_dispatch__"))
 
@@ -92,9 +95,10 @@ def _walk(frame: FrameType | None) -> tuple[FrameType | None, str | None]:
     via = None
     while frame is not None:
         code = frame.f_code
-        kind = kinds.get(code)
-        if kind is None:
-            kind = kinds[code] = _code_kind(code)
+        entry = kinds.get(id(code))
+        if entry is None or entry[0] is not code:
+            entry = kinds[id(code)] = (code, _code_kind(code))
+        kind = entry[1]
         if kind == _USER:
             return frame, via
         if kind == _LIB and via is None:

@@ -50,7 +50,7 @@ _graph_task_id = torch._C._current_graph_task_id
 _current_node = torch._C._current_autograd_node
 _sequence_nr = torch._C._autograd._get_sequence_nr
 _facts = _F.facts
-_same_storage = _F.same_storage
+_py_facts = _F.py_facts
 # Every field at its default: the C++ observer copies it for each new event (copy_slots).
 _PROTOTYPE = CopyEvent()
 _MAX_SPANS = 200_000
@@ -376,7 +376,7 @@ class Recorder:
     def _context(self, ev: CopyEvent) -> None:
         native = self.native
         if native is not None:  # the same walk in C, with the user's line cached
-            site = native.call_site(_callsite._KIND, _callsite._code_kind)
+            site = native.call_site(_callsite._code_kind)
         else:
             site = user_frame(sys._getframe(2))
         if site is not None:
@@ -507,9 +507,11 @@ class Recorder:
         ):
             return  # t.type() with no argument returns a string
         native = self.native
-        fs = _facts(native, src)
+        fs = native.facts(src, False) if native is not None else None  # _facts.facts, inlined
+        if fs is None:
+            fs = _py_facts(src)
         if native is not None:
-            ev = native.copy_slots(_PROTOTYPE)
+            ev = native.copy_slots(_PROTOTYPE)  # every field at its default
             ev.op = op
             ev.aten = tuple(pending.aten)
             ev.error = error
@@ -518,48 +520,58 @@ class Recorder:
         ev.seq = len(self.events) + self.dropped
         ev.start_ns = start
         ev.end_ns = end
-        ev.src_dtype = fs[_F.DTYPE]
-        ev.src_device = fs[_F.DEVICE]
-        src_rg = fs[_F.REQUIRES_GRAD] if src_requires_grad is None else src_requires_grad
+        ev.src_dtype = src_dtype = fs[1]  # _facts.DTYPE
+        ev.src_device = src_device = fs[2]  # _facts.DEVICE
+        src_rg = fs[3] if src_requires_grad is None else src_requires_grad  # REQUIRES_GRAD
         ev.src_requires_grad = src_rg
-        ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
+        if kwargs:
+            ev.non_blocking = bool(kwargs.get("non_blocking", False))
         fo = None
+        grad_fn = None
         if error is not None or op == "numpy":
             # Failed call, or an ndarray view of the tensor's memory (an alias).
-            ev.shape = fs[_F.SHAPE]
-            ev.dtype = ev.src_dtype
-            ev.dst_device = ev.src_device
-            ev.bytes_logical = fs[_F.LOGICAL_BYTES]
-            ev.alias = op == "numpy" and error is None
+            ev.shape = fs[0]  # _facts.SHAPE
+            ev.dtype = src_dtype
+            ev.dst_device = dst_device = src_device
+            ev.bytes_logical = fs[9]  # _facts.LOGICAL_BYTES
+            alias = ev.alias = op == "numpy" and error is None
             ev.requires_grad = False
-            ev.graph = "detached" if src_rg and ev.alias else "none"
+            if src_rg and alias:
+                ev.graph = "detached"
         else:
-            fo = _facts(native, out, True)
-            ev.shape = fo[_F.SHAPE]
-            ev.dtype = fo[_F.DTYPE]
-            ev.dst_device = fo[_F.DEVICE]
-            ev.bytes_logical = fo[_F.LOGICAL_BYTES]
-            ev.requires_grad = fo[_F.REQUIRES_GRAD]
-            grad_fn = fo[_F.GRAD_FN]
-            ev.grad_fn = fo[_F.GRAD_FN_NAME]
-            ev.is_leaf = fo[_F.IS_LEAF]
+            fo = native.facts(out, True) if native is not None else None
+            if fo is None:
+                fo = _py_facts(out, True)
+            (shape, dtype, dst_device, rg, is_leaf, grad_fn, grad_fn_name, storage,
+             storage_bytes, logical, _, _, _, fake) = fo  # fmt: skip
+            ev.shape = shape
+            ev.dtype = dtype
+            ev.dst_device = dst_device
+            ev.bytes_logical = logical
+            ev.requires_grad = rg
+            ev.grad_fn = grad_fn_name
+            ev.is_leaf = is_leaf
+            noop = False
             if op == "copy_":
-                ev.alias = False
-                ev.bytes_allocated = 0
+                alias = False  # written into an existing tensor: 0 bytes allocated
             elif out is src:
-                ev.noop = ev.alias = True
+                noop = ev.noop = alias = ev.alias = True
             elif op in _ALWAYS_ALIAS:
-                ev.alias = True
+                alias = ev.alias = True
             else:
-                storage = fo[_F.STORAGE]
-                ev.alias = _same_storage(storage, fs[_F.STORAGE])
-                if not ev.alias and fo[_F.FAKE]:
+                src_storage = fs[7]  # _facts.STORAGE; same_storage(), inlined:
+                alias = ev.alias = (
+                    storage is not None
+                    and src_storage is not None
+                    and (storage is src_storage or storage._cdata == src_storage._cdata)
+                )
+                if not alias and fake:
                     ev.fake = True  # a copy of no real memory: logical bytes only
-                elif not ev.alias:
-                    nbytes = fo[_F.STORAGE_BYTES]
+                elif not alias:
+                    nbytes = storage_bytes
                     group = self.group
                     if op == "deepcopy":
-                        grad = getattr(out, "grad", None) if ev.is_leaf else None
+                        grad = getattr(out, "grad", None) if is_leaf else None
                         if grad is not None:
                             nbytes += _storage_nbytes(grad)
                     if group is not None and storage is not None:
@@ -569,26 +581,32 @@ class Recorder:
                         else:
                             group.storages.add(ptr)
                     ev.bytes_allocated = nbytes
-            if grad_fn is not None or (ev.noop and ev.requires_grad):
+            if grad_fn is not None or (noop and rg):
                 ev.graph = "attached"
             elif src_rg:
                 ev.graph = "detached"
-            else:
-                ev.graph = "none"
-        if ev.alias and op == "index":
+        if alias and op == "index":
             return  # a zero-dim integer index selects a view: not a copy
-        ev.transfer = _transfer(ev.src_device, ev.dst_device)
-        if ev.transfer == "h2d":
-            ev.pinned = src.is_pinned()
+        if src_device is not dst_device:  # interned names: equal names are one object
+            transfer = ev.transfer = _transfer(src_device, dst_device)
+            if transfer == "h2d":
+                ev.pinned = src.is_pinned()
         self._context(ev)
-        if ev.grad_fn is not None and ev.phase != "backward":
+        if grad_fn is not None and ev.phase != "backward":
             _tag_grad_fn(grad_fn, ev)
         group = self.group
         if group is not None and error is None:
             group.bytes += ev.bytes_allocated
             group.tensors += 1
-        self.watch.event(ev, op, src, out, fs, fo)
-        self._append(ev)
+        try:  # Watch.event, inlined: an error there still keeps the event
+            self.watch._event(ev, op, src, out, fs, fo)
+        except Exception as err:
+            self.note_error(err)
+        events = self.events  # _append, inlined
+        if len(events) < self.max_events:
+            events.append(ev)
+        else:
+            self.dropped += 1
 
     # -- aten-level events ------------------------------------------------------------------
     def implicit(

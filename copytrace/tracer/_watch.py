@@ -60,6 +60,7 @@ _MAX_SNAPSHOTS = 100_000
 #: Results that are not a fresh copy the program goes on using: copy_ writes into its dst,
 #: deepcopy results are independent state, implicit copies are internal to torch.
 _NOT_FRESH = frozenset(("copy_", "deepcopy", "implicit", "data_set", "swap_tensors"))
+_WATCHED_OPS = frozenset(("data_get", "data_set", "detach"))  # see Watch._special
 
 
 def _site(frame: Any) -> str | None:
@@ -182,26 +183,51 @@ class Watch:
         ids = self.ids
         if fs is None:
             fs = _F.py_facts(src)
-        ev.src_storage = sid = ids.of_storage(fs[_F.STORAGE])
-        if sid is not None and fs[_F.OFFSET] is not None:  # nested tensors: no single view
-            ev.src_offset = fs[_F.OFFSET]
-            ev.src_stride = fs[_F.STRIDE]
-            ev.src_version = fs[_F.VERSION]
+        known = ids._ids  # StorageIds.of_storage's hit, inlined (a new storage calls it)
+        storage = fs[7]  # _facts.STORAGE
+        entry = known.get(id(storage))
+        if entry is not None and entry[0]() is storage:
+            sid = entry[1]
+        else:
+            sid = ids.of_storage(storage)
+        ev.src_storage = sid
+        offset = fs[10]  # _facts.OFFSET: None for nested tensors (no single view)
+        if sid is not None and offset is not None:
+            ev.src_offset = offset
+            ev.src_stride = fs[11]  # _facts.STRIDE
+            ev.src_version = fs[12]  # _facts.VERSION
         if ev.error is not None:
             return
         if isinstance(out, _Tensor):
             if out is src:
                 ev.dst_storage = sid
-                ev.dst_version = fs[_F.VERSION] if fo is None else fo[_F.VERSION]
+                ev.dst_version = fs[12] if fo is None else fo[12]
             else:
                 if fo is None:
                     fo = _F.py_facts(out)
-                ev.dst_storage = ids.of_storage(fo[_F.STORAGE])
-                ev.dst_version = fo[_F.VERSION]
-        elif ev.alias:
-            ev.dst_storage = sid  # numpy(): an ndarray on the same memory
-        if not isinstance(out, _Tensor):
+                storage = fo[7]
+                entry = known.get(id(storage))
+                if entry is not None and entry[0]() is storage:
+                    ev.dst_storage = entry[1]
+                else:
+                    ev.dst_storage = ids.of_storage(storage)
+                ev.dst_version = fo[12]
+        else:
+            if ev.alias:
+                ev.dst_storage = sid  # numpy(): an ndarray on the same memory
             return
+        if op in _WATCHED_OPS:
+            self._special(ev, op, src, out)
+        if ev.alias:
+            return
+        if ev.graph == "attached" and len(self.attached) < _MAX_ATTACHED:
+            grad_fn = fo[5] if fo is not None else out.grad_fn  # _facts.GRAD_FN
+            self.attached.append((weakref.ref(out), ev, *_life_token(grad_fn)))
+        if out is not src and op not in _NOT_FRESH and (ev.bytes_allocated > 0 or op in _INDEX_OPS):
+            self.copies.watch(out, ev, op in _INDEX_OPS)
+
+    def _special(self, ev: CopyEvent, op: str, src: Any, out: Any) -> None:
+        """``.data`` reads and writes, ``state_dict()`` snapshots: start their watches."""
         if op == "data_get":
             if ev.src_requires_grad and out is not src:
                 self._watch_alias(out, src, ev)
@@ -216,15 +242,6 @@ class Watch:
                     weakref.ref(src), _use_count(storage) - 1,
                 ))  # fmt: skip
                 del storage
-        if ev.graph == "attached" and not ev.alias and len(self.attached) < _MAX_ATTACHED:
-            self.attached.append((weakref.ref(out), ev, *_life_token(out.grad_fn)))
-        if (
-            not ev.alias
-            and out is not src
-            and op not in _NOT_FRESH
-            and (ev.bytes_allocated > 0 or op in _INDEX_OPS)
-        ):
-            self.copies.watch(out, ev, op in _INDEX_OPS)
 
     def _watch_alias(self, alias: torch.Tensor, src: torch.Tensor, ev: CopyEvent) -> None:
         key = id(alias)

@@ -787,10 +787,11 @@ PyMethodDef g_copy_slots_def = {"copy_slots", &copy_slots, METH_O,
                                 "copy_slots(proto): a shallow copy of a __slots__ object "
                                 "(a new CopyEvent from a prototype), untracked by the GC"};
 
-// call_site(kinds, classify): (file, line, function, via) of the innermost user-code frame on
-// the calling thread's stack, as copytrace/tracer/_callsite.py's user_frame() finds it, or
-// None. kinds: dict code object -> kind (0 user, 1 torch or an installed package, 2 copytrace
-// or the stdlib, 3 a mode's handler), filled through classify(code) on a miss. The user
+// call_site(classify): (file, line, function, via) of the innermost user-code frame on the
+// calling thread's stack, as copytrace/tracer/_callsite.py's user_frame() finds it, or None.
+// classify(code) gives a code object's kind (0 user, 1 torch or an installed package,
+// 2 copytrace or the stdlib, 3 a mode's handler), kept per code object (by identity: hashing a
+// code object hashes its whole contents). The user
 // frame's (file, line, function) is cached per (code object, instruction): a line number is
 // otherwise a scan of the code's line table. The cache holds its code objects (never frames).
 struct SiteKey {
@@ -804,6 +805,7 @@ struct SiteKeyHash {
   }
 };
 std::unordered_map<SiteKey, PyObject*, SiteKeyHash> g_sites;  // -> (file, line, name), owned
+std::unordered_map<PyObject*, int> g_kinds;  // code object (owned) -> kind
 constexpr size_t kMaxSites = 1 << 16;
 
 void clear_sites() {
@@ -812,6 +814,8 @@ void clear_sites() {
     Py_DECREF(site);
   }
   g_sites.clear();
+  for (auto& [code, kind] : g_kinds) Py_DECREF(code);
+  g_kinds.clear();
 }
 
 PyObject* user_site(PyFrameObject* frame, PyCodeObject* code) {
@@ -828,11 +832,10 @@ PyObject* user_site(PyFrameObject* frame, PyCodeObject* code) {
 }
 
 PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
-  if (nargs < 2 || !PyDict_Check(argv[0])) {
-    PyErr_SetString(PyExc_TypeError, "call_site(kinds: dict, classify)");
+  if (nargs < 1) {
+    PyErr_SetString(PyExc_TypeError, "call_site(classify)");
     return nullptr;
   }
-  PyObject* kinds = argv[0];
   PyObject* via = nullptr;  // borrowed from a code object we hold while walking
   PyObject* result = nullptr;
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
@@ -840,20 +843,21 @@ PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   std::vector<PyCodeObject*> held;  // codes whose qualname `via` may borrow
   while (frame != nullptr) {
     PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
-    PyObject* kind_obj = PyDict_GetItemWithError(kinds, reinterpret_cast<PyObject*>(code));
     long kind;
-    if (kind_obj == nullptr) {
-      if (PyErr_Occurred()) break;
-      PyObject* k = PyObject_CallOneArg(argv[1], reinterpret_cast<PyObject*>(code));
-      if (k == nullptr || PyDict_SetItem(kinds, reinterpret_cast<PyObject*>(code), k) < 0) {
-        Py_XDECREF(k);
+    auto known = g_kinds.find(reinterpret_cast<PyObject*>(code));
+    if (known != g_kinds.end()) {
+      kind = known->second;
+    } else {
+      PyObject* k = PyObject_CallOneArg(argv[0], reinterpret_cast<PyObject*>(code));
+      kind = k != nullptr ? PyLong_AsLong(k) : -1;
+      Py_XDECREF(k);
+      if (kind == -1 && PyErr_Occurred()) {
         Py_DECREF(code);
         break;
       }
-      kind = PyLong_AsLong(k);
-      Py_DECREF(k);
-    } else {
-      kind = PyLong_AsLong(kind_obj);
+      if (g_kinds.size() >= kMaxSites) clear_sites();
+      Py_INCREF(code);  // held by the map: its address is not reused while there
+      g_kinds.emplace(reinterpret_cast<PyObject*>(code), static_cast<int>(kind));
     }
     if (kind == 0) {
       PyObject* site = user_site(frame, code);
@@ -886,11 +890,11 @@ PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
 PyMethodDef g_call_site_def = {"call_site", reinterpret_cast<PyCFunction>(
                                    reinterpret_cast<void (*)()>(&call_site)),
                                METH_FASTCALL,
-                               "call_site(kinds, classify): the user's (file, line, function, "
+                               "call_site(classify): the user's (file, line, function, "
                                "via) or None (see copytrace/tracer/_callsite.py)"};
 
 void define(py::module_& m) {
-  m.def("clear_sites", &clear_sites, "Drop the call-site cache (and the code objects it holds)");
+  m.def("clear_sites", &clear_sites, "Drop the call-site caches (and the code objects they hold)");
   for (PyMethodDef* def : {&g_facts_def, &g_copy_slots_def, &g_call_site_def}) {
     PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
     if (fn == nullptr) throw py::error_already_set();
