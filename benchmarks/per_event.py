@@ -11,7 +11,9 @@ own subprocess (import and start-up excluded: the timed region is the loop):
     ct_python   COPYTRACE=1 COPYTRACE_OBSERVER=python, the Python fallback path
     profiler    torch.profiler (record_shapes=True, with_stack=True), then listing its events
 
-and prints seconds for the loop, and (variant - plain) / events in microseconds per event.
+and prints seconds for the loop, (variant - plain) / events in microseconds per event, and the
+seconds from the loop's end to the process's exit (copytrace writes the trace file there,
+torch.profiler lists its events).
 
     python benchmarks/per_event.py --steps 2000
 """
@@ -24,6 +26,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 PROGRAM = r"""
 import json, sys, time, torch
@@ -47,7 +50,7 @@ if variant == "profiler":
 else:
     loop()
     run, listed = time.perf_counter() - t0, 0.0
-print(json.dumps({"run": run, "listed": listed}))
+print(json.dumps({"run": run, "listed": listed, "loop_end": time.time()}))
 """
 
 
@@ -64,7 +67,10 @@ def _run(variant: str, steps: int, out: str) -> dict:
         [sys.executable, "-c", PROGRAM, str(steps), variant],
         capture_output=True, text=True, env=env, check=True,
     )  # fmt: skip
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    exited = time.time()
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["exit"] = exited - result.pop("loop_end")
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,10 +85,10 @@ def main(argv: list[str] | None = None) -> int:
         results = {v: _run(v, args.steps, out) for v in args.variants}
     plain = results.get("plain", {"run": 0.0})["run"]
     print(f"{events} events ({args.steps} steps x 99)")
-    print(f"{'variant':10s} {'loop s':>8s} {'listing s':>10s} {'us/event':>9s}")
+    print(f"{'variant':10s} {'loop s':>8s} {'listing s':>10s} {'us/event':>9s} {'exit s':>7s}")
     for v, r in results.items():
         per = (r["run"] - plain) / events * 1e6
-        print(f"{v:10s} {r['run']:8.2f} {r['listed']:10.2f} {per:9.1f}")
+        print(f"{v:10s} {r['run']:8.2f} {r['listed']:10.2f} {per:9.1f} {r['exit']:7.2f}")
     return 0
 
 

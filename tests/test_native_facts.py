@@ -1,0 +1,190 @@
+"""The C++ observer's per-event helpers against their Python counterparts: a tensor's facts
+(``facts`` vs ``copytrace.tracer._facts.py_facts``), new events (``copy_slots``) and the call
+site (``call_site`` vs ``copytrace.tracer._callsite.user_frame``)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+
+import pytest
+import torch
+
+from copytrace.tracer import _callsite, _native
+from copytrace.tracer import _facts as F
+from copytrace.tracer._events import CopyEvent
+
+NATIVE = _native.load()
+pytestmark = pytest.mark.skipif(
+    NATIVE is None and not os.environ.get("COPYTRACE_REQUIRE_INTEGRATION"),
+    reason="C++ observer unavailable here",
+)
+
+
+class _Sub(torch.Tensor):
+    """A plain Python subclass: its facts are read by the Python reader."""
+
+
+def _plain_tensors() -> dict[str, torch.Tensor]:
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    leaf = torch.randn(3, 4, requires_grad=True)
+    with torch.inference_mode():
+        inference = torch.ones(2, 3)
+    written = torch.zeros(5)
+    written.add_(1)  # version counter 1
+    return {
+        "contiguous": base,
+        "leaf requiring grad": leaf,
+        "clone with grad_fn": leaf.clone(),
+        "view with grad_fn": leaf[1:, ::2],
+        "slice, offset and strides": base[1:3, 2:5],
+        "transposed": base.t(),
+        "expanded (stride 0)": torch.ones(3, 1).expand(3, 4),
+        "0-size": torch.empty(0, 3),
+        "0-dim": torch.tensor(2.5, dtype=torch.float64),
+        "int64": torch.arange(5),
+        "bool": torch.ones(3, dtype=torch.bool),
+        "complex": torch.zeros(2, dtype=torch.complex64),
+        "channels_last": torch.zeros(2, 3, 4, 5).to(memory_format=torch.channels_last),
+        "meta": torch.empty(7, 2, device="meta"),
+        "inference (no version counter)": inference,
+        "written in place": written,
+        "parameter": torch.nn.Parameter(torch.ones(2, 2)),
+        "detached alias": leaf.detach(),
+    }
+
+
+def _same(c: tuple, p: tuple, with_grad_fn: bool) -> None:
+    assert len(c) == len(p) == 14
+    for i, (a, b) in enumerate(zip(c, p, strict=True)):
+        if i == F.STORAGE:
+            assert a._cdata == b._cdata  # one StorageImpl
+        elif i == F.GRAD_FN and with_grad_fn:
+            assert a is b  # the node's one Python object
+        else:
+            assert a == b and type(a) is type(b), (i, a, b)
+
+
+@pytest.mark.parametrize("with_grad_fn", [False, True])
+@pytest.mark.parametrize("name", list(_plain_tensors()))
+def test_facts_match_the_python_reader(name: str, with_grad_fn: bool) -> None:
+    t = _plain_tensors()[name]
+    with torch._C.DisableTorchFunction():
+        c = NATIVE.facts(t, with_grad_fn)
+        p = F.py_facts(t, with_grad_fn)
+    assert c is not None
+    _same(c, p, with_grad_fn)
+
+
+def test_facts_values_of_a_strided_view() -> None:
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    view = base[1:3, 2:5]  # rows 1-2, columns 2-4 of a 4x6 float32 tensor
+    c = NATIVE.facts(view, True)
+    assert c[F.SHAPE] == (2, 3)
+    assert c[F.DTYPE] == "float32" and c[F.DEVICE] == "cpu"
+    assert c[F.REQUIRES_GRAD] is False and c[F.IS_LEAF] is True and c[F.GRAD_FN] is None
+    assert c[F.STORAGE_BYTES] == 24 * 4  # the whole base storage: 24 floats
+    assert c[F.LOGICAL_BYTES] == 6 * 4  # 2 x 3 floats
+    assert c[F.OFFSET] == 1 * 6 + 2 and c[F.STRIDE] == (6, 1)  # row 1, column 2
+    assert c[F.VERSION] == 0 and c[F.FAKE] is False
+    assert c[F.STORAGE]._cdata == base.untyped_storage()._cdata
+
+
+def test_facts_grad_fn_only_when_asked() -> None:
+    out = torch.randn(2, requires_grad=True).clone()
+    c = NATIVE.facts(out, False)
+    assert c[F.IS_LEAF] is None and c[F.GRAD_FN] is None and c[F.GRAD_FN_NAME] is None
+    c = NATIVE.facts(out, True)
+    assert c[F.IS_LEAF] is False and c[F.GRAD_FN_NAME] == "CloneBackward0"
+    assert c[F.GRAD_FN] is out.grad_fn
+
+
+@pytest.mark.filterwarnings("ignore:The PyTorch API of nested tensors")
+def test_facts_leave_other_tensors_to_the_python_reader() -> None:
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        fake = torch.empty(3)
+    others = {
+        "sparse": torch.eye(3).to_sparse(),
+        "nested": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+        "subclass": torch.ones(2).as_subclass(_Sub),
+        "FakeTensor": fake,
+        "not a tensor": [1, 2],
+    }
+    for name, t in others.items():
+        assert NATIVE.facts(t, True) is None, name
+    with torch._C.DisableTorchFunction():
+        sub = F.facts(NATIVE, others["subclass"], True)  # the Python reader answers
+        fake_facts = F.facts(NATIVE, fake, False)
+    assert sub[F.SHAPE] == (2,) and sub[F.STORAGE] is not None
+    assert fake_facts[F.FAKE] is True and fake_facts[F.LOGICAL_BYTES] == 12  # 3 float32
+    sparse = F.facts(NATIVE, others["sparse"], False)
+    assert sparse[F.STORAGE] is None and sparse[F.OFFSET] is None  # no single storage
+
+
+def test_facts_keep_nothing_alive() -> None:
+    import weakref
+
+    t = torch.randn(3, requires_grad=True).clone()
+    ref = weakref.ref(t)
+    facts = NATIVE.facts(t, True)
+    del facts, t
+    gc.collect()
+    assert ref() is None
+
+
+def test_copy_slots_copies_the_prototype() -> None:
+    proto = CopyEvent()
+    ev = NATIVE.copy_slots(proto)
+    assert type(ev) is CopyEvent and ev is not proto
+    assert ev.as_dict() == proto.as_dict()
+    assert not gc.is_tracked(ev)  # holds strings, numbers and tuples only: never in a cycle
+    ev.op, ev.shape = "clone", (2, 3)
+    assert proto.op is None and proto.shape == ()
+    with pytest.raises(TypeError):
+        NATIVE.copy_slots(object())
+
+
+def _site_here():
+    """(C call site, Python call site) of this function's caller's line, from user code."""
+    return NATIVE.call_site(_callsite._code_kind), _callsite.user_frame(sys._getframe(0))
+
+
+# A helper whose code lies in torch's package directory: a library frame between the user's
+# line and the call-site walk, named as the `via`.
+_LIB_NS: dict = {}
+exec(  # noqa: S102
+    compile(
+        "def lib_helper(native, kind, user_frame, sys):\n"
+        "    return native.call_site(kind), user_frame(sys._getframe(0))\n",
+        torch.__file__,
+        "exec",
+    ),
+    _LIB_NS,
+)
+
+
+def test_call_site_matches_user_frame() -> None:
+    c, p = _site_here()
+    assert c == p
+    assert c[0] == __file__ and c[2] == "_site_here" and c[3] is None
+    first = _site_here()[0]
+    second = _site_here()[0]  # same code, same instruction: from the cache
+    assert first == second
+    c, p = _LIB_NS["lib_helper"](NATIVE, _callsite._code_kind, _callsite.user_frame, sys)
+    assert c == p
+    assert c[2] == "test_call_site_matches_user_frame" and c[3] == "lib_helper"
+    assert c[1] == sys._getframe(0).f_lineno - 3  # the line that called lib_helper
+
+
+def test_call_site_lines_per_instruction() -> None:
+    helper = _LIB_NS["lib_helper"]
+    sites = [helper(NATIVE, _callsite._code_kind, _callsite.user_frame, sys) for _ in range(2)]
+    other = helper(NATIVE, _callsite._code_kind, _callsite.user_frame, sys)
+    here = sys._getframe(0).f_lineno
+    # the loop's line twice (the second from the cache), then the next line
+    assert [c[1] for c, _ in sites] == [here - 2, here - 2]
+    assert other[0][1] == here - 1
+    assert all(c == p for c, p in [*sites, other])
