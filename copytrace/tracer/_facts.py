@@ -26,9 +26,10 @@ STORAGE_BYTES, LOGICAL_BYTES = 8, 9  # bytes
 #: storage offset (elements) and strides; None for nested tensors and where no storage is
 OFFSET, STRIDE = 10, 11
 VERSION = 12  # version counter, None for inference tensors
-FAKE = 13  # a FakeTensor or a meta tensor
+FAKE = 13  # a FakeTensor or a meta tensor (read with with_grad_fn only, else False)
 
 _Tensor = torch.Tensor
+_PLAIN = frozenset((torch.Tensor, torch.nn.Parameter))
 _DTYPE_NAMES: dict[torch.dtype, str] = {}
 _DEVICE_NAMES: dict[torch.device, str] = {}
 
@@ -66,9 +67,10 @@ def nbytes(t: torch.Tensor) -> int:
 
 def is_fake(t: torch.Tensor) -> bool:
     """A FakeTensor (no real memory) or a meta tensor."""
-    fake_module = sys.modules.get("torch._subclasses.fake_tensor")
-    if fake_module is not None and isinstance(t, fake_module.FakeTensor):
-        return True
+    if type(t) not in _PLAIN:
+        fake_module = sys.modules.get("torch._subclasses.fake_tensor")
+        if fake_module is not None and isinstance(t, fake_module.FakeTensor):
+            return True
     try:
         return bool(t.is_meta)
     except Exception:
@@ -85,8 +87,9 @@ def version(t: Any) -> int | None:
 def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> tuple:
     """The facts tuple read with torch's Python bindings (any tensor, subclasses included).
 
-    ``IS_LEAF``, ``GRAD_FN`` and ``GRAD_FN_NAME`` are read only with ``with_grad_fn`` (reading
-    a view's ``grad_fn`` may regenerate its node); they are None otherwise."""
+    ``IS_LEAF``, ``GRAD_FN``, ``GRAD_FN_NAME`` and ``FAKE`` are read only with ``with_grad_fn``
+    (the facts of a call's result; reading a view's ``grad_fn`` may regenerate its node); they
+    are None (``FAKE``: False) otherwise."""
     logical = nbytes(t)
     try:
         storage = t.untyped_storage()
@@ -106,12 +109,14 @@ def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> tuple:
         grad_fn = t.grad_fn
         is_leaf = t.is_leaf
         grad_fn_name = type(grad_fn).__name__ if grad_fn is not None else None
+        fake = is_fake(t)
     else:
         grad_fn = is_leaf = grad_fn_name = None
+        fake = False
     return (
         shape(t), dtype_name(t.dtype), device_str(t.device), t.requires_grad, is_leaf,
         grad_fn, grad_fn_name, storage, storage_bytes, logical, offset, stride, version(t),
-        is_fake(t),
+        fake,
     )  # fmt: skip
 
 

@@ -688,8 +688,9 @@ PyObject* int_tuple(c10::IntArrayRef values) {
 inline PyObject* new_bool(bool v) { return Py_NewRef(v ? Py_True : Py_False); }
 
 // (shape, dtype, device, requires_grad, is_leaf, grad_fn, grad_fn name, storage, storage bytes,
-//  logical bytes, storage offset, strides, version or None, is_meta); is_leaf, grad_fn and its
-//  name only with with_grad_fn (else None). See copytrace/tracer/_facts.py.
+//  logical bytes, storage offset, strides, version or None, is_meta); is_leaf, grad_fn, its
+//  name and is_meta only with with_grad_fn (else None, None, None, False).
+//  See copytrace/tracer/_facts.py.
 PyObject* facts(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   if (nargs < 1 || !THPVariable_CheckExact(argv[0])) Py_RETURN_NONE;
   const bool with_grad_fn = nargs > 1 && PyObject_IsTrue(argv[1]) == 1;
@@ -731,7 +732,7 @@ PyObject* facts(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     items[10] = PyLong_FromLongLong(t.storage_offset());
     items[11] = int_tuple(t.strides());
     items[12] = t.is_inference() ? Py_NewRef(Py_None) : PyLong_FromLongLong(t._version());
-    items[13] = new_bool(t.is_meta());
+    items[13] = new_bool(with_grad_fn && t.is_meta());
   } catch (const std::exception&) {
     for (PyObject* item : items) Py_XDECREF(item);
     PyErr_Clear();
