@@ -117,7 +117,7 @@ def test_facts_leave_other_tensors_to_the_python_reader() -> None:
         assert NATIVE.facts(t, True) is None, name
     with torch._C.DisableTorchFunction():
         sub = F.facts(NATIVE, others["subclass"], True)  # the Python reader answers
-        fake_facts = F.facts(NATIVE, fake, False)
+        fake_facts = F.facts(NATIVE, fake, True)  # a result: FAKE is read
     assert sub[F.SHAPE] == (2,) and sub[F.STORAGE] is not None
     assert fake_facts[F.FAKE] is True and fake_facts[F.LOGICAL_BYTES] == 12  # 3 float32
     sparse = F.facts(NATIVE, others["sparse"], False)
