@@ -129,7 +129,3 @@ def facts(native: Any, t: torch.Tensor, with_grad_fn: bool = False) -> tuple:
             return found
     return py_facts(t, with_grad_fn)
 
-
-def same_storage(a: Any, b: Any) -> bool:
-    """Whether two ``STORAGE`` entries are one storage (False when either is None)."""
-    return a is not None and b is not None and (a is b or a._cdata == b._cdata)

@@ -187,7 +187,6 @@ _dtype_name = _F.dtype_name
 _device_str = _F.device_str
 _shape = _F.shape
 _nbytes = _F.nbytes
-_is_fake = _F.is_fake
 
 
 def _storage_nbytes(t: torch.Tensor) -> int:
