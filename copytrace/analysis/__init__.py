@@ -27,6 +27,7 @@ from copytrace.analysis._budget import (
     StepTotal,
     check_budget,
     parse_bytes,
+    run_totals,
     severity_codes,
     step_totals,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "parse_bytes",
     "severity_codes",
     "step_totals",
+    "run_totals",
 ]
 
 _ORDER = {code: i for i, code in enumerate(HAZARDS)}
@@ -112,7 +114,10 @@ def analyze(source: Any, *, codes: Iterable[str] | None = None) -> list[Finding]
 
 
 def check(
-    source: Any, budget: Budget, findings: list[Finding] | None = None
+    source: Any,
+    budget: Budget,
+    findings: list[Finding] | None = None,
+    totals: tuple[list[StepTotal], int] | None = None,
 ) -> tuple[list[str], list[Finding]]:
     """Check ``source`` against ``budget``.
 
@@ -120,6 +125,7 @@ def check(
         source: as for :func:`analyze`.
         budget: the limits and forbidden hazard codes.
         findings: the findings of ``source`` when already computed.
+        totals: what :func:`run_totals` returned for ``source``, when already computed.
 
     Returns:
         ``(violations, findings)``: one line per violated limit or forbidden finding (empty
@@ -127,7 +133,7 @@ def check(
     """
     if findings is None:
         findings = _analyze(source, None)
-    return check_budget(source, findings, budget), findings
+    return check_budget(source, findings, budget, totals), findings
 
 
 def format_findings(findings: Sequence[Finding], limit: int | None = None) -> str:

@@ -109,8 +109,9 @@ def _column_totals(rc: Any, totals: dict[tuple[int, int], StepTotal]) -> None:
     steps = rc.np("step")[rows]
     key = _combine([steps, rc.codes("site", rows)])
     _, first = np.unique(key, return_index=True)
-    nbytes = np.zeros(len(first), dtype=np.int64)
-    np.add.at(nbytes, key, rc.np("bytes_allocated")[rows])
+    # bincount sums in float64: exact while a group's bytes stay below 2**53 (8 PiB)
+    nbytes = np.bincount(key, weights=rc.np("bytes_allocated")[rows], minlength=len(first))
+    nbytes = nbytes.astype(np.int64)
     counts = np.bincount(key, minlength=len(first))
     sites = rc.values("site", rows[first])
     for g in np.argsort(first, kind="stable").tolist():  # in order of first copy
@@ -135,6 +136,12 @@ def step_totals(source: Any) -> list[StepTotal]:
     return _totals(source)[0]
 
 
+def run_totals(source: Any) -> tuple[list[StepTotal], int]:
+    """:func:`step_totals`, and the number of runs (reading the columns once for both
+    :func:`check_budget` and a caller that shows the worst step)."""
+    return _totals(source)
+
+
 def _totals(source: Any) -> tuple[list[StepTotal], int]:
     """:func:`step_totals`, and the number of runs."""
     totals: dict[tuple[int, int], StepTotal] = {}
@@ -155,16 +162,22 @@ def _label(t: StepTotal, many_runs: bool) -> str:
     return f"run {t.run} step {t.step}" if many_runs else f"step {t.step}"
 
 
-def check_budget(source: Any, findings: list[Finding], budget: Budget) -> list[str]:
+def check_budget(
+    source: Any,
+    findings: list[Finding],
+    budget: Budget,
+    totals: tuple[list[StepTotal], int] | None = None,
+) -> list[str]:
     """One line per violated limit or forbidden finding; empty when within budget.
 
     Args:
         source: as for :func:`step_totals`.
         findings: the findings of ``source``.
         budget: the limits.
+        totals: what :func:`run_totals` returned for ``source``, when already computed.
     """
     lines: list[str] = []
-    totals, runs = _totals(source)
+    totals, runs = totals if totals is not None else _totals(source)
     many = runs > 1
     per_step = [t for t in totals if t.step >= budget.warmup_steps]
     for limit, attr, what, flag in (

@@ -325,19 +325,11 @@ _PLAIN_STRINGS = frozenset(("span_id", "parent_id"))
 def _read_column(parts: list[Any], name: str) -> Any:
     """Column ``name`` of every part, as one chunked array (strings dictionary-encoded when
     read from Parquet)."""
-    import pyarrow.parquet as pq
-
     typ = EVENT_TYPES[name]
+    as_dict = [name] if pa.types.is_string(typ) and name not in _PLAIN_STRINGS else None
     chunks = []
     for part in parts:
-        path = getattr(part, "parquet", None)
-        alone = getattr(part, "table", None) is None and not getattr(part, "sidecar", None)
-        if path is not None and alone:  # one Parquet file: read strings as dictionaries
-            as_dict = [name] if pa.types.is_string(typ) and name not in _PLAIN_STRINGS else None
-            col = pq.read_table(path, columns=[name], read_dictionary=as_dict).column(0)
-        else:
-            col = part.read([name]).column(0)
-        chunks.extend(col.chunks)
+        chunks.extend(part.read([name], dictionary=as_dict).column(0).chunks)
     if not chunks:
         return pa.chunked_array([], typ)
     return pa.chunked_array(chunks)

@@ -55,6 +55,7 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         format_bytes,
         format_findings,
         normalize_codes,
+        run_totals,
         severity_codes,
     )
     from copytrace.tracefile import event_table
@@ -79,7 +80,8 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         warmup_steps=args.warmup_steps,
     )
     findings = analyze(trace)
-    violations, _ = check(trace, budget, findings)
+    totals = run_totals(trace)
+    violations, _ = check(trace, budget, findings, totals)
     unfinished = trace.unfinished_runs()
     if not args.allow_partial:
         # A gate must not pass a run that crashed or a file that was cut: what is missing
@@ -98,11 +100,8 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         out.write(format_findings(findings))
     for line in violations:
         print(f"copytrace check: {line}", file=err)
-    from copytrace.analysis import step_totals
-
-    totals = step_totals(trace)
-    worst_bytes = max((t.bytes for t in totals), default=0)
-    worst_copies = max((t.copies for t in totals), default=0)
+    worst_bytes = max((t.bytes for t in totals[0]), default=0)
+    worst_copies = max((t.copies for t in totals[0]), default=0)
     verdict = "FAILED" if violations else "OK"
     print(
         f"copytrace check: {verdict}: {len(violations)} violation(s); "

@@ -5,7 +5,8 @@ per copy or alias event, deepcopy groups left out), so aggregation runs in DuckD
 vectorised engine and out of core: the Parquet caches are scanned, not loaded into Python,
 and DuckDB spills to disk past :data:`MEMORY_LIMIT`.
 
-Columns of ``ev``: ``eid`` (the event's position in run, then time order), ``run_idx`` (index into :attr:`Query.runs`), ``span_id``, ``t_ns``
+Columns of ``ev``: ``eid`` (the event's position in run, then time order, once
+:meth:`Query.order_events` ran), ``run_idx`` (index into :attr:`Query.runs`), ``span_id``, ``t_ns``
 (start, ns since the run start), ``dur`` (ns, never negative), ``step`` (-1 if unknown),
 ``kind`` (``copy``/``alias``/``noop``), ``op``, ``module``, ``site`` (``file:line function``),
 ``graph``, ``phase``, ``via``, ``err`` (1 when the op raised), ``bc`` (bytes copied),
@@ -240,17 +241,25 @@ class Query:
             f" AND name NOT IN ({meta_names})"
         )
         con.execute(_EVENTS_SQL.format(meta=meta_names, site=_site_sql("e.")))
-        # eid: sort the keys alone (a window over the whole rows sorts them all: 4x slower)
-        con.execute(
-            "UPDATE ev SET eid = o.eid FROM (SELECT rowid AS r, row_number() OVER (ORDER BY "
-            "run_idx, start_ns, end_ns, span_id) - 1 AS eid FROM ev) o WHERE ev.rowid = o.r"
-        )
+        self._ordered = False
         if self.sql("SELECT count(*) FROM ev WHERE step < 0")[0][0]:
             # events without a step number or step parent: the step span they fall in
             con.execute(
                 "UPDATE ev SET step = s.step FROM steps s WHERE ev.step < 0 AND s.run = ev.run "
                 "AND ev.start_ns >= s.start_ns AND ev.start_ns < s.end_ns"
             )
+
+    def order_events(self) -> None:
+        """Number the events of ``ev`` in run, then time order (column ``eid``), once; only
+        the timeline needs it (``copytrace summary`` does not pay for the sort)."""
+        if getattr(self, "_ordered", True):
+            return
+        # sort the keys alone (a window over the whole rows sorts them all: 4x slower)
+        self.con.execute(
+            "UPDATE ev SET eid = o.eid FROM (SELECT rowid AS r, row_number() OVER (ORDER BY "
+            "run_idx, start_ns, end_ns, span_id) - 1 AS eid FROM ev) o WHERE ev.rowid = o.r"
+        )
+        self._ordered = True
 
     def count(self) -> int:
         """Number of events (groups not counted)."""

@@ -79,19 +79,40 @@ class FileTable:
     sidecar: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
 
-    def read(self, columns: list[str] | None = None, filters: Any = None) -> pa.Table:
-        """The rows (optionally only ``columns``; ``filters`` as for ``pyarrow.parquet``)."""
+    def read(
+        self,
+        columns: list[str] | None = None,
+        filters: Any = None,
+        dictionary: list[str] | None = None,
+    ) -> pa.Table:
+        """The rows (optionally only ``columns``; ``filters`` as for ``pyarrow.parquet``).
+
+        ``dictionary``: string columns to return dictionary-encoded (``int32`` indices):
+        Parquet keeps them so, and reading them so is about 4x faster than decoding every
+        value (measured on a 1M-event sidecar: 24 ms against 104 ms for one call-site
+        column)."""
         tabs = []
         if self.sidecar:
+            schema = EVENT_SCHEMA
+            for name in dictionary or ():  # the dataset reads by the schema's types
+                i = schema.get_field_index(name)
+                schema = schema.set(i, pa.field(name, pa.dictionary(pa.int32(), pa.string())))
             tabs.append(pq.read_table([str(p) for p in self.sidecar], columns=columns,
-                                      filters=filters, schema=EVENT_SCHEMA))  # fmt: skip
+                                      filters=filters, schema=schema,
+                                      read_dictionary=dictionary))  # fmt: skip
         if self.parquet is not None:
-            tabs.append(pq.read_table(self.parquet, columns=columns, filters=filters))
+            tabs.append(pq.read_table(self.parquet, columns=columns, filters=filters,
+                                      read_dictionary=dictionary))  # fmt: skip
         if self.table is not None:
             tab = self.table
             if filters is not None:
                 tab = tab.filter(filters)
-            tabs.append(tab.select(columns) if columns is not None else tab)
+            tab = tab.select(columns) if columns is not None else tab
+            for name in dictionary or ():
+                i = tab.schema.get_field_index(name)
+                if i >= 0 and not pa.types.is_dictionary(tab.schema.field(i).type):
+                    tab = tab.set_column(i, name, pc.dictionary_encode(tab.column(i)))
+            tabs.append(tab)
         if len(tabs) == 1:
             return tabs[0]
         if not tabs:

@@ -151,7 +151,7 @@ def attach_events(
     if not first_of:
         return
     rows = q.sql(
-        "SELECT h.hz, e.site, min(e.eid) AS o "
+        "SELECT h.hz, e.site, min((e.run_idx, e.start_ns, e.end_ns, e.span_id)) AS o "
         "FROM ev e JOIN hz h USING (span_id) GROUP BY ALL ORDER BY h.hz, o"
     )
     for hz, site, _o in rows:

@@ -160,6 +160,7 @@ def sample(q: Query, max_points: int, large_bytes: int = LARGE_EVENT_BYTES) -> S
         large_bytes: Copies at least this large (bytes copied) count as large.
     """
     out = Sample(info=SampleInfo(large_bytes=large_bytes))
+    q.order_events()
     q.con.execute(_CLASS, {"large": large_bytes})
     if q.count() <= max_points:
         q.con.execute("CREATE OR REPLACE TEMP TABLE picked AS SELECT eid, idx FROM cls")
