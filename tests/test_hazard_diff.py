@@ -28,7 +28,7 @@ from _tracegen import write_many, write_trace
 
 import copytrace
 from copytrace import CopyEvent
-from copytrace.analysis import HAZARDS, Budget, analyze, step_totals
+from copytrace.analysis import HAZARDS, Budget, analyze, analyze_with_totals, step_totals
 from copytrace.analysis._budget import check_budget
 from copytrace.analysis._view import runs_of
 from copytrace.tracefile import event_table, load_trace
@@ -54,6 +54,11 @@ def _same_totals(source: Any) -> None:
     assert by_columns == step_totals(views)
     budget = Budget(max_bytes_per_step=100, max_copies_per_step=2, max_bytes=1000, max_copies=5)
     assert check_budget(source, [], budget) == check_budget(views, [], budget)
+    # `copytrace check` reads the columns once for both: the same findings, totals and runs
+    findings, (totals, runs) = analyze_with_totals(source)
+    assert [f.as_dict() for f in findings] == [f.as_dict() for f in analyze(source)]
+    assert totals == by_columns
+    assert runs == len(views)
 
 
 def _same_file(path: Path) -> list[Any]:

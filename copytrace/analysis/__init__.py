@@ -19,12 +19,14 @@ facts the tracer recorded (``docs/trace-format.md``); this package never imports
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from copytrace.analysis._budget import (
     Budget,
     StepTotal,
+    _column_totals,
+    _is_views,
     check_budget,
     parse_bytes,
     run_totals,
@@ -43,6 +45,7 @@ __all__ = [
     "Hazard",
     "StepTotal",
     "analyze",
+    "analyze_with_totals",
     "check",
     "format_findings",
     "normalize_codes",
@@ -68,7 +71,13 @@ def _sort(findings: list[Finding]) -> list[Finding]:
     )
 
 
-def _analyze(source: Any, codes: Iterable[str] | None) -> list[Finding]:
+def _analyze(
+    source: Any,
+    codes: Iterable[str] | None,
+    each_run: Callable[[Any], None] | None = None,
+) -> list[Finding]:
+    """The findings of ``source``; ``each_run(columns)`` is called with each run's columns
+    once its rules ran (see :func:`analyze_with_totals`)."""
     wanted = set(normalize_codes(list(codes))) if codes is not None else None
     findings: list[Finding] = []
     # one rule per code, in the codes' order: a rule whose code is not wanted is not run
@@ -79,8 +88,38 @@ def _analyze(source: Any, codes: Iterable[str] | None) -> list[Finding]:
             for f in rule(rc):
                 if wanted is None or f.code in wanted:
                     findings.append(f)
+        if each_run is not None:
+            each_run(rc)
     _release_columns()
     return _sort(findings)
+
+
+def analyze_with_totals(source: Any) -> tuple[list[Finding], tuple[list[StepTotal], int]]:
+    """:func:`analyze` and :func:`run_totals` of ``source`` from one read of its columns
+    (what ``copytrace check`` needs; on a 1M-event trace this saves reading and ordering
+    the columns a second time, about 1.4 s).
+
+    Args:
+        source: as for :func:`analyze`.
+
+    Returns:
+        ``(findings, (step totals, number of runs))``.
+
+    Raises:
+        TraceFileError: as :func:`analyze`.
+    """
+    if _is_views(source):
+        return _analyze(source, None), run_totals(source)
+    totals: dict[tuple[int, int], StepTotal] = {}
+    runs = 0
+
+    def add(rc: Any) -> None:
+        nonlocal runs
+        _column_totals(rc, totals)
+        runs += 1
+
+    findings = _analyze(source, None, add)
+    return findings, ([totals[k] for k in sorted(totals)], runs)
 
 
 def _release_columns() -> None:

@@ -50,12 +50,11 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
     from copytrace._errors import CopytraceError
     from copytrace.analysis import (
         Budget,
-        analyze,
+        analyze_with_totals,
         check,
         format_bytes,
         format_findings,
         normalize_codes,
-        run_totals,
         severity_codes,
     )
     from copytrace.tracefile import event_table
@@ -79,8 +78,7 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         forbid=forbid,
         warmup_steps=args.warmup_steps,
     )
-    findings = analyze(trace)
-    totals = run_totals(trace)
+    findings, totals = analyze_with_totals(trace)
     violations, _ = check(trace, budget, findings, totals)
     unfinished = trace.unfinished_runs()
     if not args.allow_partial:
