@@ -11,7 +11,7 @@ everything of copytrace that dynamo could see out of the way for the duration of
 
 * its TorchFunctionMode and TorchDispatchMode, wherever they are on torch's mode stacks (the
   modes above them are popped and pushed back; a user's own modes stay where they were);
-* its global module forward hooks and optimizer step hooks (dynamo would inline them);
+* its global optimizer step hooks (dynamo would inline them);
 * its patches of ``copy.deepcopy``, ``copy.copy``, ``torch.from_numpy``,
   ``torch.utils.swap_tensors`` and ``nn.Parameter.__deepcopy__``.
 
@@ -20,9 +20,8 @@ the same guards, and compiled code runs compiled. The backward of a compiled gra
 node ``CompiledFunctionBackward``) runs with copytrace's modes off the stacks too (copytrace
 wraps ``torch.autograd.function.BackwardCFunction._get_user_fn`` while tracing); on the C++
 observer's path, ``Recorder.compiled_depth`` (or :func:`suspended`) tells the observer to stand
-aside. ``torch.nn.modules.module._has_any_global_hook``
-is also replaced while tracing by one that ignores copytrace's own hooks, so that
-``OptimizedModule.__call__`` does not warn about them.
+aside. copytrace has no ``nn.Module`` hooks (see :mod:`copytrace.tracer._modules`), so
+``OptimizedModule.__call__`` finds none of copytrace's to warn about.
 
 What runs inside a compiled region is not traced op by op. Instead each outermost call
 becomes a :class:`CompiledCall` (a ``copytrace.compiled`` span) with the graphs it ran: a
@@ -235,7 +234,6 @@ class Compiled:
         self._cls: Any = None
         self._prop: Any = None
         self._prev_cfs: Any = None
-        self._prev_has_hook: Any = None
         self._prev_user_fn: Any = None
 
     # -- install / remove ---------------------------------------------------------------------
@@ -244,7 +242,7 @@ class Compiled:
 
         Args:
             modes: copytrace's function mode and, at level ``full``, its dispatch mode.
-            handles: copytrace's global module and optimizer hook handles.
+            handles: copytrace's global optimizer hook handles.
 
         Returns:
             False when this torch has no suitable hook point (nothing installed).
@@ -265,8 +263,6 @@ class Compiled:
         self.engaged = True  # from here on, disengage() undoes whatever was installed
         self._prev_cfs = eval_frame._callback_from_stance
         eval_frame._callback_from_stance = self._make_cfs(self._prev_cfs)
-        self._prev_has_hook = _nn_module_has_hook()
-        torch.nn.modules.module._has_any_global_hook = self._make_has_hook(self._prev_has_hook)
         from torch.autograd.function import BackwardCFunction
 
         if "_get_user_fn" in BackwardCFunction.__dict__:
@@ -294,9 +290,6 @@ class Compiled:
 
             if getattr(eval_frame._callback_from_stance, "_copytrace", False):
                 eval_frame._callback_from_stance = self._prev_cfs
-            mod = torch.nn.modules.module
-            if getattr(mod._has_any_global_hook, "_copytrace", False):
-                mod._has_any_global_hook = self._prev_has_hook
             from torch.autograd.function import BackwardCFunction
 
             current = BackwardCFunction.__dict__.get("_get_user_fn")
@@ -368,19 +361,6 @@ class Compiled:
                     lower(length, pop, push, fmode, lifted[0])
             except Exception as err:
                 self.rec.note_error(err)
-
-    def _make_has_hook(self, orig: Callable[[], Any]) -> Callable[[], Any]:
-        def _has_any_global_hook() -> Any:
-            ours = {h.id for h in self._handles}
-            mod = torch.nn.modules.module
-            for name in _GLOBAL_HOOK_DICTS:
-                d = getattr(mod, name, None)
-                if d and any(k not in ours for k in d):
-                    return True
-            return False
-
-        _has_any_global_hook._copytrace = True  # type: ignore[attr-defined]
-        return _has_any_global_hook
 
     # -- a compiled call ----------------------------------------------------------------------
     def enter(self) -> Callable[[], None]:
@@ -558,17 +538,6 @@ def _skip_dynamo() -> None:
         codes.extend(c for c in code.co_consts if hasattr(c, "co_code"))
     for code in codes:
         set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
-
-
-_GLOBAL_HOOK_DICTS = (
-    "_global_backward_pre_hooks", "_global_backward_hooks", "_global_forward_pre_hooks",
-    "_global_forward_hooks", "_global_forward_hooks_always_called",
-    "_global_forward_hooks_with_kwargs",
-)  # fmt: skip
-
-
-def _nn_module_has_hook() -> Any:
-    return torch.nn.modules.module._has_any_global_hook
 
 
 def copy_patched() -> bool:

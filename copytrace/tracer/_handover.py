@@ -229,7 +229,7 @@ class Handovers:
             ev.file, ev.line, ev.function, _ = site
         ev.via = f"{type(receiver).__name__}.load_state_dict"
         ev.step = rec.step_index
-        ev.module = rec.module_stack[-1] if rec.module_stack else None
+        ev.module = rec.modules.current(sys._getframe(1))
         ev.phase = "other"
         thread = threading.current_thread()
         ev.thread_id, ev.thread_name = thread.ident, thread.name

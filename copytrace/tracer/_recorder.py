@@ -21,19 +21,17 @@ the recording code is counted in ``Recorder.errors`` and never raised into the u
 
 from __future__ import annotations
 
-import bisect
 import copy
 import sys
 import threading
 import time
-import weakref
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from copytrace.tracer import _callsite, _handover, _watch
+from copytrace.tracer import _callsite, _handover, _modules, _watch
 from copytrace.tracer import _facts as _F
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._events import CopyEvent
@@ -53,7 +51,6 @@ _facts = _F.facts
 _py_facts = _F.py_facts
 # Every field at its default: the C++ observer copies it for each new event (copy_slots).
 _PROTOTYPE = CopyEvent()
-_MAX_SPANS = 200_000
 _TAG = "copytrace"  # key in grad_fn.metadata: (module path, "file:line") of the forward call
 
 # --- API-level table: function-mode callable -> op name ----------------------------------
@@ -270,16 +267,8 @@ class Recorder:
         self.active: _Pending | None = None
         self.group: _Group | None = None
         self.in_optimizer = 0
-        self.module_stack: list[str] = []
-        # Module spans in autograd sequence numbers, to name the module of a backward copy:
-        # [first seq, end seq (None while running), path, parent index], in start order.
-        self._spans: list[list[Any]] = []
-        self._span_starts: list[int] = []
-        self._span_stack: list[int] = []
-        # id(module) -> (weakref to module, path); the weakref guards against id reuse and
-        # is cheaper per forward call than a WeakKeyDictionary lookup.
-        self._module_names: dict[int, tuple[weakref.ref, str]] = {}
-        self._root_counts: dict[str, int] = {}
+        # nn.Module paths, from the frames at event time (copytrace/tracer/_modules.py)
+        self.modules = _modules.Modules()
         self.api_table = _api_table()
         self.aten_table = _aten_table()
         # Runtime facts for copytrace.analysis (copytrace/tracer/_watch.py).
@@ -300,71 +289,9 @@ class Recorder:
         self.step_starts.append(_perf_ns() if now_ns is None else now_ns)
         return self.step_index
 
-    def enter_module(self, module: torch.nn.Module) -> None:
-        """Global forward pre-hook: push the module's path, open its sequence-number span.
-
-        Module hooks are process-wide; modules run on other threads are ignored (their copies
-        are not seen either: mode stacks are thread-local)."""
-        if threading.get_ident() != _THREAD:
-            return
-        try:
-            path = self.module_name(module)
-        except Exception as err:
-            path = "?"
-            self.note_error(err)
-        self.module_stack.append(path)
-        spans = self._spans
-        if len(spans) >= _MAX_SPANS and not self._span_stack:
-            spans.clear()  # bound memory on long runs; only drops attribution of old graphs
-            self._span_starts.clear()
-        seq = _sequence_nr()
-        parent = self._span_stack[-1] if self._span_stack else -1
-        self._span_stack.append(len(spans))
-        spans.append([seq, None, path, parent])
-        self._span_starts.append(seq)
-
-    def exit_module(self) -> None:
-        """Global forward post-hook (also called when forward raises)."""
-        if threading.get_ident() != _THREAD:
-            return
-        if self.module_stack:
-            self.module_stack.pop()
-        if self._span_stack:
-            idx = self._span_stack.pop()
-            if idx < len(self._spans):
-                self._spans[idx][1] = _sequence_nr()
-
-    def module_of_node(self, node: Any) -> str | None:
-        """The innermost module whose forward created autograd ``node`` (by sequence number)."""
-        try:
-            seq = node._sequence_nr()
-        except Exception:
-            return None
-        spans = self._spans
-        i = bisect.bisect_right(self._span_starts, seq) - 1
-        while i >= 0:
-            start, end, path, parent = spans[i]
-            if end is None or seq < end:
-                return path
-            i = parent
-        return None
-
     def module_name(self, module: torch.nn.Module) -> str:
         """Path of ``module``: ``Root.child.grandchild``, the root named by its class."""
-        entry = self._module_names.get(id(module))
-        if entry is not None and entry[0]() is module:
-            return entry[1]
-        root = type(module).__name__
-        n = self._root_counts.get(root, 0) + 1
-        self._root_counts[root] = n
-        if n > 1:
-            root = f"{root}#{n}"
-        names = self._module_names
-        for sub_name, sub in module.named_modules():
-            known = names.get(id(sub))
-            if known is None or known[0]() is not sub:
-                names[id(sub)] = (weakref.ref(sub), f"{root}.{sub_name}" if sub_name else root)
-        return names[id(module)][1]
+        return self.modules.name(module)
 
     def _append(self, ev: CopyEvent) -> None:
         if len(self.events) < self.max_events:
@@ -381,25 +308,27 @@ class Recorder:
         if site is not None:
             ev.file, ev.line, ev.function, ev.via = site
         ev.step = self.step_index
-        ev.module = self.module_stack[-1] if self.module_stack else None
-        if _graph_task_id() >= 0:
+        node = _current_node() if _graph_task_id() >= 0 else None
+        if node is not None:
             ev.phase = "backward"
-            node = _current_node()
-            if node is not None:
-                # The node running now is the forward output's grad_fn; copytrace tagged it
-                # when it recorded that forward call (see _tag_grad_fn).
-                ev.via = type(node).__name__
-                tag = node.metadata.get(_TAG)
-                if tag is not None:
-                    ev.module, ev.origin = tag
-                else:
-                    ev.module = self.module_of_node(node)
-        elif self.in_optimizer:
-            ev.phase = "optimizer"
-        elif self.module_stack:
-            ev.phase = "forward"
+            # The node running now is the forward output's grad_fn; copytrace tagged it
+            # when it recorded that forward call (see _tag_grad_fn).
+            ev.via = type(node).__name__
+            tag = node.metadata.get(_TAG)
+            if tag is not None:
+                ev.module, ev.origin = tag
+            else:
+                ev.module = self.modules.of_node(node)
         else:
-            ev.phase = "other"
+            ev.module = self.modules.current(sys._getframe(1))
+            if _graph_task_id() >= 0:
+                ev.phase = "backward"
+            elif self.in_optimizer:
+                ev.phase = "optimizer"
+            elif ev.module is not None:
+                ev.phase = "forward"
+            else:
+                ev.phase = "other"
         ident = _get_ident()
         name = _THREAD_NAMES.get(ident)
         if name is None:
@@ -665,6 +594,10 @@ class Recorder:
         ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
         # Dispatch-level tensors carry no autograd metadata: graph facts stay unknown ("none").
         self._context(ev)
+        if ev.module is not None and ev.phase != "backward" and _made_node(tensors):
+            # autograd made this copy's node just before the copy ran (the next sequence
+            # number is the node's + 1): a backward copy of that node names this module
+            self.modules.note_node(_sequence_nr() - 1, ev.module)
         self.watch.event(ev, "implicit", src, dst, fs, fd)
         if kind == _COPY_INTO and ev.dst_version is not None:
             # Seen below the ADInplaceOrView kernel, which bumps the written tensor's version
@@ -750,6 +683,16 @@ class Recorder:
         ev.src_device = ev.dst_device = ""
         self._context(ev)
         ev.parent = -1
+
+
+def _made_node(tensors: list) -> bool:
+    """Whether autograd recorded the op on ``tensors`` (grad mode on, an input needs grad)."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t.requires_grad:
+            return True
+    return False
 
 
 def _end_fold(native: Any) -> tuple:

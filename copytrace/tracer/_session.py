@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 
 import torch
 import torch.optim.optimizer as _optim
-from torch.nn.modules import module as _nn_module
 
 from copytrace import _env
 from copytrace._errors import CopytraceError
@@ -241,7 +240,6 @@ class Trace:
         self._compiled: _compiled.Compiled | None = None  # compiled regions (start to stop)
         self._compiled_mode: str | None = None  # "compiled", or "eager" (force_eager fallback)
         self._calls_discard_from: int | None = None
-        self._hooks: list[Any] = []  # module hooks: installed while tracing is engaged
         self._optim_hooks: list[Any] = []  # step hooks: installed from start to stop
         self._start_ns = 0
         self._end_ns = 0
@@ -374,10 +372,6 @@ class Trace:
         if self._modes:
             return
         rec = self._rec
-        self._hooks = [
-            _nn_module.register_module_forward_pre_hook(self._on_forward_pre),
-            _nn_module.register_module_forward_hook(self._on_forward_post, always_call=True),
-        ]
         _recorder.set_active(rec)
         _recorder.install_patches()
         native = self._native()
@@ -403,7 +397,7 @@ class Trace:
         if self._compiled is None:
             self._compiled = _compiled.Compiled(self._rec)
         try:
-            ok = self._compiled.engage(self._modes, self._hooks + self._optim_hooks)
+            ok = self._compiled.engage(self._modes, self._optim_hooks)
         except Exception as err:
             self._rec.note_error(err)
             self._compiled.disengage()
@@ -415,7 +409,7 @@ class Trace:
             self._stance = _force_eager()
 
     def _disengage(self, force: bool = False) -> bool:
-        """Remove the modes, patches and module hooks; False (nothing removed) when the
+        """Remove the modes and patches; False (nothing removed) when the
         program pushed modes of its own above copytrace's and this is not the end."""
         if not self._modes:
             return True
@@ -442,9 +436,6 @@ class Trace:
             self._stance = None
         _recorder.remove_patches()
         _recorder.set_active(None)
-        for handle in self._hooks:
-            handle.remove()
-        self._hooks = []
         return True
 
     @property
@@ -935,12 +926,6 @@ class Trace:
         return trace_summary_markdown(self)
 
     # -- hooks ------------------------------------------------------------------------------------
-    def _on_forward_pre(self, module: torch.nn.Module, args: Any) -> None:
-        self._rec.enter_module(module)
-
-    def _on_forward_post(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        self._rec.exit_module()
-
     def _on_optim_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         self._rec.in_optimizer += 1
 

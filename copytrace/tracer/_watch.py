@@ -415,16 +415,9 @@ class Watch:
                 ev.src_name = self._name_of(src)
 
     def _name_of(self, t: torch.Tensor) -> str | None:
-        """``Module.path.param`` of a parameter or buffer of a module seen in forward."""
-        for entry in list(self.rec._module_names.values()):
-            module, path = entry[0](), entry[1]
-            if module is None:
-                continue
-            for table in (module._parameters, module._buffers):
-                for name, value in table.items():
-                    if value is t:
-                        return f"{path}.{name}"
-        return None
+        """``Module.path.param`` of a parameter or buffer of a module (see
+        :meth:`copytrace.tracer._modules.Modules.owner_name`)."""
+        return self.rec.modules.owner_name(t)
 
     # -- step boundaries ----------------------------------------------------------------------
     def step_end(self, final: bool = False) -> None:
