@@ -329,6 +329,9 @@ def _wrap_load(orig: Any, here: Any) -> Any:
     return functools.wraps(orig)(load_state_dict)
 
 
+_WRAPPERS: dict[tuple[type, str], tuple[Any, Any, Any]] = {}
+
+
 def install(here: Any) -> None:
     """Wrap ``state_dict`` / ``load_state_dict``; ``here()`` gives the active recorder on
     the traced thread, or None."""
@@ -338,7 +341,12 @@ def install(here: Any) -> None:
             if orig is None or (cls, name) in _ORIGINALS:
                 continue
             _ORIGINALS[(cls, name)] = orig
-            setattr(cls, name, wrap(orig, here))
+            # made once per original and ``here``: installing again (after each compiled
+            # call, see _compiled.py) only sets the attribute
+            made = _WRAPPERS.get((cls, name))
+            if made is None or made[0] is not orig or made[1] is not here:
+                made = _WRAPPERS[(cls, name)] = (orig, here, wrap(orig, here))
+            setattr(cls, name, made[2])
 
 
 def remove() -> None:
