@@ -23,6 +23,8 @@ Variants:
                API level and the C++ observer for the aten level
     ct_python  copytrace with observer="python": the Python modes (the fallback)
     ct_api     copytrace level="api": the function mode only (no dispatch mode)
+    ct_lean    copytrace level="lean": no Python mode at all (C wrappers on the copying API
+               and the C++ observer for the aten level)
     ct_idle    copytrace with a schedule, measured over its inactive steps
 """
 
@@ -88,6 +90,10 @@ def traced_api():
     return copytrace.trace(write=False, level="api")
 
 
+def traced_lean():
+    return copytrace.trace(write=False, level="lean")
+
+
 def traced_idle():
     # a schedule whose active steps never come: every measured step is an inactive one
     return copytrace.trace(write=False, schedule=copytrace.Schedule(skip_first=10**9))
@@ -102,6 +108,7 @@ VARIANTS = {
     "copytrace": traced,
     "ct_python": traced_python,
     "ct_api": traced_api,
+    "ct_lean": traced_lean,
     "ct_idle": traced_idle,
 }
 

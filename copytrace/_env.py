@@ -140,7 +140,7 @@ DEFAULT_FLUSH_SECONDS = 5.0
 
 #: Tracing levels, most complete first: ``full`` (both torch modes) and ``api`` (the
 #: function mode only). The accepted set of ``level=`` and ``COPYTRACE_LEVEL``.
-LEVELS: tuple[str, ...] = ("full", "api")
+LEVELS: tuple[str, ...] = ("full", "api", "lean")
 #: Trace file compressions: the accepted set of ``compression=`` and ``COPYTRACE_COMPRESSION``.
 COMPRESSIONS: tuple[str, ...] = ("gzip", "none")
 #: How aten-level copies are seen: the accepted set of ``observer=`` and

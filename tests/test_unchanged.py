@@ -9,6 +9,7 @@ is run in a real subprocess three ways:
 * ``python prog.py`` (untraced, the reference),
 * ``COPYTRACE=1 python prog.py``,
 * ``python -m copytrace run prog.py``,
+* ``COPYTRACE=1 COPYTRACE_LEVEL=lean python prog.py`` (no Python mode on the hot path),
 
 and the traced runs must print exactly what the untraced run printed on stdout (results to the
 bit, every warning with its category, file, line and message, the exceptions each part raised,
@@ -39,7 +40,7 @@ import pytest
 
 CORPUS = Path(__file__).parent / "unchanged"
 PROGRAMS = sorted(p.stem for p in CORPUS.glob("[!_]*.py"))
-WAYS = ("COPYTRACE=1", "copytrace run")
+WAYS = ("COPYTRACE=1", "copytrace run", "COPYTRACE_LEVEL=lean")
 
 #: interpreter options a program is run with (all three ways)
 PYTHON_FLAGS = {"warnings_as_errors": ["-W", "error"]}
@@ -116,9 +117,11 @@ def _run(name: str, way: str | None, out: Path) -> subprocess.CompletedProcess:
     env = _env()
     if way is None:
         cmd = [*python, script]
-    elif way == "COPYTRACE=1":
+    elif way.startswith("COPYTRACE"):
         cmd = [*python, script]
         env.update(COPYTRACE="1", COPYTRACE_REPORT="0", COPYTRACE_OUTPUT=str(out))
+        if way == "COPYTRACE_LEVEL=lean":  # no Python mode at all
+            env.update(COPYTRACE_LEVEL="lean")
     else:
         cmd = [*python, "-m", "copytrace", "run", "--no-report", "-o", str(out), script]
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -11,6 +11,11 @@ Two parts, both in C, both optional:
   call ran into its event, count autograd's own detaches, and hand implicit copies to
   :func:`_implicit`.
 
+At level ``lean`` there is no function mode: :func:`install_wrappers` replaces each callable of
+the API table (``Tensor.clone``, ``torch.clone``, ``Tensor.to``...) by a C function of the
+extension that records the call as the mode's handler would, and ``Tensor.data`` by a C data
+descriptor; every other torch call runs untouched.
+
 Where the extension cannot be had, :mod:`copytrace.tracer._recorder`'s Python modes do the
 same work (see :func:`copytrace.tracer._native.load`).
 """
@@ -25,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from copytrace.tracer import _recorder, _warnshim
 
-__all__ = ["NativeFunctionMode", "engage", "disengage", "aten_ops"]
+__all__ = ["NativeFunctionMode", "engage", "disengage", "aten_ops", "install_wrappers"]
 
 _perf_ns = _recorder._perf_ns
 _graph_task_id = torch._C._current_graph_task_id
@@ -120,3 +125,89 @@ def disengage(rec: Any) -> None:
         rec.last_error = rec.last_error or "error in the C++ observer's callback"
     native.uninstall()
     rec.native = None
+
+
+# --- level "lean": the API table's callables wrapped in C --------------------------------------
+_DUNDERS = frozenset(("__getitem__", "__deepcopy__"))
+_PATCHES: list[tuple[Any, str, Any, Any]] | None = None
+
+
+def _api_callables(table: dict[Any, str]) -> list[tuple[Any, str, Any]]:
+    """``(owner, attribute, callable)`` of every public attribute of ``torch.Tensor`` and
+    ``torch`` whose value is in the API table (``data``: the descriptor itself).
+
+    ``torch.clone`` and the other functions of ``torch`` are safe to replace: torch hands a
+    mode ``torch._C._VariableFunctions``' own callable, never the module attribute."""
+    import warnings
+
+    found = []
+    # not torch.autograd.backward/grad: a mode would receive the replacement as `func` (they
+    # pass themselves, read from their module, to handle_torch_function)
+    owners = (torch.Tensor, torch)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # deprecated torch attributes warn when read
+        for owner in owners:
+            for name in dir(owner):
+                if name.startswith("__") and name not in _DUNDERS:
+                    continue
+                try:
+                    value = getattr(owner, name)
+                    if owner is torch.Tensor and name == "data":
+                        found.append((owner, name, value))
+                    elif value in table and callable(value):
+                        found.append((owner, name, value))
+                except Exception:  # an unhashable or unreadable attribute
+                    continue
+    return found
+
+
+def install_wrappers(rec: Any, native: Any) -> int:
+    """Level ``lean``: put copytrace's C wrappers in place of the API table's callables and
+    of ``Tensor.data``; they are installed and removed with copytrace's other patches
+    (``_recorder.install_patches``), also around each compiled call. Returns how many."""
+    global _PATCHES
+    if _PATCHES is None:
+        patches = []
+        for owner, name, value in _api_callables(rec.api_table):
+            if owner is torch.Tensor and name == "data":
+                data = torch._C.TensorBase.__dict__["data"]
+                new = native.data_descriptor(data, data.__get__, data.__set__)
+            else:
+                new = native.wrap_api(name, value, owner is torch.Tensor)
+            patches.append((owner, name, owner.__dict__.get(name, _recorder.MISSING), new))
+        _PATCHES = patches
+    _recorder.EXTRA_PATCHES[:] = _PATCHES
+    native.set_quiet_codes(_quiet_codes())
+    native.set_wrappers(True)
+    return len(_PATCHES)
+
+
+_QUIET: set[Any] | None = None
+
+
+def _quiet_codes() -> set[Any]:
+    """Code objects of torch's Python-level functions that dispatch through
+    ``handle_torch_function`` (``torch.overrides.get_overridable_functions()``): a function
+    mode sees each call of one as one call and none of the torch calls inside it (torch runs
+    the mode's handler with the mode off its stack), so the wrappers record nothing inside
+    them either (their aten copies are implicit copies, as at level ``full``)."""
+    global _QUIET
+    if _QUIET is None:
+        from torch.overrides import get_overridable_functions
+
+        codes = set()
+        for functions in get_overridable_functions().values():
+            for fn in functions:
+                code = getattr(getattr(fn, "__func__", fn), "__code__", None)
+                if code is not None:
+                    codes.add(code)
+        _QUIET = codes
+    return _QUIET
+
+
+def remove_wrappers(native: Any) -> None:
+    """Undo :func:`install_wrappers` (the patches themselves go with ``remove_patches``)."""
+    native.set_wrappers(False)
+    native.set_quiet_codes(None)
+    _recorder.remove_patches()
+    _recorder.EXTRA_PATCHES.clear()

@@ -908,7 +908,15 @@ def _traced_param_deepcopy(self, memo):
     return rec.api_call("deepcopy", _ORIG_PARAM_DEEPCOPY, (self, memo), {})
 
 
+#: ``(owner, attribute, original, replacement)`` patched with the others (level ``lean``: the
+#: API's C wrappers, see ``_observer.install_wrappers``); ``MISSING``: not in the owner's dict
+EXTRA_PATCHES: list[tuple[Any, str, Any, Any]] = []
+MISSING = object()
+
+
 def install_patches() -> None:
+    for owner, name, _, new in EXTRA_PATCHES:
+        setattr(owner, name, new)
     copy.deepcopy = _traced_deepcopy
     copy.copy = _traced_copy
     torch.utils.swap_tensors = _traced_swap_tensors
@@ -918,6 +926,12 @@ def install_patches() -> None:
 
 
 def remove_patches() -> None:
+    for owner, name, orig, new in EXTRA_PATCHES:
+        if owner.__dict__.get(name) is new:
+            if orig is MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, orig)
     if copy.deepcopy is _traced_deepcopy:
         copy.deepcopy = _ORIG_DEEPCOPY
     if copy.copy is _traced_copy:

@@ -236,6 +236,7 @@ class Trace:
         self._rec = _recorder.Recorder(max_events=max_events, auto_step=auto_step)
         self._auto_step = auto_step
         self._modes: list[Any] = []
+        self._engaged = False  # modes (or level lean's wrappers), patches and kernels in place
         self._stance: Any = None  # force_eager stance where compiled regions cannot be hooked
         self._compiled: _compiled.Compiled | None = None  # compiled regions (start to stop)
         self._compiled_mode: str | None = None  # "compiled", or "eager" (force_eager fallback)
@@ -369,22 +370,28 @@ class Trace:
 
     # -- engaging the modes (whole run, or the traced steps of a schedule) -----------------------
     def _engage(self) -> None:
-        if self._modes:
+        if self._engaged:
             return
+        self._engaged = True
         rec = self._rec
         _recorder.set_active(rec)
-        _recorder.install_patches()
         native = self._native()
         if native is not None:
-            fmode = _observer.engage(rec, native, full=self.level == "full")
-            fmode.__enter__()
-            self._modes = [fmode]
+            fmode = _observer.engage(rec, native, full=self.level != "api")
+            if self.level == "lean":  # no mode: the API's callables are wrapped in C instead
+                _observer.install_wrappers(rec, native)
+                _recorder.install_patches()
+            else:
+                _recorder.install_patches()
+                fmode.__enter__()
+                self._modes = [fmode]
             self._engage_compiled(eager_fallback=False)
             return
+        _recorder.install_patches()
         fmode = _recorder.FunctionMode(rec)
         fmode.__enter__()
         self._modes = [fmode]
-        if self.level == "full":
+        if self.level != "api":
             dmode = _recorder.DispatchMode(rec)
             dmode.__enter__()
             self._modes.append(dmode)
@@ -411,10 +418,11 @@ class Trace:
     def _disengage(self, force: bool = False) -> bool:
         """Remove the modes and patches; False (nothing removed) when the
         program pushed modes of its own above copytrace's and this is not the end."""
-        if not self._modes:
+        if not self._engaged:
             return True
-        if not force and not self._modes_on_top():
+        if not force and self._modes and not self._modes_on_top():
             return False
+        self._engaged = False
         if self._compiled is not None:
             self._compiled.disengage()
         for mode in reversed(self._modes):
@@ -425,6 +433,8 @@ class Trace:
         self._modes = []
         if self._rec.native is not None:
             try:
+                if self.level == "lean":
+                    _observer.remove_wrappers(self._rec.native)
                 _observer.disengage(self._rec)
             except Exception as err:
                 self._rec.note_error(err)

@@ -31,6 +31,7 @@
 #include <unordered_set>
 
 #include <algorithm>
+#include <deque>
 #include <atomic>
 #include <chrono>
 #include <memory>
@@ -385,7 +386,9 @@ PyObject* fold_names() {
 // untraced.
 thread_local std::vector<PyObject*> tls_entry_frames;
 
-PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs);
+PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs,
+                                bool lean = false);
+bool in_quiet_code();
 
 PyObject* torch_function(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   if (nargs < 3) {
@@ -415,7 +418,8 @@ PyObject* torch_function(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   return call_through_recorded(func, args, kwargs);
 }
 
-PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs) {
+PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs, bool lean) {
+  if (kwargs == nullptr) kwargs = Py_None;  // the hooks take kwargs as an argument
   if (g_watch_writes.load(std::memory_order_relaxed) && g_write_hook != nullptr) {
     NoTorchFunction guard;
     PyObject* r = PyObject_CallFunctionObjArgs(g_write_hook, func, args, kwargs, nullptr);
@@ -432,6 +436,7 @@ PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs
     if (PyErr_Occurred()) PyErr_Clear();  // an unhashable callable
     return call_through(func, args, kwargs);
   }
+  if (lean && in_quiet_code()) return call_through(func, args, kwargs);
   PyObject* token;
   {
     NoTorchFunction guard;
@@ -574,6 +579,176 @@ void set_copy_hooks(py::object fresh, py::object written, py::object hook, py::o
   swap(g_getitem, getitem);
 }
 
+
+// --- level "lean": the copying API wrapped in C, no TorchFunctionMode ------------------------
+// Instead of a mode that sees every torch call, each callable of the API table (Tensor.clone,
+// torch.clone, Tensor.to, ...) is replaced by a C function that records the call exactly as the
+// mode's handler does (call_through_recorded), and Tensor.data by a C data descriptor that
+// records its get and set. A C function adds no Python frame; every other torch call runs
+// untouched. Off the traced thread, outside tracing and inside a recorded call they call the
+// original straight away.
+std::atomic<bool> g_wrappers_on{false};
+std::deque<PyMethodDef> g_wrap_defs;  // one per wrapper (its name); never freed
+std::deque<std::string> g_wrap_names;
+PyObject* g_data_get = nullptr;  // Tensor.data.__get__ / __set__ of the original descriptor
+PyObject* g_data_set = nullptr;
+
+// Code objects of torch's Python-level functions that a TorchFunctionMode sees as one call
+// (they dispatch through handle_torch_function: torch.nn.functional's, Tensor.__repr__...).
+// A mode's handler runs them with the mode off the stack, so it sees none of the torch calls
+// they make; the wrappers stay quiet inside them too (their aten copies are implicit ones).
+PyObject* g_quiet_codes = nullptr;  // a set
+
+bool in_quiet_code() {
+  if (g_quiet_codes == nullptr) return false;
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  bool quiet = false;
+  while (frame != nullptr && !quiet) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    quiet = PySet_Contains(g_quiet_codes, reinterpret_cast<PyObject*>(code)) == 1;
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_XDECREF(frame);
+  if (PyErr_Occurred()) PyErr_Clear();
+  return quiet;
+}
+
+inline bool wrappers_record() {
+  // as a mode: nothing while torch function handling is off (torch's own internals,
+  // copytrace's bookkeeping)
+  return g_wrappers_on.load(std::memory_order_relaxed) && tls_owner && !tls_folding &&
+         tls_suppress == 0 && g_table != nullptr &&
+         at::impl::PythonTorchFunctionTLS::get_disabled_state() !=
+             at::impl::TorchFunctionDisabledState::ALL_DISABLED;
+}
+
+PyObject* api_wrapper(PyObject* orig, PyObject* args, PyObject* kwargs) {
+  if (!wrappers_record()) return PyObject_Call(orig, args, kwargs);
+  return call_through_recorded(orig, args, kwargs, true);
+}
+
+struct DataDescr {
+  PyObject_HEAD
+  PyObject* orig;  // the original `data` getset descriptor of torch._C.TensorBase
+};
+
+PyObject* data_get(PyObject* self, PyObject* obj, PyObject* type) {
+  PyObject* orig = reinterpret_cast<DataDescr*>(self)->orig;
+  if (obj == nullptr || obj == Py_None || !wrappers_record() || g_data_get == nullptr)
+    return Py_TYPE(orig)->tp_descr_get(orig, obj, type);
+  PyObject* args = PyTuple_Pack(1, obj);
+  if (args == nullptr) return nullptr;
+  PyObject* r = call_through_recorded(g_data_get, args, nullptr, true);
+  Py_DECREF(args);
+  return r;
+}
+
+int data_set(PyObject* self, PyObject* obj, PyObject* value) {
+  PyObject* orig = reinterpret_cast<DataDescr*>(self)->orig;
+  if (value == nullptr || !wrappers_record() || g_data_set == nullptr)
+    return Py_TYPE(orig)->tp_descr_set(orig, obj, value);
+  PyObject* args = PyTuple_Pack(2, obj, value);
+  if (args == nullptr) return -1;
+  PyObject* r = call_through_recorded(g_data_set, args, nullptr, true);
+  Py_DECREF(args);
+  if (r == nullptr) return -1;
+  Py_DECREF(r);
+  return 0;
+}
+
+void data_dealloc(PyObject* self) {
+  Py_XDECREF(reinterpret_cast<DataDescr*>(self)->orig);
+  PyTypeObject* type = Py_TYPE(self);
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+PyType_Slot g_data_slots[] = {
+    {Py_tp_descr_get, reinterpret_cast<void*>(&data_get)},
+    {Py_tp_descr_set, reinterpret_cast<void*>(&data_set)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(&data_dealloc)},
+    {Py_tp_doc, const_cast<char*>("Tensor.data, recorded while copytrace traces (level lean)")},
+    {0, nullptr}};
+PyType_Spec g_data_spec = {"copytrace_observer.DataDescriptor", sizeof(DataDescr), 0,
+                           Py_TPFLAGS_DEFAULT, g_data_slots};
+
+// A Tensor method's replacement on the class: read from an instance it is the wrapper bound to
+// that instance; read from the class it is the original, so that torch (the `func` a mode or
+// a subclass's __torch_function__ receives is looked up on the class), torch.overrides and
+// the program see the same callables as untraced.
+struct MethodDescr {
+  PyObject_HEAD
+  PyObject* orig;
+  PyObject* wrapper;
+};
+
+PyObject* method_get(PyObject* self, PyObject* obj, PyObject*) {
+  auto* d = reinterpret_cast<MethodDescr*>(self);
+  if (obj == nullptr || obj == Py_None) {
+    Py_INCREF(d->orig);
+    return d->orig;
+  }
+  return PyMethod_New(d->wrapper, obj);
+}
+
+void method_dealloc(PyObject* self) {
+  Py_XDECREF(reinterpret_cast<MethodDescr*>(self)->orig);
+  Py_XDECREF(reinterpret_cast<MethodDescr*>(self)->wrapper);
+  PyTypeObject* type = Py_TYPE(self);
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+PyType_Slot g_method_slots[] = {
+    {Py_tp_descr_get, reinterpret_cast<void*>(&method_get)},
+    {Py_tp_dealloc, reinterpret_cast<void*>(&method_dealloc)},
+    {Py_tp_doc, const_cast<char*>("a Tensor method recorded while copytrace traces (lean)")},
+    {0, nullptr}};
+PyType_Spec g_method_spec = {"copytrace_observer.MethodDescriptor", sizeof(MethodDescr), 0,
+                             Py_TPFLAGS_DEFAULT, g_method_slots};
+
+// wrap_api(name, original, method) -> a C function named `name` calling `original` (see above);
+// `method`: a MethodDescr for the Tensor class instead
+py::object wrap_api(const std::string& name, py::object orig, bool method) {
+  g_wrap_names.push_back(name);
+  g_wrap_defs.push_back({g_wrap_names.back().c_str(),
+                         reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&api_wrapper)),
+                         METH_VARARGS | METH_KEYWORDS, "recorded by copytrace while it traces"});
+  PyObject* fn = PyCFunction_New(&g_wrap_defs.back(), orig.ptr());
+  if (fn == nullptr || !method) return py::reinterpret_steal<py::object>(fn);
+  static PyObject* type = PyType_FromSpec(&g_method_spec);
+  if (type == nullptr) {
+    Py_DECREF(fn);
+    throw py::error_already_set();
+  }
+  PyObject* self = PyType_GenericAlloc(reinterpret_cast<PyTypeObject*>(type), 0);
+  if (self == nullptr) {
+    Py_DECREF(fn);
+    throw py::error_already_set();
+  }
+  reinterpret_cast<MethodDescr*>(self)->orig = orig.release().ptr();
+  reinterpret_cast<MethodDescr*>(self)->wrapper = fn;
+  return py::reinterpret_steal<py::object>(self);
+}
+
+// data_descriptor(original descriptor, original.__get__, original.__set__)
+py::object data_descriptor(py::object orig, py::object getter, py::object setter) {
+  static PyObject* type = PyType_FromSpec(&g_data_spec);
+  if (type == nullptr) throw py::error_already_set();
+  Py_XDECREF(g_data_get);
+  Py_XDECREF(g_data_set);
+  g_data_get = getter.release().ptr();
+  g_data_set = setter.release().ptr();
+  PyObject* self = PyType_GenericAlloc(reinterpret_cast<PyTypeObject*>(type), 0);
+  if (self == nullptr) throw py::error_already_set();
+  reinterpret_cast<DataDescr*>(self)->orig = orig.release().ptr();
+  return py::reinterpret_steal<py::object>(self);
+}
+
 }  // namespace
 
 namespace copytrace_facts {
@@ -616,6 +791,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_watch_writes", [](bool on) { g_watch_writes.store(on); });
   m.def("set_copy_hooks", &set_copy_hooks,
         "fresh (dict), written (dict), hook, Tensor.__getitem__ (None clears)");
+  m.def("wrap_api", &wrap_api, "A C function named `name` that records calls of `original` (method: binds as one)");
+  m.def("data_descriptor", &data_descriptor,
+        "A data descriptor for Tensor.data over (original, its __get__, its __set__)");
+  m.def("set_wrappers", [](bool on) { g_wrappers_on.store(on); },
+        "Record calls through the wrappers (level lean)");
+  m.def("set_quiet_codes", [](py::object codes) {
+    PyObject* old = g_quiet_codes;
+    g_quiet_codes = codes.is_none() ? nullptr : codes.release().ptr();
+    Py_XDECREF(old);
+  }, "Code objects inside which the wrappers record nothing (a set; None clears)");
   // torch requires the handler's __self__ to be the mode object (python_arg_parser.cpp)
   m.def("bind_torch_function", [](py::object mode) {
     return py::reinterpret_steal<py::object>(PyCFunction_New(&g_tf_def, mode.ptr()));
