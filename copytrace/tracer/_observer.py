@@ -161,7 +161,7 @@ def _api_callables(table: dict[Any, str]) -> list[tuple[Any, str, Any]]:
     return found
 
 
-def install_wrappers(rec: Any, native: Any) -> int:
+def install_wrappers(rec: Any, native: Any, mode: NativeFunctionMode) -> int:
     """Level ``lean``: put copytrace's C wrappers in place of the API table's callables and
     of ``Tensor.data``; they are installed and removed with copytrace's other patches
     (``_recorder.install_patches``), also around each compiled call. Returns how many."""
@@ -177,6 +177,7 @@ def install_wrappers(rec: Any, native: Any) -> int:
             patches.append((owner, name, owner.__dict__.get(name, _recorder.MISSING), new))
         _PATCHES = patches
     _recorder.EXTRA_PATCHES[:] = _PATCHES
+    rec.lean_watch = LeanWatch(mode)
     native.set_quiet_codes(_quiet_codes())
     native.set_wrappers(True)
     return len(_PATCHES)
@@ -205,8 +206,50 @@ def _quiet_codes() -> set[Any]:
     return _QUIET
 
 
-def remove_wrappers(native: Any) -> None:
+class LeanWatch:
+    """Level ``lean``'s function mode, on the stack only while a ``.data`` alias of a tensor
+    that requires grad is alive (the ``data-inplace`` hazard needs every in-place write
+    through it: ``Recorder.watch``); meanwhile the wrappers stand aside and the mode records,
+    as at level ``full``. torch's mode stacks are thread-local: a change asked for on another
+    thread (an alias freed there) waits for :meth:`settle` on the traced thread."""
+
+    def __init__(self, mode: NativeFunctionMode) -> None:
+        self.mode = mode
+        self.pushed = False
+        self.wanted = False
+
+    def watch(self, on: bool) -> None:
+        self.wanted = on
+        if threading.get_ident() == _recorder._THREAD:
+            self.settle()
+
+    def settle(self) -> None:
+        """Push or remove the mode as last asked (on the traced thread)."""
+        from copytrace.tracer._stepaside import FUNCTION_STACK, lift
+
+        if self.wanted and not self.pushed:
+            # at the bottom of the stack: a program's mode exits by popping the top one
+            length, _, pop, push = FUNCTION_STACK
+            above = [pop() for _ in range(length())]  # top first
+            push(self.mode)
+            for mode in reversed(above):
+                push(mode)
+            self.pushed = True
+        elif not self.wanted and self.pushed:
+            lift(*FUNCTION_STACK, self.mode)
+            self.pushed = False
+
+    def remove(self) -> None:
+        self.wanted = False
+        self.settle()
+
+
+def remove_wrappers(rec: Any, native: Any) -> None:
     """Undo :func:`install_wrappers` (the patches themselves go with ``remove_patches``)."""
+    lean = getattr(rec, "lean_watch", None)
+    if lean is not None:
+        lean.remove()
+        rec.lean_watch = None
     native.set_wrappers(False)
     native.set_quiet_codes(None)
     _recorder.remove_patches()

@@ -275,6 +275,8 @@ class Recorder:
         self.watch = _watch.Watch(self)
         #: the C++ observer module while it is engaged (copytrace/tracer/_native), else None
         self.native: Any = None
+        #: level lean: the mode pushed while ``.data`` writes are watched (_observer.LeanWatch)
+        self.lean_watch: Any = None
         for fn in _watch.BACKWARD_FUNCTIONS:
             self.api_table[fn] = "backward"
 

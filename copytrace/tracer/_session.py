@@ -237,6 +237,7 @@ class Trace:
         self._auto_step = auto_step
         self._modes: list[Any] = []
         self._engaged = False  # modes (or level lean's wrappers), patches and kernels in place
+        self._lean_mode: Any = None  # level lean: the mode pushed only while writes are watched
         self._stance: Any = None  # force_eager stance where compiled regions cannot be hooked
         self._compiled: _compiled.Compiled | None = None  # compiled regions (start to stop)
         self._compiled_mode: str | None = None  # "compiled", or "eager" (force_eager fallback)
@@ -379,8 +380,9 @@ class Trace:
         if native is not None:
             fmode = _observer.engage(rec, native, full=self.level != "api")
             if self.level == "lean":  # no mode: the API's callables are wrapped in C instead
-                _observer.install_wrappers(rec, native)
+                _observer.install_wrappers(rec, native, fmode)
                 _recorder.install_patches()
+                self._lean_mode = fmode
             else:
                 _recorder.install_patches()
                 fmode.__enter__()
@@ -404,7 +406,8 @@ class Trace:
         if self._compiled is None:
             self._compiled = _compiled.Compiled(self._rec)
         try:
-            ok = self._compiled.engage(self._modes, self._optim_hooks)
+            modes = self._modes or ([self._lean_mode] if self._lean_mode is not None else [])
+            ok = self._compiled.engage(modes, self._optim_hooks)
         except Exception as err:
             self._rec.note_error(err)
             self._compiled.disengage()
@@ -434,7 +437,7 @@ class Trace:
         if self._rec.native is not None:
             try:
                 if self.level == "lean":
-                    _observer.remove_wrappers(self._rec.native)
+                    _observer.remove_wrappers(self._rec, self._rec.native)
                 _observer.disengage(self._rec)
             except Exception as err:
                 self._rec.note_error(err)
@@ -521,6 +524,9 @@ class Trace:
         ended = rec.step_index
         recorded = self._action in _RECORDING
         rec.step(now)
+        lean = getattr(rec, "lean_watch", None)
+        if lean is not None:
+            lean.settle()  # an alias freed on another thread
         if not self.running:
             return rec.step_index
         if recorded:

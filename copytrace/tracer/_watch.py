@@ -265,6 +265,9 @@ class Watch:
         if native is not None:
             try:
                 native.set_watch_writes(on)
+                lean = getattr(self.rec, "lean_watch", None)
+                if lean is not None:  # level lean: a mode only while writes are watched
+                    lean.watch(on)
             except Exception as err:  # interpreter shutdown
                 self.rec.note_error(err)
 

@@ -620,8 +620,11 @@ bool in_quiet_code() {
 inline bool wrappers_record() {
   // as a mode: nothing while torch function handling is off (torch's own internals,
   // copytrace's bookkeeping)
+  // (and nothing while copytrace's mode is pushed to watch writes through a `.data` alias:
+  // it records instead, as at level full)
   return g_wrappers_on.load(std::memory_order_relaxed) && tls_owner && !tls_folding &&
          tls_suppress == 0 && g_table != nullptr &&
+         !g_watch_writes.load(std::memory_order_relaxed) &&
          at::impl::PythonTorchFunctionTLS::get_disabled_state() !=
              at::impl::TorchFunctionDisabledState::ALL_DISABLED;
 }
