@@ -191,3 +191,53 @@ def test_fake_tensor_copies_are_copies_of_no_real_memory() -> None:
         assert (ev.alias, ev.fake, ev.bytes_allocated, ev.bytes_logical) == (False, True, 0, 128)
     assert [e.op for e in t.events] == ["clone", "deepcopy"]
     assert [e.op for e in t2.events] == ["deepcopy"]
+
+
+@needs_native
+def test_level_lean_records_the_same_events_with_no_mode() -> None:
+    from torch.overrides import _get_current_function_mode_stack
+
+    def lean_events() -> list[tuple]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with copytrace.trace(write=False, level="lean") as t:
+                assert _get_current_function_mode_stack() == []  # no Python mode at all
+                _program()
+        return [tuple(getattr(e, f) for f in FIELDS) for e in t.events]
+
+    full, lean = _events("auto"), lean_events()
+    # every field of every event, in order (the same program as the parity test above)
+    assert len(lean) == len(full) > 30
+    for a, b in zip(lean, full, strict=True):
+        assert dict(zip(FIELDS, a, strict=True)) == dict(zip(FIELDS, b, strict=True))
+    # the class attributes are torch's own again, and read from the class they always were
+    assert torch.Tensor.clone is torch._C.TensorBase.clone
+    assert torch.Tensor.__dict__.get("data") is None
+
+
+@needs_native
+def test_level_lean_documented_differences() -> None:
+    x = torch.randn(3, requires_grad=True)
+    idx = torch.tensor([0, 2])
+    bound = x.clone  # bound before tracing: the wrapper never sees it
+
+    def program() -> None:
+        bound()
+        x.clone()
+        x.detach()[idx].zero_()  # a write into a temporary gather: a lost write
+
+    with copytrace.trace(write=False, level="lean") as lean:
+        program()
+    with copytrace.trace(write=False) as full:
+        program()
+    # lean: the bound call's aten::clone is an implicit copy; writes into fresh copies are not
+    # watched, so the lost write has no site
+    assert [(e.op, e.aten, e.write_site is None) for e in lean.events] == [
+        ("implicit", ("aten::clone",), True),
+        ("clone", ("aten::clone",), True),
+        ("detach", ("aten::detach",), True),
+        ("index", (), True),
+    ]
+    assert [(e.op, e.write_site is None) for e in full.events] == [
+        ("clone", True), ("clone", True), ("detach", True), ("index", False),
+    ]

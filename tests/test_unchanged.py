@@ -180,7 +180,7 @@ def test_traced_program_prints_raises_and_exits_as_untraced(name, way, tmp_path_
     assert _last_traceback(traced.stderr) == _last_traceback(plain.stderr)
 
 
-# The one difference tracing at the default level still makes, documented in the README's known
+# The one difference tracing at the default level still makes (and level lean does not), documented in the README's known
 # limitations, pinned exactly so that a change shows here: any TorchFunctionMode re-enters a
 # Python-level torch function through handle_torch_function (two more torch frames in a
 # traceback). copytrace installs no nn.Module hooks, so Module.__call__ keeps its fast path: a
@@ -224,3 +224,10 @@ def test_known_differences_are_exactly_the_documented_ones(tmp_path):
     assert t_frames == (
         "frames ['<module>', 'softmax', 'handle_torch_function', 'softmax', '_get_softmax_dim']"
     )
+    # level lean puts no mode on the stack: not even that difference
+    lean = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+        env=dict(env, COPYTRACE_LEVEL="lean"),
+    )  # fmt: skip
+    assert lean.returncode == 0, lean.stderr
+    assert lean.stdout == plain.stdout
