@@ -465,14 +465,14 @@ class Compiled:
         hidden = hide_hooks(self._hook_entries)
         patched = copy_patched()
         if patched:
-            _recorder.remove_patches()
+            _recorder.remove_patches(stepping_aside=True)
         return f_above, d_above, hidden, patched
 
     def _resume(self, saved: tuple[Any, Any, Any, bool]) -> None:
         f_above, d_above, hidden, patched = saved
         fmode, dmode = self._modes
         if patched:
-            _recorder.install_patches()
+            _recorder.install_patches(stepping_aside=True)
         show_hooks(hidden)
         if d_above is not None:
             length, _, pop, push = DISPATCH_STACK

@@ -916,9 +916,12 @@ EXTRA_PATCHES: list[tuple[Any, str, Any, Any]] = []
 MISSING = object()
 
 
-def install_patches() -> None:
+def install_patches(stepping_aside: bool = False) -> None:
+    """Install copytrace's patches (``stepping_aside``: back after a compiled call, where the
+    ``torch.Tensor`` ones stayed)."""
     for owner, name, _, new in EXTRA_PATCHES:
-        setattr(owner, name, new)
+        if not (stepping_aside and owner is _Tensor):
+            setattr(owner, name, new)
     copy.deepcopy = _traced_deepcopy
     copy.copy = _traced_copy
     torch.utils.swap_tensors = _traced_swap_tensors
@@ -927,8 +930,13 @@ def install_patches() -> None:
     _handover.install(_here)
 
 
-def remove_patches() -> None:
+def remove_patches(stepping_aside: bool = False) -> None:
+    """Remove copytrace's patches (``stepping_aside``: for a compiled call, which sees
+    ``torch.Tensor``'s own methods through the wrappers' descriptors and whose wrappers stand
+    aside by themselves; changing ``torch.Tensor``'s attributes costs a type-cache flush each)."""
     for owner, name, orig, new in EXTRA_PATCHES:
+        if stepping_aside and owner is _Tensor:
+            continue
         if owner.__dict__.get(name) is new:
             if orig is MISSING:
                 delattr(owner, name)

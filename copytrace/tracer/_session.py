@@ -397,7 +397,7 @@ class Trace:
             dmode = _recorder.DispatchMode(rec)
             dmode.__enter__()
             self._modes.append(dmode)
-        self._engage_compiled(eager_fallback=self.level == "full")
+        self._engage_compiled(eager_fallback=self.level != "api")
 
     def _engage_compiled(self, eager_fallback: bool) -> None:
         """Let torch.compile'd code run compiled (copytrace steps aside at each compiled call);
@@ -1085,7 +1085,10 @@ def trace(output_dir: str | os.PathLike[str] | None = None, **options: Any) -> T
         schedule, exporters, tracer_provider, compression, flush_events, flush_seconds: see
             :class:`Trace`.
         level: ``"full"`` (default, or ``$COPYTRACE_LEVEL``): both modes, every API and aten
-            copy; ``"api"``: the function mode only, about half the per-op cost on op-bound
+            copy; ``"lean"``: the same events with no Python mode on the hot path (C wrappers
+            on the copying API instead of the function mode; needs the C++ observer, else
+            as ``"full"``; no in-place write facts for fresh copies); ``"api"``: the function
+            mode only, about half the per-op cost on op-bound
             steps, but no implicit copies (backward, autocast, composites), no aten op names,
             no count of autograd's internal detaches and no ``data-inplace`` hazard.
 
