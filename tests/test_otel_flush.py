@@ -11,7 +11,6 @@ import textwrap
 import pytest
 import torch
 import torch.nn as nn
-from torch.nn.modules import module as nn_module
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
@@ -19,6 +18,8 @@ import copytrace
 from copytrace.dashboards import load_trace
 from copytrace.tracer import Trace
 from copytrace.tracer._session import Schedule
+
+_UNPATCHED_DEEPCOPY = copy.deepcopy  # copytrace patches it process-wide while engaged
 
 
 def _engaged() -> bool:
@@ -105,7 +106,7 @@ def _scheduled_program(t, steps=12):
     lin = nn.Linear(2, 2)
     seen = []
     for i in range(steps):
-        seen.append((i, _engaged(), bool(nn_module._global_forward_pre_hooks)))
+        seen.append((i, _engaged(), copy.deepcopy is not _UNPATCHED_DEEPCOPY))
         x.clone()
         lin(torch.ones(1, 2))
         t.step()
@@ -128,7 +129,7 @@ def test_schedule_traces_only_active_steps(tmp_path, schedule):
     # step: 0 skip, 1 wait, 2 warmup, 3-4 active, 5 wait, 6 warmup, 7-8 active, then none
     engaged = [i for i, on, _ in seen if on]
     assert engaged == [2, 3, 4, 6, 7, 8]
-    assert all(hooks == on for _, on, hooks in seen)  # module hooks only while engaged
+    assert all(patched == on for _, on, patched in seen)  # deepcopy patched only while engaged
     assert t.stats["steps_traced"] == 4 and t.stats["discarded"] == 2
     run = _run(t.trace_path)
     assert [s.step for s in run.steps] == [3, 4, 7, 8]
