@@ -72,9 +72,24 @@ def format_summary(model: ReportModel, top_n: int = 10) -> str:
         The summary text, ending with a newline. Bytes are shown in B/KiB/MiB/GiB, times
         in ns/us/ms/s, shares in percent.
     """
-    from copytrace.dashboards._model import NO_MODULE, format_bytes, format_ns, top
+    lines = _run_lines(model)
+    lines.append("")
+    lines.extend(_headline_lines(model))
+    lines.extend(_top_lines(model, top_n))
+    lines.extend(_op_and_transfer_lines(model))
+    compiled = getattr(model, "compiled", None)
+    if compiled is not None:
+        from copytrace.dashboards._compiled import summary_lines
 
-    t = model.totals
+        lines.extend(summary_lines(compiled, model.totals.bytes_copied, top_n))
+    lines.extend(_hazard_lines(model, top_n))
+    return "\n".join(lines) + "\n"
+
+
+def _run_lines(model: ReportModel) -> list[str]:
+    """Each run's command, versions, duration and recording counts."""
+    from copytrace.dashboards._model import format_ns
+
     lines: list[str] = []
     for r in model.runs:
         lines.append(f"run: {r.label}{' on ' + r.host if r.host else ''}")
@@ -95,7 +110,15 @@ def format_summary(model: ReportModel, top_n: int = 10) -> str:
         )
     if model.bad_lines:
         lines.append(f"unreadable lines skipped: {model.bad_lines}")
-    lines.append("")
+    return lines
+
+
+def _headline_lines(model: ReportModel) -> list[str]:
+    """The copy time share of a step, the event counts, bytes and the number of hazards."""
+    from copytrace.dashboards._model import format_bytes, format_ns
+
+    t = model.totals
+    lines: list[str] = []
     st = model.stages
     steady, warm, tail = st["steady"], st["warmup"], st["tail"]
     if steady.steps and steady.step_time_ns:
@@ -129,6 +152,14 @@ def format_summary(model: ReportModel, top_n: int = 10) -> str:
     )
     if model.hazards or model.analysis == "ran":
         lines.append(f"hazards: {len(model.hazards)}")
+    return lines
+
+
+def _top_lines(model: ReportModel, top_n: int) -> list[str]:
+    """The top call sites and modules, by bytes copied and by copy time."""
+    from copytrace.dashboards._model import NO_MODULE, format_bytes, format_ns, top
+
+    t = model.totals
 
     def site_rows(rows: Sequence, is_site: bool) -> list[list[str]]:
         out = []
@@ -144,6 +175,7 @@ def format_summary(model: ReportModel, top_n: int = 10) -> str:
             )  # fmt: skip
         return out
 
+    lines: list[str] = []
     headers = ["#", "bytes copied", "%", "time", "%", "events", "copies", "aliases", "no-ops"]
     for what, rows_of, is_site in (
         ("call sites", model.call_sites, True),
@@ -154,8 +186,14 @@ def format_summary(model: ReportModel, top_n: int = 10) -> str:
             lines.append("")
             lines.append(f"top {what} by {label}:")
             lines.extend(_table(headers + [what[:-1]], site_rows(chosen, is_site), set(range(9))))
-    lines.append("")
-    lines.append("by op:")
+    return lines
+
+
+def _op_and_transfer_lines(model: ReportModel) -> list[str]:
+    """The per-op table, and the device-pair table when anything crossed devices."""
+    from copytrace.dashboards._model import format_bytes, format_ns
+
+    lines = ["", "by op:"]
     lines.extend(
         _table(
             ["op", "events", "copies", "aliases", "no-ops", "bytes copied", "allocated", "time"],
@@ -177,25 +215,25 @@ def format_summary(model: ReportModel, top_n: int = 10) -> str:
                 right={2, 3, 4, 5},
             )
         )  # fmt: skip
-    compiled = getattr(model, "compiled", None)
-    if compiled is not None:
-        from copytrace.dashboards._compiled import summary_lines
+    return lines
 
-        lines.extend(summary_lines(compiled, t.bytes_copied, top_n))
-    if model.hazards:
-        lines.append("")
-        lines.append("hazards:")
-        run_col = ["run"] if model.multi_run else []
-        lines.extend(
-            _table(
-                ["severity", "code", *run_col, "events", "message", "fix"],
-                [[h.severity or "?", h.code, *([", ".join(h.runs)] if run_col else []),
-                  str(len(h.event_ids)), h.message, h.fix]
-                 for h in model.hazards[: max(top_n, 1) * 2]],
-                right={3 if run_col else 2},
-            )
-        )  # fmt: skip
-    return "\n".join(lines) + "\n"
+
+def _hazard_lines(model: ReportModel, top_n: int) -> list[str]:
+    """The hazards table (at most ``2 * top_n`` rows), or nothing without hazards."""
+    if not model.hazards:
+        return []
+    run_col = ["run"] if model.multi_run else []
+    lines = ["", "hazards:"]
+    lines.extend(
+        _table(
+            ["severity", "code", *run_col, "events", "message", "fix"],
+            [[h.severity or "?", h.code, *([", ".join(h.runs)] if run_col else []),
+              str(len(h.event_ids)), h.message, h.fix]
+             for h in model.hazards[: max(top_n, 1) * 2]],
+            right={3 if run_col else 2},
+        )
+    )  # fmt: skip
+    return lines
 
 
 def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
