@@ -114,3 +114,22 @@ def test_two_processes(tmp_path: Path) -> None:
     write_trace(tmp_path, pid=12, gz=True)
     model = _compare(tmp_path)
     assert [r.label for r in model.runs] == ["pid 11", "pid 12"]
+
+
+def test_summary_model_skips_only_the_hazards_events(tmp_path: Path) -> None:
+    """``hazard_events=False`` (the terminal summary's model) changes nothing but the
+    hazards' call sites and steps, which then are the findings' own; the timeline still
+    builds (with no hazard marked)."""
+    write_many(tmp_path, 3000, large_every=7)
+    full = build_model(event_table(tmp_path), analyze=False)
+    lean = build_model(event_table(tmp_path), analyze=False, hazard_events=False)
+    assert _plain(lean.totals) == _plain(full.totals)
+    assert _plain(lean.call_sites) == _plain(full.call_sites)
+    assert _plain(lean.steps) == _plain(full.steps)
+    # the trace's own hazards: 4, one per call site, naming 12 events in all
+    assert [(h.code, h.message, h.event_ids, h.runs) for h in lean.hazards] == [
+        (h.code, h.message, h.event_ids, h.runs) for h in full.hazards
+    ]
+    assert len(lean.hazards) == 4
+    assert full.ev_hazard.count(-1) < len(full.ev_hazard)  # the full model marks them
+    assert set(lean.ev_hazard) == {-1} and len(lean.ev_hazard) == len(full.ev_hazard)

@@ -259,7 +259,7 @@ def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
     path = Path(args.path)
     trace = select_runs(event_table(path), args, path)
     warn_unreadable(trace, path)
-    model = build_model(trace, analyze=not args.no_analysis, timeline=False)
+    model = build_model(trace, analyze=not args.no_analysis, timeline=False, hazard_events=False)
     (out or sys.stdout).write(format_summary(model, args.top))
     return 0
 

@@ -200,6 +200,7 @@ def build_model(
     progress: Any = None,
     max_points: int = MAX_TIMELINE_POINTS,
     timeline: bool = True,
+    hazard_events: bool = True,
 ) -> ReportModel:
     """Aggregate a trace into the data shown by the report.
 
@@ -217,6 +218,10 @@ def build_model(
             error events are kept beyond it).
         timeline: Choose the timeline's events at all (False leaves the event columns
             empty: ``copytrace summary`` has no timeline).
+        hazard_events: Complete each hazard's call sites, steps and runs from its events
+            (False: only what the finding names, and the run of a one-run trace; the
+            terminal summary shows neither, and on a 1M-event trace whose findings name
+            every event this saves joining them all).
 
     Returns:
         Run metadata, totals (bytes in bytes, times in ns), steps with stages, per call site /
@@ -231,13 +236,20 @@ def build_model(
     table = table_from_trace(source) if isinstance(source, TraceData) else source
     q = Query(table)
     try:
-        return _build(q, found, status, read_sources, progress, max_points if timeline else -1)
+        points = max_points if timeline else -1
+        return _build(q, found, status, read_sources, progress, points, hazard_events)
     finally:
         q.close()
 
 
 def _build(
-    q: Any, findings: Any, status: str, read_sources: bool, progress: Any, max_points: int
+    q: Any,
+    findings: Any,
+    status: str,
+    read_sources: bool,
+    progress: Any,
+    max_points: int,
+    hazard_events: bool = True,
 ) -> ReportModel:
     """The sections of :func:`build_model`, in order, over the open query ``q``."""
     from copytrace.dashboards import sections as sec
@@ -253,7 +265,7 @@ def _build(
     runs = sec.run.run_infos(q)
     sec.run.run_devices(q, runs)
     tick()
-    hz_rows = sec.hazards.hazard_rows(q, findings, [r.label for r in runs])
+    hz_rows = sec.hazards.hazard_rows(q, findings, [r.label for r in runs], hazard_events)
     tick()
     step_rows = sec.steps.step_rows(q, runs)
     src = sec.sources.sources(q, runs, read_sources)

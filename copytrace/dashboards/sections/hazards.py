@@ -251,12 +251,21 @@ def _findings_cache(source: Any) -> Path | None:
     return home / f"findings-{key.hexdigest()[:24]}.json"
 
 
-def hazard_rows(q: Query, findings: list[Any] | None, labels: list[str]) -> list[HazardRow]:
+def hazard_rows(
+    q: Query, findings: list[Any] | None, labels: list[str], events: bool = True
+) -> list[HazardRow]:
     """The section's hazards, sorted, with their events registered (table ``hz``):
     the findings' when there are (the analysis ran), else those the tracer wrote.
-    ``labels``: the run labels, in ``q``'s run order."""
+    ``labels``: the run labels, in ``q``'s run order. ``events``: False leaves the call
+    sites and steps as the findings name them and registers no events (the timeline then
+    marks none), when the trace holds one run."""
     rows = [from_finding(f) for f in findings] if findings is not None else from_trace(q, labels)
     rows, new_pos = sort_hazards(rows)
+    if not events and len(labels) == 1:
+        for h in rows:
+            h.runs = list(labels)
+        attach_events(q, rows, {}, labels)  # an empty ``hz``
+        return rows
     first_of: dict[str, int] = {}
     for pos in reversed(new_pos):  # an event named by several: the first finding's, in their
         first_of.update(dict.fromkeys(rows[pos].event_ids, pos))  # own order, is set last
