@@ -27,9 +27,9 @@ from copytrace.analysis._budget import (
     StepTotal,
     _column_totals,
     _is_views,
+    _totals,
     check_budget,
     parse_bytes,
-    run_totals,
     severity_codes,
     step_totals,
 )
@@ -52,7 +52,6 @@ __all__ = [
     "parse_bytes",
     "severity_codes",
     "step_totals",
-    "run_totals",
 ]
 
 _ORDER = {code: i for i, code in enumerate(HAZARDS)}
@@ -95,7 +94,7 @@ def _analyze(
 
 
 def analyze_with_totals(source: Any) -> tuple[list[Finding], tuple[list[StepTotal], int]]:
-    """:func:`analyze` and :func:`run_totals` of ``source`` from one read of its columns
+    """:func:`analyze` and the per-step totals of ``source`` (:func:`step_totals`) from one read of its columns
     (what ``copytrace check`` needs; on a 1M-event trace this saves reading and ordering
     the columns a second time, about 1.4 s).
 
@@ -109,7 +108,7 @@ def analyze_with_totals(source: Any) -> tuple[list[Finding], tuple[list[StepTota
         TraceFileError: as :func:`analyze`.
     """
     if _is_views(source):
-        return _analyze(source, None), run_totals(source)
+        return _analyze(source, None), _totals(source)
     totals: dict[tuple[int, int], StepTotal] = {}
     runs = 0
 
@@ -164,7 +163,8 @@ def check(
         source: as for :func:`analyze`.
         budget: the limits and forbidden hazard codes.
         findings: the findings of ``source`` when already computed.
-        totals: what :func:`run_totals` returned for ``source``, when already computed.
+        totals: ``(step totals, number of runs)`` of ``source`` when already computed
+            (:func:`analyze_with_totals`).
 
     Returns:
         ``(violations, findings)``: one line per violated limit or forbidden finding (empty

@@ -136,12 +136,6 @@ def step_totals(source: Any) -> list[StepTotal]:
     return _totals(source)[0]
 
 
-def run_totals(source: Any) -> tuple[list[StepTotal], int]:
-    """:func:`step_totals`, and the number of runs (reading the columns once for both
-    :func:`check_budget` and a caller that shows the worst step)."""
-    return _totals(source)
-
-
 def _totals(source: Any) -> tuple[list[StepTotal], int]:
     """:func:`step_totals`, and the number of runs."""
     totals: dict[tuple[int, int], StepTotal] = {}
@@ -174,7 +168,8 @@ def check_budget(
         source: as for :func:`step_totals`.
         findings: the findings of ``source``.
         budget: the limits.
-        totals: what :func:`run_totals` returned for ``source``, when already computed.
+        totals: ``(step totals, number of runs)`` of ``source`` when already computed
+            (:func:`copytrace.analysis.analyze_with_totals`).
     """
     lines: list[str] = []
     totals, runs = totals if totals is not None else _totals(source)
