@@ -29,6 +29,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from copytrace.tracer import _recorder, _warnshim
+from copytrace.tracer._stepaside import FUNCTION_STACK, lift
 
 __all__ = ["NativeFunctionMode", "engage", "disengage", "aten_ops", "install_wrappers"]
 
@@ -248,13 +249,12 @@ class LeanWatch:
         the stack when it should leave is off it only for the moment (torch takes a mode off
         while its handler runs, and a result can die in there): it stays marked as pushed,
         and the next call removes it, unless ``final``."""
-        from copytrace.tracer._stepaside import FUNCTION_STACK, lift
-
         wanted = self.aliases or self.indexes
         if wanted and not self.pushed:
             # at the bottom of the stack: a program's mode exits by popping the top one
             length, _, pop, push = FUNCTION_STACK
-            above = [pop() for _ in range(length())]  # top first
+            n = length()
+            above = [pop() for _ in range(n)] if n else ()  # top first
             push(self.mode)
             for mode in reversed(above):
                 push(mode)
