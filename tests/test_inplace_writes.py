@@ -38,7 +38,7 @@ def _writes(keep: list[Any]) -> None:
     keep.extend((a, b, d, e, f))
 
 
-def _trace(level: str | None = None, observer: str | None = None) -> copytrace.Trace:
+def _trace(level: str, observer: str = "native") -> copytrace.Trace:
     keep: list[Any] = []
     with copytrace.trace(write=False, level=level, observer=observer) as t:
         _writes(keep)
@@ -55,7 +55,7 @@ def test_version_counter_counts_writes_through_views_and_out(level: str) -> None
 
 
 def test_python_fallback_counts_the_calls_on_the_copy_itself() -> None:
-    t = _trace(observer="python")
+    t = _trace("full", observer="python")
     # only calls whose first argument is the copy: b's out= and the views' writes are not seen,
     # and f's own tensor died at once
     assert [e.inplace_writes for e in t.events] == [0, 0, 0, 0, 3, 0]
@@ -64,7 +64,7 @@ def test_python_fallback_counts_the_calls_on_the_copy_itself() -> None:
 @pytest.mark.parametrize("level", LEVELS)
 def test_count_is_final_for_copies_dead_before_a_flush_and_alive_at_stop(level: str) -> None:
     x = torch.randn(4)
-    with copytrace.trace(write=False, level=level) as t:
+    with copytrace.trace(write=False, level=level, observer="native") as t:
         gone = x.clone()
         gone.add_(1)
         del gone  # dies written once, before anything reads the count
@@ -80,7 +80,7 @@ def test_count_is_final_for_copies_dead_before_a_flush_and_alive_at_stop(level: 
 def test_lean_mode_joins_only_while_an_index_result_lives() -> None:
     x = torch.arange(6.0)
     idx = torch.tensor([1, 4])
-    with copytrace.trace(write=False, level="lean") as t:
+    with copytrace.trace(write=False, level="lean", observer="native") as t:
         assert _get_current_function_mode_stack() == []
         rows = x[idx]
         assert len(_get_current_function_mode_stack()) == 1
@@ -102,7 +102,7 @@ def test_lean_mode_joins_only_while_an_index_result_lives() -> None:
 def test_lean_mode_leaves_at_the_next_step_when_the_result_dies_on_another_thread() -> None:
     x = torch.arange(6.0)
     box = []
-    with copytrace.trace(write=False, level="lean") as t:
+    with copytrace.trace(write=False, level="lean", observer="native") as t:
         box.append(x[torch.tensor([0, 2])])
         assert len(_get_current_function_mode_stack()) == 1
         thread = threading.Thread(target=box.clear)  # the last reference dies there
@@ -129,7 +129,7 @@ def test_a_program_mode_above_lean_mode_keeps_its_place() -> None:
     idx = torch.tensor([1, 4])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with copytrace.trace(write=False, level="lean") as t:
+        with copytrace.trace(write=False, level="lean", observer="native") as t:
             with Log() as log:
                 rows = x[idx]  # the mode joins below the program's
                 stack = _get_current_function_mode_stack()
