@@ -1,9 +1,21 @@
-"""In-place writes into fresh copies, seen from the function mode.
+"""In-place writes into fresh copies.
 
-Every API-level copy into new storage (``clone``, ``.to``, ``x[idx]``...) is watched, weakly,
-while its result lives: an in-place call on it (a method or function whose name ends in
-``_``, an in-place operator, ``__setitem__``, or ``inplace=True``) adds one to the event's
-``inplace_writes``. Two hazards read that fact:
+Every API-level copy into new storage (``clone``, ``.to``, ``x[idx]``...) is watched while its
+result lives (no strong reference), and its event gets ``inplace_writes``:
+
+* with the C++ observer (levels ``full``, ``api`` and ``lean``): how far the copy's version
+  counter advanced while it lived. The counter is shared by the tensor and all its views and
+  torch bumps it for every in-place op, so a write through a view or by ``out=`` counts, one
+  op counts once, and the copy lives as long as one of its views does. The observer keeps a
+  handle on the counter (not on the tensor or its storage) and reads it after the copy died;
+  the count is final once no tensor shares the counter (:meth:`Fresh.events`, at each flush)
+  or when tracing stops;
+* with the Python fallback (no extension; Python cannot read a dead tensor's counter) and for
+  inference tensors (no counter): the in-place calls on the copy itself that the function
+  mode sees (a method or function whose name ends in ``_``, an in-place operator,
+  ``__setitem__``, or ``inplace=True``); writes through a view or by ``out=`` are not seen.
+
+Two hazards read that fact:
 
 * ``redundant-copy``: a copy that was written is not interchangeable with another copy of the
   same source, so neither is redundant;
@@ -12,10 +24,13 @@ while its result lives: an in-place call on it (a method or function whose name 
   and no torch call used it after that write, the event gets ``write_site``, the
   ``file:line function`` of the first lost write.
 
-Only the function mode's own arguments are looked at: ``args[0]`` of every call while some
-copy is alive, and every argument (one level into lists and tuples, and keyword values)
-only while a written index result waits for a use. A write made by ``out=`` into a copy,
-or by C++ code below a torch call, is not seen. Nothing here keeps a tensor alive.
+The write site and the uses need the function mode's calls: ``args[0]`` of every call while an
+index result (or a copy counted by calls) is alive, and every argument (one level into lists
+and tuples, and keyword values) only while a written index result waits for a use. At level
+``lean`` the mode joins the stack, at its bottom, only while an index result is alive
+(``on_index``; ``_observer.LeanWatch``); inference tensors that are not index results are not
+counted there. A write into an index result made by ``out=`` or by C++ code below a torch call
+gives no write site.
 """
 
 from __future__ import annotations
@@ -38,6 +53,7 @@ INDEX_OPS = ("index", "index_select", "masked_select", "take", "gather", "take_a
 
 _Tensor = torch.Tensor
 _MAX_FRESH = 100_000
+_MIN_KEPT = 4096
 _INPLACE_DUNDERS = frozenset((
     "__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__", "__ifloordiv__",
     "__imod__", "__ipow__", "__iand__", "__ior__", "__ixor__", "__ilshift__", "__irshift__",
@@ -70,29 +86,62 @@ def is_inplace(func: Any, kwargs: dict | None = None) -> bool:
 
 
 class _Entry(weakref.ref):
-    """A weak reference to a fresh copy, with what is known of its writes: one object per
-    watched copy (its callback is :meth:`Fresh._gone`)."""
+    """A weak reference to a fresh copy that must see torch calls (an index result, or a copy
+    without a version counter), with what is known of its writes: one object per such copy
+    (its callback is :meth:`Fresh._gone`)."""
 
-    __slots__ = ("key", "ev", "index", "site", "used")
+    __slots__ = ("key", "ev", "index", "site", "used", "version")
     # No __new__/__init__ of its own: weakref.ref's C ones are 8x faster (Fresh.watch sets
     # the fields).
 
 
 class Fresh:
-    """The fresh copies alive now (``fresh``) and the written index results that no call has
-    used since (``written``); both dicts are keyed by ``id(tensor)`` and never replaced."""
+    """The fresh copies being watched.
+
+    * ``kept``: ``(version counter handle, event)`` of the copies whose writes the C++
+      observer's version counter gives (``version_of``/``version_final``/``version_delta``,
+      set by ``_observer.engage``): no weak reference and no callback; an entry is final once
+      no tensor shares the counter, found by :meth:`events` and when ``kept`` doubles;
+    * ``fresh``: the others, by ``id(tensor)``, as :class:`_Entry` (index results, whose
+      writes need a site and a use, and copies without a version counter: the Python fallback,
+      inference tensors); ``written``: the written index results that no call has used since;
+      ``index``: the live index results (``on_index(alive)`` is told when the first one
+      appears and when the last one dies: level lean's mode).
+
+    The dicts are never replaced (the C++ observer holds ``fresh`` and ``written``)."""
 
     def __init__(self, note_error: Any) -> None:
+        self.kept: list[tuple[Any, CopyEvent]] = []
+        self._limit = _MIN_KEPT
         self.fresh: dict[int, _Entry] = {}
+        self.index: dict[int, _Entry] = {}
         self.written: dict[int, _Entry] = {}
+        self.version_of: Any = None
+        self.version_final: Any = None
+        self.version_delta: Any = None
+        self.on_index: Any = None
         self._note_error = note_error
         self._callback = self._gone
 
     def events(self) -> list[CopyEvent]:
-        return [entry.ev for entry in list(self.fresh.values())]
+        """The events of the copies still alive (their ``inplace_writes`` may still grow)."""
+        self._prune()
+        return [entry.ev for entry in list(self.fresh.values())] + [ev for _, ev in self.kept]
 
     def watch(self, out: torch.Tensor, ev: CopyEvent, index: bool) -> None:
         """Watch the result ``out`` of copy event ``ev`` until it dies."""
+        version_of = self.version_of
+        if version_of is None:
+            version = None
+        else:
+            version = version_of(out)
+            if version is not None and not index:
+                ev.inplace_writes = 0
+                kept = self.kept
+                kept.append((version, ev))
+                if len(kept) >= self._limit:
+                    self._prune()
+                return
         fresh = self.fresh
         if len(fresh) >= _MAX_FRESH:
             return
@@ -103,19 +152,65 @@ class Fresh:
         entry.index = index
         entry.site = None  # first in-place write
         entry.used = False  # a torch call used the result after its first write
+        entry.version = version
+        table = self.index
+        if table and key in table:  # the same tensor watched again: its old entry ends now
+            self._drop(table[key])
         fresh[key] = entry
+        if index:
+            table[key] = entry
+            if len(table) == 1 and self.on_index is not None:
+                self.on_index(True)
+
+    def _prune(self) -> None:
+        """Give the copies that are gone (with all their views) their final count."""
+        kept = self.kept
+        if not kept:
+            return
+        final = self.version_final
+        alive = []
+        try:
+            for item in kept:
+                writes = final(item[0])
+                if writes is None:
+                    alive.append(item)
+                else:
+                    item[1].inplace_writes = writes
+        except Exception as err:
+            self._note_error(err)
+            return
+        self.kept = alive
+        self._limit = max(_MIN_KEPT, 2 * len(alive))
 
     def _gone(self, entry: _Entry) -> None:
-        key = entry.key
         fresh = self.fresh
+        key = entry.key
         if fresh.get(key) is not entry:
             return
-        del fresh[key]
+        if not entry.index and entry.version is None:  # a copy counted by calls: done
+            del fresh[key]
+            return
+        try:
+            self._drop(entry)
+        except Exception as err:  # a weakref callback: never an "Exception ignored" line
+            self._note_error(err)
+
+    def _drop(self, entry: _Entry) -> None:
+        """Stop watching ``entry`` (its copy died, or another event took its tensor)."""
+        key = entry.key
+        del self.fresh[key]
+        if entry.version is not None:
+            entry.ev.inplace_writes = self.version_delta(entry.version)
         written = self.written
         if written.get(key) is entry:
             del written[key]
-            if not entry.used:  # written, then dropped unused: the write is lost
+            if not entry.used and entry() is None:  # written, then dropped unused: lost
                 entry.ev.write_site = entry.site
+        table = self.index
+        if table.get(key) is entry:
+            del table[key]
+            if not table and self.on_index is not None:
+                self.on_index(False)
 
     def call(self, func: Any, args: tuple, kwargs: dict) -> None:
         """A torch call with a watched tensor among its arguments. Never raises."""
@@ -127,7 +222,8 @@ class Fresh:
             entry = self.fresh.get(id(target))
             if entry is None or entry() is not target or not inplace:
                 return
-            entry.ev.inplace_writes = (entry.ev.inplace_writes or 0) + 1
+            if entry.version is None:  # no version counter: count the calls
+                entry.ev.inplace_writes = (entry.ev.inplace_writes or 0) + 1
             if entry.index and entry.site is None:
                 found = user_frame(sys._getframe(1))
                 entry.site = f"{found[0]}:{found[1]} {found[2]}" if found else "?"
@@ -150,6 +246,25 @@ class Fresh:
                     entry.used = True
                     del written[id(item)]
 
+    def finish(self) -> None:
+        """Tracing stops: the final counts of the copies still alive; then watch nothing."""
+        try:
+            delta = self.version_delta
+            for version, ev in self.kept:
+                ev.inplace_writes = delta(version)
+            for entry in list(self.fresh.values()):
+                if entry.version is not None:
+                    entry.ev.inplace_writes = delta(entry.version)
+        except Exception as err:
+            self._note_error(err)
+        self.clear()
+
     def clear(self) -> None:
+        self.kept = []
+        self._limit = _MIN_KEPT
         self.fresh.clear()
         self.written.clear()
+        if self.index:
+            self.index.clear()
+            if self.on_index is not None:
+                self.on_index(False)

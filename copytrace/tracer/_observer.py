@@ -29,6 +29,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from copytrace.tracer import _recorder, _warnshim
+from copytrace.tracer._stepaside import FUNCTION_STACK, lift
 
 __all__ = ["NativeFunctionMode", "engage", "disengage", "aten_ops", "install_wrappers"]
 
@@ -95,6 +96,8 @@ def engage(rec: Any, native: Any, full: bool) -> NativeFunctionMode:
     native.set_watch_writes(bool(watch.aliases))
     _warnshim.install(native)
     copies = watch.copies  # in-place writes into fresh copies (_fresh.py)
+    copies.version_of, copies.version_final = native.version_of, native.version_final
+    copies.version_delta = native.version_delta
     native.set_copy_hooks(copies.fresh, copies.written, copies.call, torch.Tensor.__getitem__)
     if full:
         if _OPS is None:
@@ -177,7 +180,11 @@ def install_wrappers(rec: Any, native: Any, mode: NativeFunctionMode) -> int:
             patches.append((owner, name, owner.__dict__.get(name, _recorder.MISSING), new))
         _PATCHES = patches
     _recorder.EXTRA_PATCHES[:] = _PATCHES
-    rec.lean_watch = LeanWatch(mode)
+    rec.lean_watch = lean = LeanWatch(mode, native)
+    copies = rec.watch.copies  # the mode also joins while an index result is alive (_fresh.py)
+    copies.on_index = lean.watch_index
+    if copies.index:
+        lean.watch_index(True)
     native.set_quiet_codes(_quiet_codes())
     native.set_wrappers(True)
     return len(_PATCHES)
@@ -207,47 +214,68 @@ def _quiet_codes() -> set[Any]:
 
 
 class LeanWatch:
-    """Level ``lean``'s function mode, on the stack only while a ``.data`` alias of a tensor
-    that requires grad is alive (the ``data-inplace`` hazard needs every in-place write
-    through it: ``Recorder.watch``); meanwhile the wrappers stand aside and the mode records,
-    as at level ``full``. torch's mode stacks are thread-local: a change asked for on another
-    thread (an alias freed there) waits for :meth:`settle` on the traced thread."""
+    """Level ``lean``'s function mode, on the stack only while it must see every torch call:
+    while a ``.data`` alias of a tensor that requires grad is alive (the ``data-inplace``
+    hazard needs every in-place write through it: ``Recorder.watch``), and while an advanced
+    indexing result is alive (the ``lost-inplace-write`` hazard needs the site of a write into
+    it and whether a later call used it: ``_fresh.Fresh``). Meanwhile the wrappers stand aside
+    and the mode records, as at level full. torch's mode stacks are thread-local: a change
+    asked for on another thread (an alias or a result freed there) waits for :meth:`settle`
+    on the traced thread."""
 
-    def __init__(self, mode: NativeFunctionMode) -> None:
+    def __init__(self, mode: NativeFunctionMode, native: Any) -> None:
         self.mode = mode
+        self.native = native
         self.pushed = False
-        self.wanted = False
+        self.aliases = False  # a `.data` alias is alive
+        self.indexes = False  # an advanced indexing result is alive
+
+    @property
+    def wanted(self) -> bool:
+        return self.aliases or self.indexes
 
     def watch(self, on: bool) -> None:
-        self.wanted = on
+        self.aliases = on
         if threading.get_ident() == _recorder._THREAD:
             self.settle()
 
-    def settle(self) -> None:
-        """Push or remove the mode as last asked (on the traced thread)."""
-        from copytrace.tracer._stepaside import FUNCTION_STACK, lift
+    def watch_index(self, on: bool) -> None:
+        self.indexes = on
+        if threading.get_ident() == _recorder._THREAD:
+            self.settle()
 
-        if self.wanted and not self.pushed:
+    def settle(self, final: bool = False) -> None:
+        """Push or remove the mode as last asked (on the traced thread). A mode that is not on
+        the stack when it should leave is off it only for the moment (torch takes a mode off
+        while its handler runs, and a result can die in there): it stays marked as pushed,
+        and the next call removes it, unless ``final``."""
+        wanted = self.aliases or self.indexes
+        if wanted and not self.pushed:
             # at the bottom of the stack: a program's mode exits by popping the top one
             length, _, pop, push = FUNCTION_STACK
-            above = [pop() for _ in range(length())]  # top first
+            n = length()
+            above = [pop() for _ in range(n)] if n else ()  # top first
             push(self.mode)
             for mode in reversed(above):
                 push(mode)
             self.pushed = True
-        elif not self.wanted and self.pushed:
-            lift(*FUNCTION_STACK, self.mode)
+            self.native.set_lean_mode(True)
+        elif not wanted and self.pushed:
+            if lift(*FUNCTION_STACK, self.mode) is None and not final:
+                return
             self.pushed = False
+            self.native.set_lean_mode(False)
 
     def remove(self) -> None:
-        self.wanted = False
-        self.settle()
+        self.aliases = self.indexes = False
+        self.settle(final=True)
 
 
 def remove_wrappers(rec: Any, native: Any) -> None:
     """Undo :func:`install_wrappers` (the patches themselves go with ``remove_patches``)."""
     lean = getattr(rec, "lean_watch", None)
     if lean is not None:
+        rec.watch.copies.on_index = None
         lean.remove()
         rec.lean_watch = None
     native.set_wrappers(False)

@@ -446,7 +446,7 @@ class Watch:
         self.writes.clear()
         self.rebinds.clear()
         self.snapshots.clear()
-        self.copies.clear()
+        self.copies.finish()  # final in-place write counts of the copies still alive
         self.handovers.clear()
 
     def _check_retained(self, final: bool) -> None:

@@ -580,6 +580,104 @@ void set_copy_hooks(py::object fresh, py::object written, py::object hook, py::o
 }
 
 
+// --- version counters of fresh copies (copytrace/tracer/_fresh.py) ---------------------------
+// A fresh copy's in-place writes are how far its version counter advanced while it lived. The
+// counter (c10::VariableVersion) is shared by a tensor and all its views and is bumped by every
+// in-place op, out= included. version_of(tensor) returns a small object holding the counter (a
+// refcounted VersionCounter: it keeps neither the tensor nor its storage alive) and its value
+// now; version_delta(that object) is how far it advanced since, readable after the tensor died,
+// and version_final(that object) the same once no tensor shares the counter any more.
+// version_of gives None for what has no counter (inference tensors, non-tensors).
+// set_lean_mode(on): level lean's function mode is on the traced thread's stack (the wrappers
+// stand aside, the mode records).
+std::atomic<bool> g_lean_mode{false};
+
+struct VersionRef {
+  PyObject_HEAD
+  c10::VariableVersion counter;  // constructed in place by version_of
+  uint32_t start;
+};
+
+void version_dealloc(PyObject* self) {
+  reinterpret_cast<VersionRef*>(self)->counter.~VariableVersion();
+  PyTypeObject* type = Py_TYPE(self);
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+PyType_Slot g_version_slots[] = {
+    {Py_tp_dealloc, reinterpret_cast<void*>(&version_dealloc)},
+    {Py_tp_doc, const_cast<char*>("a tensor's version counter and its value when read")},
+    {0, nullptr}};
+PyType_Spec g_version_spec = {"copytrace_observer.VersionRef", sizeof(VersionRef), 0,
+                              Py_TPFLAGS_DEFAULT, g_version_slots};
+PyTypeObject* g_version_type = nullptr;
+
+PyObject* version_of(PyObject*, PyObject* obj) {
+  if (g_version_type == nullptr || !THPVariable_Check(obj)) Py_RETURN_NONE;
+  try {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (!t.defined()) Py_RETURN_NONE;
+    const c10::VariableVersion& counter = t.unsafeGetTensorImpl()->version_counter();
+    if (!counter.enabled()) Py_RETURN_NONE;  // an inference tensor
+    const uint32_t start = counter.current_version();
+    PyObject* self = PyType_GenericAlloc(g_version_type, 0);
+    if (self == nullptr) return nullptr;
+    auto* ref = reinterpret_cast<VersionRef*>(self);
+    new (&ref->counter) c10::VariableVersion(counter);
+    ref->start = start;
+    return self;
+  } catch (const std::exception&) {
+    Py_RETURN_NONE;
+  }
+}
+
+PyObject* version_delta(PyObject*, PyObject* obj) {
+  if (g_version_type == nullptr || Py_TYPE(obj) != g_version_type) {
+    PyErr_SetString(PyExc_TypeError, "version_delta() takes what version_of() returned");
+    return nullptr;
+  }
+  auto* ref = reinterpret_cast<VersionRef*>(obj);
+  const uint32_t now = ref->counter.current_version();
+  return PyLong_FromUnsignedLong(static_cast<uint32_t>(now - ref->start));
+}
+
+// version_final(handle) -> the delta once no tensor shares the counter any more (the copy and
+// all its views are gone: this handle holds the only reference), else None
+PyObject* version_final(PyObject*, PyObject* obj) {
+  if (g_version_type == nullptr || Py_TYPE(obj) != g_version_type) {
+    PyErr_SetString(PyExc_TypeError, "version_final() takes what version_of() returned");
+    return nullptr;
+  }
+  auto* ref = reinterpret_cast<VersionRef*>(obj);
+  if (!ref->counter.unique()) Py_RETURN_NONE;
+  const uint32_t now = ref->counter.current_version();
+  return PyLong_FromUnsignedLong(static_cast<uint32_t>(now - ref->start));
+}
+
+PyMethodDef g_version_of_def = {"version_of", &version_of, METH_O,
+                                "version_of(tensor) -> a handle on its version counter, or None"};
+PyMethodDef g_version_delta_def = {"version_delta", &version_delta, METH_O,
+                                   "version_delta(handle) -> bumps of the counter since version_of"};
+PyMethodDef g_version_final_def = {
+    "version_final", &version_final, METH_O,
+    "version_final(handle) -> version_delta once no tensor shares the counter, else None"};
+
+void define_versions(py::module_& m) {
+  if (g_version_type == nullptr) {
+    g_version_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&g_version_spec));
+    if (g_version_type == nullptr) throw py::error_already_set();
+  }
+  m.attr("version_of") = py::reinterpret_steal<py::object>(PyCFunction_New(&g_version_of_def, nullptr));
+  m.attr("version_delta") =
+      py::reinterpret_steal<py::object>(PyCFunction_New(&g_version_delta_def, nullptr));
+  m.attr("version_final") =
+      py::reinterpret_steal<py::object>(PyCFunction_New(&g_version_final_def, nullptr));
+  m.def("set_lean_mode", [](bool on) { g_lean_mode.store(on); },
+        "Level lean's function mode is on the traced thread's stack: the wrappers stand aside");
+}
+
+
 // --- level "lean": the copying API wrapped in C, no TorchFunctionMode ------------------------
 // Instead of a mode that sees every torch call, each callable of the API table (Tensor.clone,
 // torch.clone, Tensor.to, ...) is replaced by a C function that records the call exactly as the
@@ -620,11 +718,11 @@ bool in_quiet_code() {
 inline bool wrappers_record() {
   // as a mode: nothing while torch function handling is off (torch's own internals,
   // copytrace's bookkeeping)
-  // (and nothing while copytrace's mode is pushed to watch writes through a `.data` alias:
-  // it records instead, as at level full)
+  // (and nothing while copytrace's mode is on the stack, set_lean_mode: it records instead,
+  // as at level full)
   return g_wrappers_on.load(std::memory_order_relaxed) && tls_owner && !tls_folding &&
          tls_suppress == 0 && g_table != nullptr &&
-         !g_watch_writes.load(std::memory_order_relaxed) &&
+         !g_lean_mode.load(std::memory_order_relaxed) &&
          at::impl::PythonTorchFunctionTLS::get_disabled_state() !=
              at::impl::TorchFunctionDisabledState::ALL_DISABLED;
 }
@@ -794,6 +892,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_watch_writes", [](bool on) { g_watch_writes.store(on); });
   m.def("set_copy_hooks", &set_copy_hooks,
         "fresh (dict), written (dict), hook, Tensor.__getitem__ (None clears)");
+  define_versions(m);  // version_of, version_delta, set_lean_mode
   m.def("wrap_api", &wrap_api, "A C function named `name` that records calls of `original` (method: binds as one)");
   m.def("data_descriptor", &data_descriptor,
         "A data descriptor for Tensor.data over (original, its __get__, its __set__)");
