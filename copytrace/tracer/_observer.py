@@ -11,10 +11,12 @@ Two parts, both in C, both optional:
   call ran into its event, count autograd's own detaches, and hand implicit copies to
   :func:`_implicit`.
 
-At level ``lean`` there is no function mode: :func:`install_wrappers` replaces each callable of
-the API table (``Tensor.clone``, ``torch.clone``, ``Tensor.to``...) by a C function of the
-extension that records the call as the mode's handler would, and ``Tensor.data`` by a C data
-descriptor; every other torch call runs untouched.
+At level ``lean`` there is no function mode: :func:`install_wrappers` hot-patches torch's own C
+function pointers behind the API table's callables (``Tensor.clone``, ``torch.clone``,
+``Tensor.to``..., and ``Tensor.data``'s get and set) so that each call is recorded by a C
+function of the extension as the mode's handler would record it; the few with no C pointer
+(``Tensor.__deepcopy__``, ``Tensor.backward``, ``Tensor.__getitem__``) are replaced as
+attributes by C wrappers. Every other torch call runs untouched.
 
 Where the extension cannot be had, :mod:`copytrace.tracer._recorder`'s Python modes do the
 same work (see :func:`copytrace.tracer._native.load`).

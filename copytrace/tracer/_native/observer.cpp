@@ -582,9 +582,11 @@ void set_copy_hooks(py::object fresh, py::object written, py::object hook, py::o
 
 // --- level "lean": the copying API wrapped in C, no TorchFunctionMode ------------------------
 // Instead of a mode that sees every torch call, each callable of the API table (Tensor.clone,
-// torch.clone, Tensor.to, ...) is replaced by a C function that records the call exactly as the
-// mode's handler does (call_through_recorded), and Tensor.data by a C data descriptor that
-// records its get and set. A C function adds no Python frame; every other torch call runs
+// torch.clone, Tensor.to, ...) is recorded by a C function exactly as the mode's handler does
+// (call_through_recorded): torch's own pointers are hot-patched (hot_install, below), and the
+// few callables with no C pointer (Tensor.__deepcopy__, Tensor.backward, Tensor.__getitem__)
+// are replaced as attributes (wrap_api; data_descriptor for Tensor.data where its getset
+// cannot be patched). A C function adds no Python frame; every other torch call runs
 // untouched. Off the traced thread, outside tracing and inside a recorded call they call the
 // original straight away.
 std::atomic<bool> g_wrappers_on{false};
