@@ -217,12 +217,12 @@ def test_level_lean_records_the_same_events_with_no_mode() -> None:
 
 
 @needs_native
-def test_level_lean_documented_differences() -> None:
+def test_level_lean_sees_bound_calls_and_lost_writes_as_full_does() -> None:
     from torch.overrides import _get_current_function_mode_stack
 
     x = torch.randn(3, requires_grad=True)
     idx = torch.tensor([0, 2])
-    bound = x.clone  # bound before tracing: the wrapper never sees it
+    bound = x.clone  # bound before tracing: recorded too (torch's own pointer is hot-patched)
 
     def program() -> None:
         bound()
@@ -235,17 +235,136 @@ def test_level_lean_documented_differences() -> None:
         assert _get_current_function_mode_stack() == []
     with copytrace.trace(write=False, level="full") as full:
         program()
-    # lean: the bound call's aten::clone is an implicit copy (the one difference left); the
-    # lost write into the gather has the same site at both levels
+    # the bound call is recorded as the clone it is (torch's pointer is hot-patched); the lost
+    # write into the gather has the same site at both levels
     assert [(e.op, e.aten) for e in lean.events] == [
-        ("implicit", ("aten::clone",)), ("clone", ("aten::clone",)), ("detach", ("aten::detach",)),
+        ("clone", ("aten::clone",)), ("clone", ("aten::clone",)), ("detach", ("aten::detach",)),
         ("index", ()),
     ]  # fmt: skip
     assert [e.op for e in full.events] == ["clone", "clone", "detach", "index"]
     for t in (lean, full):
         assert [e.write_site is None for e in t.events] == [True, True, True, False]
-    # zero_ bumped the gather's version counter once; an implicit copy is not watched
-    assert [e.inplace_writes for e in lean.events] == [None, 0, None, 1]
+    # zero_ bumped the gather's version counter once; an alias (detach) has no count
+    assert [e.inplace_writes for e in lean.events] == [0, 0, None, 1]
     assert [e.inplace_writes for e in full.events] == [0, 0, None, 1]
     assert lean.events[3].write_site == full.events[3].write_site
     assert lean.events[3].write_site.endswith(" program")
+
+
+# --- level lean: torch's own pointers hot-patched (observer.cpp, hot_install) -----------------
+def _bound_before_program(x: torch.Tensor, y: torch.Tensor) -> None:
+    """Calls of callables taken before tracing started (set up by the caller)."""
+    bound_clone, bound_detach_, bound_to, clone, reshape, tensor = _BOUND
+    bound_clone()
+    bound_detach_()  # y: a non-leaf, cut from its graph in place
+    bound_to(torch.float64)
+    clone(x, memory_format=torch.contiguous_format)
+    reshape(x.t(), (-1,))  # a hidden copy
+    tensor(x.detach())
+
+
+_BOUND: tuple = ()
+
+
+def _ptr_ml_meth(descr: object) -> int:
+    """torch's C function pointer behind a method_descriptor (PyMethodDescrObject.d_method
+    follows the PyDescrObject header: refcount, type, d_type, d_name, d_qualname)."""
+    import ctypes
+
+    method_def = ctypes.c_void_p.from_address(id(descr) + 5 * ctypes.sizeof(ctypes.c_void_p))
+    return ctypes.c_void_p.from_address(method_def.value + ctypes.sizeof(ctypes.c_void_p)).value
+
+
+def _ptr_vectorcall(fn: object) -> int | None:
+    """PyCFunctionObject.vectorcall of a builtin function (after refcount, type, m_ml, m_self,
+    m_module, m_weakreflist)."""
+    import ctypes
+
+    return ctypes.c_void_p.from_address(id(fn) + 6 * ctypes.sizeof(ctypes.c_void_p)).value
+
+
+@needs_native
+def test_level_lean_records_callables_taken_before_tracing_as_full_does() -> None:
+    global _BOUND
+    from torch import clone, reshape, tensor  # imported before tracing
+
+    def events(level: str) -> list[dict]:
+        global _BOUND
+        x = torch.randn(3, 4, requires_grad=True)
+        y = x * 2
+        _BOUND = (x.clone, y.detach_, x.to, clone, reshape, tensor)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.tensor(a tensor) warns
+            with copytrace.trace(write=False, level=level) as t:
+                _bound_before_program(x, y)
+        return [{f: getattr(e, f) for f in FIELDS} for e in t.events]
+
+    lean, full = events("lean"), events("full")
+    # one API event per call, every field as level full records it (line: the call's own)
+    assert [e["op"] for e in lean] == [
+        "clone", "detach_", "to", "clone", "reshape", "detach", "tensor_ctor",
+    ]  # fmt: skip
+    assert lean == full
+    assert (lean[0]["bytes_allocated"], lean[2]["bytes_allocated"]) == (48, 96)  # 12 x 4, x 8
+    assert lean[1]["alias"] and lean[1]["bytes_allocated"] == 0
+    _BOUND = ()
+
+
+@needs_native
+def test_level_lean_leaves_torchs_callables_in_place_and_restores_the_pointers() -> None:
+    from copytrace.tracer import _native
+
+    native = _native.load()
+    names = ("clone", "to", "detach", "detach_", "data", "numpy", "copy_", "reshape")
+    tensor_dict = {n: torch.Tensor.__dict__.get(n) for n in names}
+    base_dict = {n: torch._C.TensorBase.__dict__[n] for n in names}
+    keyed = {torch.clone: "clone", torch.reshape: "reshape"}  # hashed before tracing
+    functions = (torch.clone, torch.reshape, torch.tensor)
+    before = [_ptr_ml_meth(torch._C.TensorBase.clone), *map(_ptr_vectorcall, functions)]
+    x = torch.randn(4)
+    bound = x.clone
+    for _ in range(3):  # started and stopped again: each time the same
+        with copytrace.trace(write=False, level="lean") as t:
+            assert torch.Tensor.clone is torch._C.TensorBase.clone
+            assert {n: torch.Tensor.__dict__.get(n) for n in names} == tensor_dict
+            assert {n: torch._C.TensorBase.__dict__[n] for n in names} == base_dict
+            assert keyed[torch.clone] == "clone" and keyed[torch.reshape] == "reshape"
+            during = [_ptr_ml_meth(torch._C.TensorBase.clone), *map(_ptr_vectorcall, functions)]
+            assert all(a != b for a, b in zip(before, during, strict=True))
+            assert native.hot_count() > 20  # the C methods and functions of the table, data
+            bound()
+        assert [e.op for e in t.events] == ["clone"]
+        after = [_ptr_ml_meth(torch._C.TensorBase.clone), *map(_ptr_vectorcall, functions)]
+        assert after == before and native.hot_count() == 0
+    # after stop: torch's own code runs, nothing is recorded into the last trace
+    assert torch.equal(bound(), x) and torch.clone(x).data_ptr() != x.data_ptr()
+    assert len(t.events) == 1
+
+
+@needs_native
+def test_level_lean_a_user_mode_sees_torchs_callable_and_the_copy_is_recorded_once() -> None:
+    seen: list = []
+
+    class Log(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            seen.append(func)
+            return func(*args, **(kwargs or {}))  # re-enters the hot-patched pointer
+
+    x = torch.randn(3)
+    bound = x.clone
+    with copytrace.trace(write=False, level="lean") as t:
+        with Log():
+            bound()
+            torch.clone(x)
+            _ = x.data
+    # what the mode receives untraced: torch's own callables
+    with Log():
+        untraced = list(seen)
+        seen.clear()
+        bound()
+        torch.clone(x)
+        _ = x.data
+    assert seen == untraced
+    assert untraced[:2] == [torch._C.TensorBase.clone, torch.clone]
+    assert untraced[2] == torch._C.TensorBase.data.__get__
+    assert [e.op for e in t.events] == ["clone", "clone", "data_get"]

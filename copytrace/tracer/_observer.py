@@ -11,10 +11,12 @@ Two parts, both in C, both optional:
   call ran into its event, count autograd's own detaches, and hand implicit copies to
   :func:`_implicit`.
 
-At level ``lean`` there is no function mode: :func:`install_wrappers` replaces each callable of
-the API table (``Tensor.clone``, ``torch.clone``, ``Tensor.to``...) by a C function of the
-extension that records the call as the mode's handler would, and ``Tensor.data`` by a C data
-descriptor; every other torch call runs untouched.
+At level ``lean`` there is no function mode: :func:`install_wrappers` hot-patches torch's own C
+function pointers behind the API table's callables (``Tensor.clone``, ``torch.clone``,
+``Tensor.to``..., and ``Tensor.data``'s get and set) so that each call is recorded by a C
+function of the extension as the mode's handler would record it; the few with no C pointer
+(``Tensor.__deepcopy__``, ``Tensor.backward``, ``Tensor.__getitem__``) are replaced as
+attributes by C wrappers. Every other torch call runs untouched.
 
 Where the extension cannot be had, :mod:`copytrace.tracer._recorder`'s Python modes do the
 same work (see :func:`copytrace.tracer._native.load`).
@@ -22,6 +24,7 @@ same work (see :func:`copytrace.tracer._native.load`).
 
 from __future__ import annotations
 
+import atexit
 import threading
 from typing import Any
 
@@ -132,7 +135,7 @@ def disengage(rec: Any) -> None:
 
 # --- level "lean": the API table's callables wrapped in C --------------------------------------
 _DUNDERS = frozenset(("__getitem__", "__deepcopy__"))
-_PATCHES: list[tuple[Any, str, Any, Any]] | None = None
+_PATCHES: tuple[Any, list[tuple[Any, str, Any, Any]]] | None = None
 
 
 def _api_callables(table: dict[Any, str]) -> list[tuple[Any, str, Any]]:
@@ -164,22 +167,45 @@ def _api_callables(table: dict[Any, str]) -> list[tuple[Any, str, Any]]:
     return found
 
 
+def _hot_keys(table: dict[Any, str]) -> list[Any]:
+    """The API table's callables implemented in C (Tensor methods, functions of ``torch``):
+    candidates for :func:`install_wrappers`' hot patch."""
+    kinds = (type(torch._C.TensorBase.clone), type(torch.clone))  # method_descriptor, builtin
+    return [fn for fn in table if type(fn) in kinds]
+
+
 def install_wrappers(rec: Any, native: Any, mode: NativeFunctionMode) -> int:
-    """Level ``lean``: put copytrace's C wrappers in place of the API table's callables and
-    of ``Tensor.data``; they are installed and removed with copytrace's other patches
-    (``_recorder.install_patches``), also around each compiled call. Returns how many."""
+    """Level ``lean``: have copytrace's C code record the API table's callables and
+    ``Tensor.data``. Where torch implements them in C, by hot-patching torch's own function
+    pointers (``hot_install`` in ``observer.cpp``: the objects stay torch's, and a method bound
+    or a function imported before tracing is recorded too); the Python-level callables
+    (``Tensor.__deepcopy__``, ``Tensor.backward``) and the slot wrapper ``Tensor.__getitem__``
+    (what ``x[i]`` reaches through the type slot) by C wrappers put in place of the attributes,
+    installed and removed with copytrace's other patches (``_recorder.install_patches``).
+    Returns how many callables are recorded this way."""
     global _PATCHES
-    if _PATCHES is None:
+    data = torch._C.TensorBase.__dict__["data"]
+    keys = _hot_keys(rec.api_table)
+    try:
+        done = native.hot_install(keys, data, data.__get__, data.__set__)
+    except Exception:
+        native.hot_restore()  # hot_install stores nothing before every check passed
+        raise
+    hot = {id(fn) for fn, ok in zip(keys, done, strict=False) if ok}
+    if _PATCHES is None or _PATCHES[0] != (hot, done[-1]):
         patches = []
         for owner, name, value in _api_callables(rec.api_table):
             if owner is torch.Tensor and name == "data":
-                data = torch._C.TensorBase.__dict__["data"]
+                if done[-1]:
+                    continue  # hot-patched
                 new = native.data_descriptor(data, data.__get__, data.__set__)
+            elif id(value) in hot:
+                continue
             else:
                 new = native.wrap_api(name, value, owner is torch.Tensor)
             patches.append((owner, name, owner.__dict__.get(name, _recorder.MISSING), new))
-        _PATCHES = patches
-    _recorder.EXTRA_PATCHES[:] = _PATCHES
+        _PATCHES = ((hot, done[-1]), patches)
+    _recorder.EXTRA_PATCHES[:] = _PATCHES[1]
     rec.lean_watch = lean = LeanWatch(mode, native)
     copies = rec.watch.copies  # the mode also joins while an index result is alive (_fresh.py)
     copies.on_index = lean.watch_index
@@ -187,7 +213,18 @@ def install_wrappers(rec: Any, native: Any, mode: NativeFunctionMode) -> int:
         lean.watch_index(True)
     native.set_quiet_codes(_quiet_codes())
     native.set_wrappers(True)
-    return len(_PATCHES)
+    return len(hot) + int(done[-1]) + len(_PATCHES[1])
+
+
+@atexit.register
+def _restore_at_exit() -> None:
+    """Put torch's pointers back if tracing is still on when the interpreter exits
+    (registered at import, so it runs after the handlers registered later: LIFO)."""
+    from copytrace.tracer import _native
+
+    native = _native._state.get("module")
+    if native is not None and hasattr(native, "hot_restore"):
+        native.hot_restore()
 
 
 _QUIET: set[Any] | None = None
@@ -279,6 +316,7 @@ def remove_wrappers(rec: Any, native: Any) -> None:
         lean.remove()
         rec.lean_watch = None
     native.set_wrappers(False)
+    native.hot_restore()
     native.set_quiet_codes(None)
     _recorder.remove_patches()
     _recorder.EXTRA_PATCHES.clear()
