@@ -7,6 +7,8 @@ own subprocess (import and start-up excluded: the timed region is the loop):
     plain       the loop untraced
     copytrace   COPYTRACE=1, the C++ observer path, trace file written (gzip OTLP/JSON and
                 its columnar sidecar)
+    ct_lean     the same at COPYTRACE_LEVEL=lean (no function mode: the copying API wrapped
+                in C)
     ct_nosidecar  the same without the columnar sidecar (COPYTRACE_SIDECAR=0)
     ct_python   COPYTRACE=1 COPYTRACE_OBSERVER=python, the Python fallback path
     profiler    torch.profiler (record_shapes=True, with_stack=True), then listing its events
@@ -57,8 +59,9 @@ print(json.dumps({"run": run, "listed": listed, "loop_end": time.time()}))
 def _run(variant: str, steps: int, out: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COPYTRACE")}
     env["OMP_NUM_THREADS"] = "1"
-    if variant in ("copytrace", "ct_python", "ct_nosidecar"):
+    if variant in ("copytrace", "ct_lean", "ct_python", "ct_nosidecar"):
         env.update(COPYTRACE="1", COPYTRACE_REPORT="0", COPYTRACE_OUTPUT=out)
+        env["COPYTRACE_LEVEL"] = "lean" if variant == "ct_lean" else "full"
         if variant == "ct_nosidecar":
             env["COPYTRACE_SIDECAR"] = "0"
         if variant == "ct_python":
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="steps of 99 events each")
     parser.add_argument(
-        "--variants", nargs="*", default=["plain", "copytrace", "ct_python", "profiler"]
+        "--variants", nargs="*", default=["plain", "copytrace", "ct_lean", "ct_python", "profiler"]
     )
     args = parser.parse_args(argv)
     events = args.steps * 99
