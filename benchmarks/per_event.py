@@ -7,12 +7,15 @@ own subprocess (import and start-up excluded: the timed region is the loop):
     plain       the loop untraced
     copytrace   COPYTRACE=1, the C++ observer path, trace file written (gzip OTLP/JSON and
                 its columnar sidecar)
+    ct_lean     the same at COPYTRACE_LEVEL=lean (no function mode: the copying API wrapped
+                in C)
     ct_nosidecar  the same without the columnar sidecar (COPYTRACE_SIDECAR=0)
     ct_python   COPYTRACE=1 COPYTRACE_OBSERVER=python, the Python fallback path
     profiler    torch.profiler (record_shapes=True, with_stack=True), then listing its events
 
-and prints seconds for the loop, (variant - plain) / events in microseconds per event, and the
-seconds from the loop's end to the process's exit (copytrace writes the trace file there,
+and prints seconds for the loop, (variant - plain) / events in microseconds per event (wall
+time, and the loop thread's CPU time, which a loaded machine changes less), and the seconds
+from the loop's end to the process's exit (copytrace writes the trace file there,
 torch.profiler lists its events).
 
     python benchmarks/per_event.py --steps 2000
@@ -39,26 +42,27 @@ def loop():
         for _ in range(33):
             a = x.clone(); b = y.detach(); c = y.to(torch.float64)
 
-t0 = time.perf_counter()
+t0, c0 = time.perf_counter(), time.thread_time()
 if variant == "profiler":
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True) as p:
         loop()
-    run = time.perf_counter() - t0
+    run, cpu = time.perf_counter() - t0, time.thread_time() - c0
     n = len(p.events())
     listed = time.perf_counter() - t0 - run
 else:
     loop()
-    run, listed = time.perf_counter() - t0, 0.0
-print(json.dumps({"run": run, "listed": listed, "loop_end": time.time()}))
+    run, cpu, listed = time.perf_counter() - t0, time.thread_time() - c0, 0.0
+print(json.dumps({"run": run, "cpu": cpu, "listed": listed, "loop_end": time.time()}))
 """
 
 
 def _run(variant: str, steps: int, out: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COPYTRACE")}
     env["OMP_NUM_THREADS"] = "1"
-    if variant in ("copytrace", "ct_python", "ct_nosidecar"):
+    if variant in ("copytrace", "ct_lean", "ct_python", "ct_nosidecar"):
         env.update(COPYTRACE="1", COPYTRACE_REPORT="0", COPYTRACE_OUTPUT=out)
+        env["COPYTRACE_LEVEL"] = "lean" if variant == "ct_lean" else "full"
         if variant == "ct_nosidecar":
             env["COPYTRACE_SIDECAR"] = "0"
         if variant == "ct_python":
@@ -77,18 +81,22 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="steps of 99 events each")
     parser.add_argument(
-        "--variants", nargs="*", default=["plain", "copytrace", "ct_python", "profiler"]
+        "--variants", nargs="*", default=["plain", "copytrace", "ct_lean", "ct_python", "profiler"]
     )
     args = parser.parse_args(argv)
     events = args.steps * 99
     with tempfile.TemporaryDirectory() as out:
         results = {v: _run(v, args.steps, out) for v in args.variants}
-    plain = results.get("plain", {"run": 0.0})["run"]
+    plain = results.get("plain", {"run": 0.0, "cpu": 0.0})
     print(f"{events} events ({args.steps} steps x 99)")
-    print(f"{'variant':10s} {'loop s':>8s} {'listing s':>10s} {'us/event':>9s} {'exit s':>7s}")
+    head = ("variant", "loop s", "listing s", "us/event", "cpu us/event", "exit s")
+    print(f"{head[0]:12s} {head[1]:>7s} {head[2]:>10s} {head[3]:>9s} {head[4]:>13s} {head[5]:>7s}")
     for v, r in results.items():
-        per = (r["run"] - plain) / events * 1e6
-        print(f"{v:10s} {r['run']:8.2f} {r['listed']:10.2f} {per:9.1f} {r['exit']:7.2f}")
+        per = (r["run"] - plain["run"]) / events * 1e6
+        cpu = (r["cpu"] - plain["cpu"]) / events * 1e6
+        print(
+            f"{v:12s} {r['run']:7.2f} {r['listed']:10.2f} {per:9.1f} {cpu:13.1f} {r['exit']:7.2f}"
+        )
     return 0
 
 

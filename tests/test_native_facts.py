@@ -188,3 +188,55 @@ def test_call_site_lines_per_instruction() -> None:
     assert [c[1] for c, _ in sites] == [here - 2, here - 2]
     assert other[0][1] == here - 1
     assert all(c == p for c, p in [*sites, other])
+
+
+def _traced_events(observer: str, level: str) -> list[dict]:
+    import copytrace
+
+    x = torch.randn(4, 3, requires_grad=True)
+    y = torch.randn(4, 3)
+    idx = torch.tensor([0, 2])
+
+    def program() -> None:
+        a = x.clone()
+        b = y.detach()
+        c = y.to(torch.float64)
+        d = c.to(torch.float64)  # a no-op: returns its input
+        e = x.data
+        f = y[idx]  # advanced indexing: a fresh gather
+        g = x.t().reshape(-1)  # a hidden copy
+        h = y.contiguous()  # already contiguous: a no-op
+        y.copy_(b)
+        y[1]  # basic indexing: no event
+        f.zero_()  # an in-place write into a fresh copy
+        _ = (a, d, e, f, g, h)
+
+    with copytrace.trace(write=False, observer=observer, level=level) as t:
+        program()
+    skip = ("start_ns", "end_ns", "thread_id")
+    return [{k: v for k, v in e.as_dict().items() if k not in skip} for e in t.events]
+
+
+class _Everything(frozenset):
+    def __contains__(self, item: object) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("level", ["full", "lean"])
+def test_record_sets_every_field_as_the_python_path(level: str, monkeypatch) -> None:
+    from copytrace.tracer import _recorder
+
+    native = _traced_events("auto", level)
+    python = _traced_events("python", "full")
+    monkeypatch.setattr(_recorder, "_IN_PYTHON", _Everything())  # no op through record
+    readers = _traced_events("auto", level)
+    # clone, detach, to, to (no-op), data_get, index, t+reshape, contiguous, copy_: 9 events,
+    # every field equal (storage ids, views, versions, call sites, graph state, writes)
+    assert [e["op"] for e in native] == [
+        "clone", "detach", "to", "to", "data_get", "index", "reshape", "contiguous", "copy_",
+    ]  # fmt: skip
+    assert native == readers
+    # the Python dispatch mode also sees .data's aten::detach, which no kernel sees
+    assert [{**e, "aten": ()} for e in native] == [{**e, "aten": ()} for e in python]
+    assert native[3]["noop"] and native[3]["dst_storage"] == native[3]["src_storage"]
+    assert native[5]["inplace_writes"] == 1 and native[8]["bytes_allocated"] == 0

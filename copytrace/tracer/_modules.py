@@ -29,6 +29,7 @@ import torch
 __all__ = ["Modules"]
 
 _CALL_IMPL = torch.nn.Module._call_impl.__code__
+CALL_IMPL = _CALL_IMPL  # the C++ observer's record finds the innermost frame running it
 _MAX_NODES = 200_000  # node sequence numbers kept for backward attribution
 _MAX_SEARCHES = 32  # heap searches for a parameter's owner per trace (each about 0.1 s)
 

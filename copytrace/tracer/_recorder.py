@@ -210,6 +210,8 @@ def _transfer(src: str, dst: str) -> str:
 # Ops whose result always shares the input's storage (decided without looking at storages,
 # which wrapper subclasses and sparse tensors do not expose).
 _ALWAYS_ALIAS = frozenset(("detach", "detach_", "data_get", "numpy", "copy", "swap_tensors"))
+# Ops whose event the Python path records (observer.cpp's record leaves them out).
+_IN_PYTHON = frozenset(("numpy", "deepcopy"))
 
 
 class _Pending:
@@ -277,6 +279,7 @@ class Recorder:
         self.native: Any = None
         #: level lean: the mode pushed while ``.data`` writes are watched (_observer.LeanWatch)
         self.lean_watch: Any = None
+        self._native_state: tuple | None = None  # observer.cpp record's first argument
         for fn in _watch.BACKWARD_FUNCTIONS:
             self.api_table[fn] = "backward"
 
@@ -310,6 +313,11 @@ class Recorder:
         if site is not None:
             ev.file, ev.line, ev.function, ev.via = site
         ev.step = self.step_index
+        self._place(ev, sys._getframe(1))
+
+    def _place(self, ev: CopyEvent, frame: Any) -> None:
+        """Phase, module, thread and deepcopy group of ``ev`` (the rest of :meth:`_context`);
+        ``frame``: where the search for the module call in progress starts (None: none)."""
         node = _current_node() if _graph_task_id() >= 0 else None
         if node is not None:
             ev.phase = "backward"
@@ -322,7 +330,7 @@ class Recorder:
             else:
                 ev.module = self.modules.of_node(node)
         else:
-            ev.module = self.modules.current(sys._getframe(1))
+            ev.module = self.modules.current(frame)
             if _graph_task_id() >= 0:
                 ev.phase = "backward"
             elif self.in_optimizer:
@@ -437,6 +445,40 @@ class Recorder:
         ):
             return  # t.type() with no argument returns a string
         native = self.native
+        if native is not None and error is None and self.group is None and op not in _IN_PYTHON:
+            # the common case in one C call (observer.cpp, record): same fields, same ids
+            state = self._native_state
+            if state is None:
+                state = self._native_state = (
+                    _PROTOTYPE, self.watch.ids, _callsite._code_kind, _modules.CALL_IMPL,
+                    _THREAD_NAMES,
+                )  # fmt: skip
+            found = native.record(
+                state, op, src, out, src_requires_grad, len(self.events) + self.dropped,
+                start, end, tuple(pending.aten), self.step_index, self.in_optimizer,
+            )  # fmt: skip
+            if found is None:  # not a plain tensor: the Python readers below
+                pass
+            elif found is False:  # no event (an integer index's view)
+                return
+            else:  # tensor facts, call site, step and storage ids set
+                ev, grad_fn, where = found
+                if where is not True:  # True: phase, module and thread set too
+                    self._place(ev, where)
+                if kwargs:
+                    ev.non_blocking = bool(kwargs.get("non_blocking", False))
+                if grad_fn is not None and ev.phase != "backward":
+                    _tag_grad_fn(grad_fn, ev)
+                try:  # the rest of Watch.event: an error there still keeps the event
+                    self.watch.follow(ev, op, src, out, grad_fn)
+                except Exception as err:
+                    self.note_error(err)
+                events = self.events  # _append, inlined
+                if len(events) < self.max_events:
+                    events.append(ev)
+                else:
+                    self.dropped += 1
+                return
         fs = native.facts(src, False) if native is not None else None  # _facts.facts, inlined
         if fs is None:
             fs = _py_facts(src)

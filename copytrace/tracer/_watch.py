@@ -61,6 +61,7 @@ _MAX_SNAPSHOTS = 100_000
 #: deepcopy results are independent state, implicit copies are internal to torch.
 _NOT_FRESH = frozenset(("copy_", "deepcopy", "implicit", "data_set", "swap_tensors"))
 _WATCHED_OPS = frozenset(("data_get", "data_set", "detach"))  # see Watch._special
+_UNREAD = object()  # Watch.follow: the result's grad_fn is not read yet
 
 
 def _site(frame: Any) -> str | None:
@@ -216,12 +217,19 @@ class Watch:
             if ev.alias:
                 ev.dst_storage = sid  # numpy(): an ndarray on the same memory
             return
-        if op in _WATCHED_OPS:
-            self._special(ev, op, src, out)
+        self.follow(ev, op, src, out, _UNREAD if fo is None else fo[5])  # _facts.GRAD_FN
+
+    def follow(self, ev: CopyEvent, op: str, src: Any, out: Any, grad_fn: Any = None) -> None:
+        """Start the watches event ``ev`` (its storage facts set) calls for: ``.data`` and
+        ``state_dict()`` aliases, attached copies, fresh copies. ``grad_fn``: the result's,
+        as already read (``_UNREAD``: read it here if needed)."""
+        if op in _WATCHED_OPS and (op != "detach" or ev.via is not None):
+            self._special(ev, op, src, out)  # (a detach only from state_dict())
         if ev.alias:
             return
         if ev.graph == "attached" and len(self.attached) < _MAX_ATTACHED:
-            grad_fn = fo[5] if fo is not None else out.grad_fn  # _facts.GRAD_FN
+            if grad_fn is _UNREAD:
+                grad_fn = out.grad_fn
             self.attached.append((weakref.ref(out), ev, *_life_token(grad_fn)))
         if out is not src and op not in _NOT_FRESH and (ev.bytes_allocated > 0 or op in _INDEX_OPS):
             self.copies.watch(out, ev, op in _INDEX_OPS)

@@ -701,12 +701,30 @@ PyObject* g_quiet_codes = nullptr;  // a set
 
 bool in_quiet_code() {
   if (g_quiet_codes == nullptr) return false;
+  // The set's members by identity: hashing a code object hashes its whole contents (~2k
+  // instructions per frame). The mirror holds the set, so its address is not reused.
+  static PyObject* mirrored = nullptr;
+  static Py_ssize_t mirrored_size = -1;
+  static std::unordered_set<PyObject*> codes;
+  if (mirrored != g_quiet_codes || PySet_GET_SIZE(g_quiet_codes) != mirrored_size) {
+    codes.clear();
+    Py_XDECREF(mirrored);
+    mirrored = Py_NewRef(g_quiet_codes);
+    mirrored_size = PySet_GET_SIZE(g_quiet_codes);
+    PyObject* it = PyObject_GetIter(g_quiet_codes);
+    for (PyObject* item = it ? PyIter_Next(it) : nullptr; item != nullptr; item = PyIter_Next(it)) {
+      codes.insert(item);
+      Py_DECREF(item);  // the set holds it
+    }
+    Py_XDECREF(it);
+    if (PyErr_Occurred()) PyErr_Clear();
+  }
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
   Py_XINCREF(frame);
   bool quiet = false;
   while (frame != nullptr && !quiet) {
     PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
-    quiet = PySet_Contains(g_quiet_codes, reinterpret_cast<PyObject*>(code)) == 1;
+    quiet = codes.count(reinterpret_cast<PyObject*>(code)) != 0;
     Py_DECREF(code);
     PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
     Py_DECREF(frame);
@@ -1259,6 +1277,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/Storage.h>
 #include <structmember.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <cstring>
 
 namespace copytrace_facts {
 
@@ -1518,9 +1538,341 @@ PyMethodDef g_call_site_def = {"call_site", reinterpret_cast<PyCFunction>(
                                "call_site(classify): the user's (file, line, function, "
                                "via) or None (see copytrace/tracer/_callsite.py)"};
 
+// record(state, op, src, out, src_requires_grad, seq, start, end, aten, step, in_optimizer):
+// the common case
+// of Recorder._record_api (copytrace/tracer/_recorder.py) in one call: a new event with its
+// tensor facts, call site and storage ids, for an API call on plain tensors that did not
+// raise (the caller leaves numpy, deepcopy and calls inside a deepcopy group to Python).
+// state: (prototype event, Watch.ids (StorageIds), call-site classify, Module._call_impl's code,
+// the recorder's thread names by ident). Returns (event, result's grad_fn or None, where): where
+// is True when the event's phase, module and thread are set too (outside backward, no module
+// call in progress, a thread named before), else the innermost Module._call_impl frame or None
+// for Recorder._place; False
+// when the call is no event (a zero-dim integer index: a view); None when a tensor is not a
+// plain one (the caller records it with the Python readers). Sets exactly the fields the Python
+// path sets, in the same order of storage ids (input, then result).
+enum Field {
+  F_SEQ, F_OP, F_ATEN, F_BYTES_ALLOCATED, F_BYTES_LOGICAL, F_ALIAS, F_NOOP, F_SHAPE, F_DTYPE,
+  F_SRC_DTYPE, F_SRC_DEVICE, F_DST_DEVICE, F_TRANSFER, F_REQUIRES_GRAD, F_SRC_REQUIRES_GRAD,
+  F_GRAD_FN, F_IS_LEAF, F_GRAPH, F_STEP, F_FILE, F_LINE, F_FUNCTION, F_VIA, F_START_NS,
+  F_END_NS, F_PINNED, F_SRC_STORAGE, F_SRC_OFFSET, F_SRC_STRIDE, F_SRC_VERSION, F_DST_STORAGE,
+  F_DST_VERSION, F_FAKE, F_PHASE, F_THREAD_ID, F_THREAD_NAME, F_COUNT
+};
+const char* const kFieldNames[F_COUNT] = {
+    "seq", "op", "aten", "bytes_allocated", "bytes_logical", "alias", "noop", "shape", "dtype",
+    "src_dtype", "src_device", "dst_device", "transfer", "requires_grad", "src_requires_grad",
+    "grad_fn", "is_leaf", "graph", "step", "file", "line", "function", "via", "start_ns",
+    "end_ns", "pinned", "src_storage", "src_offset", "src_stride", "src_version", "dst_storage",
+    "dst_version", "fake", "phase", "thread_id", "thread_name"};
+PyTypeObject* g_event_type = nullptr;  // the type g_offsets belong to (borrowed, compared only)
+Py_ssize_t g_offsets[F_COUNT];
+// interned strings: op names compared, values stored, attribute names read
+PyObject *s_copy_, *s_index, *s_attached, *s_detached, *s_h2d, *s_d2h, *s_d2d, *s_cpu, *s_ids,
+    *s_next, *s_limit, *s_of_storage, *s_is_pinned, *s_optimizer, *s_other;
+PyObject* g_always_alias = nullptr;  // frozenset of op names whose result is an alias
+
+bool record_setup(PyTypeObject* type) {
+  if (s_copy_ == nullptr) {
+    struct { PyObject** slot; const char* text; } names[] = {
+        {&s_copy_, "copy_"}, {&s_index, "index"}, {&s_attached, "attached"},
+        {&s_detached, "detached"}, {&s_h2d, "h2d"}, {&s_d2h, "d2h"}, {&s_d2d, "d2d"},
+        {&s_cpu, "cpu"}, {&s_ids, "_ids"}, {&s_next, "_next"}, {&s_limit, "_limit"},
+        {&s_of_storage, "of_storage"}, {&s_is_pinned, "is_pinned"},
+        {&s_optimizer, "optimizer"}, {&s_other, "other"}};
+    for (auto& n : names) {
+      *n.slot = PyUnicode_InternFromString(n.text);
+      if (*n.slot == nullptr) return false;
+    }
+    // _recorder._ALWAYS_ALIAS
+    PyObject* list = Py_BuildValue("[ssssss]", "detach", "detach_", "data_get", "numpy", "copy",
+                                   "swap_tensors");
+    if (list == nullptr) return false;
+    g_always_alias = PyFrozenSet_New(list);
+    Py_DECREF(list);
+    if (g_always_alias == nullptr) return false;
+  }
+  if (type == g_event_type) return true;
+  if (type->tp_members == nullptr || type->tp_dictoffset != 0) {
+    PyErr_SetString(PyExc_TypeError, "record: the prototype's class must have __slots__");
+    return false;
+  }
+  for (int f = 0; f < F_COUNT; ++f) {
+    g_offsets[f] = -1;
+    for (PyMemberDef* m = type->tp_members; m->name != nullptr; ++m) {
+      if (m->type == T_OBJECT_EX && std::strcmp(m->name, kFieldNames[f]) == 0) {
+        g_offsets[f] = m->offset;
+        break;
+      }
+    }
+    if (g_offsets[f] < 0) {
+      PyErr_Format(PyExc_TypeError, "record: the event has no field %s", kFieldNames[f]);
+      return false;
+    }
+  }
+  g_event_type = type;
+  return true;
+}
+
+// Store `value` (a new reference, may be NULL after an error: then false) in field f of ev.
+inline bool put(PyObject* ev, Field f, PyObject* value) {
+  if (value == nullptr) return false;
+  PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(ev) + g_offsets[f]);
+  PyObject* old = *slot;
+  *slot = value;
+  Py_XDECREF(old);
+  return true;
+}
+
+inline bool same_op(PyObject* op, PyObject* name) {
+  return op == name || (PyUnicode_Check(op) && PyUnicode_Compare(op, name) == 0);
+}
+
+// _recorder._transfer(src, dst) for two different device names
+PyObject* transfer_of(PyObject* src, PyObject* dst) {
+  if (PyUnicode_Compare(src, dst) == 0) return PyUnicode_InternFromString("none");
+  const bool src_host = PyUnicode_Compare(src, s_cpu) == 0;
+  const bool dst_host = PyUnicode_Compare(dst, s_cpu) == 0;
+  if (src_host && !dst_host) return Py_NewRef(s_h2d);
+  if (dst_host && !src_host) return Py_NewRef(s_d2h);
+  if (src_host && dst_host) return PyUnicode_InternFromString("none");
+  return Py_NewRef(s_d2d);
+}
+
+// StorageIds.of_storage(storage) (copytrace/tracer/_watch.py): its dict read and its insert
+// in C; a full table (to be pruned) goes to the Python method.
+PyObject* storage_id(PyObject* ids, PyObject* storage) {
+  PyObject* table = PyObject_GetAttr(ids, s_ids);
+  if (table == nullptr) return nullptr;
+  PyObject* key = PyLong_FromVoidPtr(storage);  // id(storage)
+  if (key == nullptr || !PyDict_Check(table)) {
+    Py_DECREF(table);
+    Py_XDECREF(key);
+    return key == nullptr ? nullptr : PyObject_CallMethodOneArg(ids, s_of_storage, storage);
+  }
+  PyObject* entry = PyDict_GetItemWithError(table, key);  // borrowed
+  if (entry != nullptr && PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 2 &&
+      PyWeakref_Check(PyTuple_GET_ITEM(entry, 0)) &&
+      PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(entry, 0)) == storage) {
+    PyObject* uid = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
+    Py_DECREF(key);
+    Py_DECREF(table);
+    return uid;
+  }
+  PyObject* result = nullptr;
+  PyObject* limit = PyErr_Occurred() ? nullptr : PyObject_GetAttr(ids, s_limit);
+  PyObject* uid = limit == nullptr ? nullptr : PyObject_GetAttr(ids, s_next);
+  if (uid != nullptr) {
+    const Py_ssize_t size = PyDict_GET_SIZE(table);
+    const long long lim = PyLong_AsLongLong(limit);
+    if (lim == -1 && PyErr_Occurred()) {
+      // result stays NULL
+    } else if (size >= lim) {
+      result = PyObject_CallMethodOneArg(ids, s_of_storage, storage);  // prunes the table
+    } else {
+      PyObject* one = PyLong_FromLong(1);
+      PyObject* next = one == nullptr ? nullptr : PyNumber_Add(uid, one);
+      Py_XDECREF(one);
+      PyObject* ref = next == nullptr ? nullptr : PyWeakref_NewRef(storage, nullptr);
+      PyObject* value = ref == nullptr ? nullptr : PyTuple_Pack(2, ref, uid);
+      Py_XDECREF(ref);
+      if (value != nullptr && PyObject_SetAttr(ids, s_next, next) == 0 &&
+          PyDict_SetItem(table, key, value) == 0) {
+        result = Py_NewRef(uid);
+      }
+      Py_XDECREF(next);
+      Py_XDECREF(value);
+    }
+  }
+  Py_XDECREF(uid);
+  Py_XDECREF(limit);
+  Py_DECREF(key);
+  Py_DECREF(table);
+  return result;
+}
+
+PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs);
+PyObject* facts(PyObject*, PyObject* const* argv, Py_ssize_t nargs);
+PyObject* copy_slots(PyObject*, PyObject* proto);
+
+// The innermost frame running `code` (Module._call_impl) on this thread's stack, or None.
+PyObject* innermost_frame_of(PyObject* code) {
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  while (frame != nullptr) {
+    PyCodeObject* c = PyFrame_GetCode(frame);  // new reference
+    const bool found = reinterpret_cast<PyObject*>(c) == code;
+    Py_DECREF(c);
+    if (found) return reinterpret_cast<PyObject*>(frame);
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  if (nargs != 11 || !PyTuple_Check(argv[0]) || PyTuple_GET_SIZE(argv[0]) != 5) {
+    PyErr_SetString(PyExc_TypeError,
+                    "record(state, op, src, out, src_requires_grad, seq, start, end, aten, step, "
+                    "in_optimizer)");
+    return nullptr;
+  }
+  PyObject* state = argv[0];
+  PyObject *op = argv[1], *src = argv[2], *out = argv[3], *src_rg_arg = argv[4];
+  PyObject* proto = PyTuple_GET_ITEM(state, 0);
+  PyObject* ids = PyTuple_GET_ITEM(state, 1);
+  if (!THPVariable_CheckExact(src) || !THPVariable_CheckExact(out)) Py_RETURN_NONE;
+  if (!record_setup(Py_TYPE(proto))) return nullptr;
+  PyObject* fs_args[2] = {src, Py_False};
+  PyObject* fs = facts(nullptr, fs_args, 2);
+  if (fs == nullptr || fs == Py_None) return fs;
+  PyObject* fo_args[2] = {out, Py_True};
+  PyObject* fo = facts(nullptr, fo_args, 2);
+  if (fo == nullptr || fo == Py_None) {
+    Py_DECREF(fs);
+    return fo;
+  }
+  struct Drop {
+    PyObject* objs[3];
+    ~Drop() { for (PyObject* o : objs) Py_XDECREF(o); }
+  } drop{{fs, fo, nullptr}};
+  auto S = [&](int i) { return PyTuple_GET_ITEM(fs, i); };
+  auto O = [&](int i) { return PyTuple_GET_ITEM(fo, i); };
+  PyObject* ev = copy_slots(nullptr, proto);
+  if (ev == nullptr) return nullptr;
+  drop.objs[2] = ev;
+  auto R = [](PyObject* o) { return Py_NewRef(o); };
+  bool ok = put(ev, F_OP, R(op)) && put(ev, F_ATEN, R(argv[8])) && put(ev, F_SEQ, R(argv[5])) &&
+            put(ev, F_START_NS, R(argv[6])) && put(ev, F_END_NS, R(argv[7]));
+  PyObject* src_device = S(2);
+  PyObject* src_rg = src_rg_arg == Py_None ? S(3) : src_rg_arg;
+  PyObject* dst_device = O(2);
+  PyObject* rg = O(3);
+  PyObject* grad_fn = O(5);
+  ok = ok && put(ev, F_SRC_DTYPE, R(S(1))) && put(ev, F_SRC_DEVICE, R(src_device)) &&
+       put(ev, F_SRC_REQUIRES_GRAD, R(src_rg)) && put(ev, F_SHAPE, R(O(0))) &&
+       put(ev, F_DTYPE, R(O(1))) && put(ev, F_DST_DEVICE, R(dst_device)) &&
+       put(ev, F_BYTES_LOGICAL, R(O(9))) && put(ev, F_REQUIRES_GRAD, R(rg)) &&
+       put(ev, F_GRAD_FN, R(O(6))) && put(ev, F_IS_LEAF, R(O(4)));
+  if (!ok) return nullptr;
+  bool noop = false, alias = false;
+  if (same_op(op, s_copy_)) {
+    alias = false;  // written into an existing tensor: 0 bytes allocated
+  } else if (out == src) {
+    noop = alias = true;
+    ok = put(ev, F_NOOP, R(Py_True)) && put(ev, F_ALIAS, R(Py_True));
+  } else {
+    const int always = PySet_Contains(g_always_alias, op);
+    if (always < 0) return nullptr;
+    if (always == 1) {
+      alias = true;
+    } else {
+      PyObject* storage = O(7);
+      PyObject* src_storage = S(7);
+      alias = storage != Py_None && src_storage != Py_None &&
+              (storage == src_storage ||
+               THPStorage_Unpack(storage).unsafeGetStorageImpl() ==
+                   THPStorage_Unpack(src_storage).unsafeGetStorageImpl());
+    }
+    ok = put(ev, F_ALIAS, R(alias ? Py_True : Py_False));
+    if (ok && !alias) {
+      if (O(13) == Py_True) {
+        ok = put(ev, F_FAKE, R(Py_True));  // a copy of no real memory: logical bytes only
+      } else {
+        ok = put(ev, F_BYTES_ALLOCATED, R(O(8)));
+      }
+    }
+  }
+  if (!ok) return nullptr;
+  if (grad_fn != Py_None || (noop && rg == Py_True)) {
+    ok = put(ev, F_GRAPH, R(s_attached));
+  } else if (src_rg == Py_True) {
+    ok = put(ev, F_GRAPH, R(s_detached));
+  }
+  if (!ok) return nullptr;
+  if (alias && same_op(op, s_index)) Py_RETURN_FALSE;  // a zero-dim integer index: a view
+  if (src_device != dst_device) {  // interned names: equal names are one object
+    PyObject* transfer = transfer_of(src_device, dst_device);
+    if (!put(ev, F_TRANSFER, transfer)) return nullptr;
+    if (transfer == s_h2d) {
+      PyObject* pinned = PyObject_CallMethodNoArgs(src, s_is_pinned);
+      if (!put(ev, F_PINNED, pinned)) return nullptr;
+    }
+  }
+  // Recorder._context's call site
+  PyObject* classify = PyTuple_GET_ITEM(state, 2);
+  PyObject* site = call_site(nullptr, &classify, 1);
+  if (site == nullptr) return nullptr;
+  if (site != Py_None) {
+    ok = put(ev, F_FILE, R(PyTuple_GET_ITEM(site, 0))) &&
+         put(ev, F_LINE, R(PyTuple_GET_ITEM(site, 1))) &&
+         put(ev, F_FUNCTION, R(PyTuple_GET_ITEM(site, 2))) &&
+         put(ev, F_VIA, R(PyTuple_GET_ITEM(site, 3)));
+  }
+  Py_DECREF(site);
+  if (!ok || !put(ev, F_STEP, R(argv[9]))) return nullptr;
+  // Watch._event's storage facts
+  PyObject* sid = storage_id(ids, S(7));
+  if (!put(ev, F_SRC_STORAGE, sid)) return nullptr;
+  if (S(10) != Py_None) {
+    ok = put(ev, F_SRC_OFFSET, R(S(10))) && put(ev, F_SRC_STRIDE, R(S(11))) &&
+         put(ev, F_SRC_VERSION, R(S(12)));
+  }
+  if (ok) {
+    ok = put(ev, F_DST_STORAGE, out == src ? R(sid) : storage_id(ids, O(7))) &&
+         put(ev, F_DST_VERSION, R(O(12)));
+  }
+  if (!ok) return nullptr;
+  PyObject* frame = innermost_frame_of(PyTuple_GET_ITEM(state, 3));
+  if (frame == nullptr) return nullptr;
+  if (frame == Py_None && torch::autograd::get_current_graph_task_id() < 0) {
+    // Recorder._place's common case: not in backward, no module call: module None
+    PyObject* ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    if (ident == nullptr) {
+      Py_DECREF(frame);
+      return nullptr;
+    }
+    PyObject* name = PyDict_GetItemWithError(PyTuple_GET_ITEM(state, 4), ident);  // borrowed
+    if (name != nullptr) {
+      const int optimizer = PyObject_IsTrue(argv[10]);
+      if (optimizer < 0 || !put(ev, F_PHASE, R(optimizer ? s_optimizer : s_other)) ||
+          !put(ev, F_THREAD_NAME, R(name))) {
+        Py_DECREF(ident);
+        Py_DECREF(frame);
+        return nullptr;
+      }
+      put(ev, F_THREAD_ID, ident);  // takes the reference
+      ident = nullptr;
+      Py_DECREF(frame);
+      frame = Py_NewRef(Py_True);
+    }
+    Py_XDECREF(ident);
+    if (PyErr_Occurred()) {
+      Py_DECREF(frame);
+      return nullptr;
+    }
+  }
+  PyObject* result = PyTuple_New(3);
+  if (result == nullptr) {
+    Py_DECREF(frame);
+    return nullptr;
+  }
+  PyTuple_SET_ITEM(result, 0, R(ev));
+  PyTuple_SET_ITEM(result, 1, R(grad_fn));
+  PyTuple_SET_ITEM(result, 2, frame);
+  return result;
+}
+
+PyMethodDef g_record_def = {"record", reinterpret_cast<PyCFunction>(
+                                reinterpret_cast<void (*)()>(&record)),
+                            METH_FASTCALL,
+                            "record(state, op, src, out, src_requires_grad, seq, start, end, "
+                            "aten, step, in_optimizer): an API call's event as (event, grad_fn, "
+                            "placed or module frame), False or None (see observer.cpp)"};
+
 void define(py::module_& m) {
   m.def("clear_sites", &clear_sites, "Drop the call-site caches (and the code objects they hold)");
-  for (PyMethodDef* def : {&g_facts_def, &g_copy_slots_def, &g_call_site_def}) {
+  for (PyMethodDef* def : {&g_facts_def, &g_copy_slots_def, &g_call_site_def, &g_record_def}) {
     PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
     if (fn == nullptr) throw py::error_already_set();
     m.add_object(def->ml_name, py::reinterpret_steal<py::object>(fn));
