@@ -11,9 +11,18 @@ everything of copytrace that dynamo could see out of the way for the duration of
 
 * its TorchFunctionMode and TorchDispatchMode, wherever they are on torch's mode stacks (the
   modes above them are popped and pushed back; a user's own modes stay where they were);
-* its global optimizer step hooks (dynamo would inline them);
-* its patches of ``copy.deepcopy``, ``copy.copy``, ``torch.from_numpy``,
-  ``torch.utils.swap_tensors`` and ``nn.Parameter.__deepcopy__``.
+* its global optimizer step hooks (dynamo would inline them) and its patches of
+  ``copy.deepcopy``, ``copy.copy``, ``torch.from_numpy``, ``torch.utils.swap_tensors``,
+  ``nn.Parameter.__deepcopy__``, the ``state_dict``/``load_state_dict`` wrappers and level
+  ``lean``'s wrappers of ``torch`` functions. Swapping these at every call is costly (each
+  ``setattr`` on a class invalidates the type caches of all its subclasses), and dynamo only
+  looks at them when it traces a frame (a cache miss: it calls the callback that copytrace
+  wraps, see ``Compiled._wrapped``) or evaluates guards that read them. So they stay in place
+  and stand aside by themselves while ``Recorder.compiled_depth`` is set (dynamo skips their
+  own frames), and are taken away from dynamo's first callback to the end of the outermost
+  call. Once a compiled frame's guards read one of them (``Compiled._sensitive``, also run at
+  engage over frames compiled before tracing started), they are taken away at every call
+  (``Compiled.sticky``), as the guards would otherwise fail.
 
 The cleanup puts everything back exactly as it was. So dynamo compiles the same graphs with
 the same guards, and compiled code runs compiled. The backward of a compiled graph (autograd
@@ -65,6 +74,7 @@ _perf_ns = time.perf_counter_ns
 _HOOKS_ATTR = "enter_exit_hooks"
 _MISSING = object()
 _MAX_CALLS = 1_000_000  # calls buffered between two flushes; beyond it they are counted only
+_MAX_CALLBACKS = 64  # dynamo callbacks kept with their wrapper
 
 
 def _nothing() -> None:
@@ -294,6 +304,7 @@ class Compiled:
         self.engaged = False
         if _STATE[0] is self:
             _STATE[0] = None
+        self._callbacks.clear()
         try:
             if self._cls is not None and self._cls.__dict__.get(_HOOKS_ATTR) is self._prop:
                 delattr(self._cls, _HOOKS_ATTR)
@@ -531,7 +542,7 @@ class Compiled:
             return hit[1]
 
         def _copytrace_callback(*args: Any, **kwargs: Any) -> Any:
-            if self.depth and threading.get_ident() == self.thread:
+            if self.engaged and self.depth and threading.get_ident() == self.thread:
                 try:
                     self._step_aside()
                 except Exception as err:
@@ -548,6 +559,8 @@ class Compiled:
 
         _copytrace_callback._torchdynamo_orig_backend = callback  # type: ignore[attr-defined]
         _skip_codes([_copytrace_callback.__code__], recursive=True)
+        if len(self._callbacks) >= _MAX_CALLBACKS:  # many torch.compile calls: keep none alive
+            self._callbacks.clear()
         self._callbacks[id(callback)] = (callback, _copytrace_callback)
         return _copytrace_callback
 
