@@ -275,7 +275,10 @@ class Compiled:
         self._handles = list(handles)
         self._hook_entries = [(d, h.id) for h in self._handles for d in hook_dicts(h)]
         _skip_patch_codes(d[key] for d, key in self._hook_entries if key in d)
-        self._names = _patched_names()
+        names = _patched_names()
+        if self._names is None or names.pattern != self._names.pattern:
+            self._checked = weakref.WeakSet()  # checked against other names
+        self._names = names
         self.sticky = self.sticky or self._any_cached_sensitive()
         self.thread = threading.get_ident()
         self._cls = cls
