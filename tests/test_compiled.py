@@ -328,7 +328,7 @@ def test_copytrace_modes_step_aside_under_a_user_mode_during_a_compiled_call(obs
         return look(x * 2) + 1
 
     x = torch.ones(3)
-    with copytrace.trace(write=False, observer=observer) as t:
+    with copytrace.trace(write=False, observer=observer, level="full") as t:  # its modes
         ours = list(t._modes)  # the function mode, and on the Python path the dispatch mode
         with UserMode() as mine:
             before = (_get_current_function_mode_stack(), _get_current_dispatch_mode_stack())
@@ -337,4 +337,106 @@ def test_copytrace_modes_step_aside_under_a_user_mode_during_a_compiled_call(obs
             after = (_get_current_function_mode_stack(), _get_current_dispatch_mode_stack())
     assert seen == [([mine], [])]
     assert after == before
+    assert t.stats["errors"] == 0
+
+
+@pytest.mark.parametrize("level", ["full", "lean"])
+def test_patches_and_hooks_stand_aside_while_dynamo_compiles_and_in_cached_code(
+    level: str,
+) -> None:
+    # In-process, real torch.compile with a backend that looks at what dynamo sees as it
+    # compiles: torch's own copy.deepcopy, torch.from_numpy, nn.Module.state_dict and no
+    # global optimizer hook of copytrace's (they are taken away from dynamo's first callback of
+    # a compiled call to its end). In cached compiled code the patches stay in place and stand
+    # aside by themselves: a deepcopy and an optimizer step there leave no event and no step.
+    import copy
+
+    import torch
+    import torch.nn as nn
+    from torch._dynamo.utils import counters
+    from torch.optim import optimizer as optim_module
+
+    import copytrace
+
+    orig = (copy.deepcopy, torch.from_numpy, nn.Module.__dict__["state_dict"])
+    hooks = (
+        list(optim_module._global_optimizer_pre_hooks),
+        list(optim_module._global_optimizer_post_hooks),
+    )
+
+    def torch_own() -> bool:
+        return (copy.deepcopy, torch.from_numpy, nn.Module.__dict__["state_dict"]) == orig and (
+            list(optim_module._global_optimizer_pre_hooks),
+            list(optim_module._global_optimizer_post_hooks),
+        ) == hooks
+
+    compiling: list[bool] = []
+    running: list[tuple[bool, bool]] = []
+
+    def backend(gm: Any, example_inputs: Any) -> Any:
+        compiling.append(torch_own())
+        return gm.forward
+
+    torch.manual_seed(0)
+    lin = nn.Linear(4, 4)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+
+    @torch.compiler.disable
+    def inside(x: Any) -> Any:  # eager code inside the compiled region (a graph break)
+        running.append((torch_own(), copy.deepcopy is orig[0]))
+        copy.deepcopy(x)
+        opt.step()
+        return x
+
+    @torch.compile(backend=backend)
+    def simple(x: Any) -> Any:
+        return inside(x * 2) + 1
+
+    @torch.compile(backend=backend)
+    def reads_state_dict(x: Any) -> Any:  # its guards read nn.Module.state_dict
+        return lin(x) + lin.state_dict()["weight"].sum()
+
+    def program() -> dict[str, Any]:
+        counters.clear()
+        x = torch.ones(4)
+        for _ in range(2):
+            simple(x)
+        after_simple = len(compiling)
+        for _ in range(3):
+            reads_state_dict(x)
+        keep = ("frames", "stats", "recompiles", "graph_break", "resumes")
+        out = {k: dict(v) for k, v in counters.items() if k in keep}
+        out["graph_breaks"] = sum(out.pop("graph_break", {}).values())
+        out["compiled_after_simple"] = after_simple
+        return out
+
+    torch._dynamo.reset()
+    untraced = program()
+    assert running == [(True, True), (True, True)]
+    assert compiling == [True] * 3
+    compiling.clear()
+    running.clear()
+    torch._dynamo.reset()  # before tracing: nothing compiled (nothing whose guards read a patch)
+    with copytrace.trace(write=False, level=level) as t:
+        steps = t.stats["steps"]
+        traced = program()
+        sticky = t._compiled.sticky
+        in_region = (t.stats["events"], t.stats["steps"])
+        copy.deepcopy(torch.ones(2))  # outside any compiled region: recorded, one step
+        opt.step()
+        outside = (t.stats["events"], t.stats["steps"])
+    # simple: two graphs around the graph break (x * 2, then + 1); reads_state_dict: one, and
+    # no recompile for its 2nd and 3rd calls (its guards would fail if they saw the patch).
+    # captured ops: mul, add; linear, the state_dict's .detach() of weight and bias, sum, add
+    assert untraced["stats"] == {"calls_captured": 7, "unique_graphs": 3}
+    assert untraced["frames"] == {"total": 3, "ok": 3}  # simple, its resume, reads_state_dict
+    assert untraced["compiled_after_simple"] == 2
+    assert traced == untraced
+    assert compiling == [True] * 3
+    # 1st call: dynamo compiled (copytrace stood aside from its callback on); 2nd: cached code,
+    # the patches in place, recording nothing.
+    assert running == [(True, True), (False, False)]
+    assert sticky  # reads_state_dict's guards read a patched attribute: swapped at each call
+    assert in_region == (0, steps)
+    assert outside == (1, steps + 1)
     assert t.stats["errors"] == 0

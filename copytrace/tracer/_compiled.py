@@ -11,9 +11,18 @@ everything of copytrace that dynamo could see out of the way for the duration of
 
 * its TorchFunctionMode and TorchDispatchMode, wherever they are on torch's mode stacks (the
   modes above them are popped and pushed back; a user's own modes stay where they were);
-* its global optimizer step hooks (dynamo would inline them);
-* its patches of ``copy.deepcopy``, ``copy.copy``, ``torch.from_numpy``,
-  ``torch.utils.swap_tensors`` and ``nn.Parameter.__deepcopy__``.
+* its global optimizer step hooks (dynamo would inline them) and its patches of
+  ``copy.deepcopy``, ``copy.copy``, ``torch.from_numpy``, ``torch.utils.swap_tensors``,
+  ``nn.Parameter.__deepcopy__``, the ``state_dict``/``load_state_dict`` wrappers and level
+  ``lean``'s wrappers of ``torch`` functions. Swapping these at every call is costly (each
+  ``setattr`` on a class invalidates the type caches of all its subclasses), and dynamo only
+  looks at them when it traces a frame (a cache miss: it calls the callback that copytrace
+  wraps, see ``Compiled._wrapped``) or evaluates guards that read them. So they stay in place
+  and stand aside by themselves while ``Recorder.compiled_depth`` is set (dynamo skips their
+  own frames), and are taken away from dynamo's first callback to the end of the outermost
+  call. Once a compiled frame's guards read one of them (``Compiled._sensitive``, also run at
+  engage over frames compiled before tracing started), they are taken away at every call
+  (``Compiled.sticky``), as the guards would otherwise fail.
 
 The cleanup puts everything back exactly as it was. So dynamo compiles the same graphs with
 the same guards, and compiled code runs compiled. The backward of a compiled graph (autograd
@@ -37,6 +46,7 @@ Any error here is counted on the recorder (``note_error``), never raised.
 from __future__ import annotations
 
 import functools
+import re
 import sys
 import threading
 import time
@@ -46,7 +56,7 @@ from typing import Any
 
 import torch
 
-from copytrace.tracer import _recorder
+from copytrace.tracer import _handover, _recorder
 from copytrace.tracer._graphs import CompiledCall, CompiledGraphSpan, GraphLogHandler
 from copytrace.tracer._stepaside import (
     DISPATCH_STACK,
@@ -64,6 +74,7 @@ _perf_ns = time.perf_counter_ns
 _HOOKS_ATTR = "enter_exit_hooks"
 _MISSING = object()
 _MAX_CALLS = 1_000_000  # calls buffered between two flushes; beyond it they are counted only
+_MAX_CALLBACKS = 64  # dynamo callbacks kept with their wrapper
 
 
 def _nothing() -> None:
@@ -229,6 +240,13 @@ class Compiled:
         self._hook_entries: list[tuple[dict[Any, Any], Any]] = []
         self._call: CompiledCall | None = None
         self._saved: Any = None
+        #: step aside at every compiled call (a guard reads a patched attribute); else only
+        #: from dynamo's first callback (a frame to compile) to the end of the outermost call
+        self.sticky = False
+        self._aside: tuple[Any, bool] | None = None  # (hidden hooks, patches removed)
+        self._callbacks: dict[int, tuple[Any, Any]] = {}
+        self._names: Any = None
+        self._checked: Any = weakref.WeakSet()
         self._code_graphs: dict[Any, Any] = {}
         self._sources: dict[int, tuple[Any, Any]] = {}
         self._cls: Any = None
@@ -256,6 +274,12 @@ class Compiled:
         self._modes = (modes[0] if modes else None, modes[1] if len(modes) > 1 else None)
         self._handles = list(handles)
         self._hook_entries = [(d, h.id) for h in self._handles for d in hook_dicts(h)]
+        _skip_patch_codes(d[key] for d, key in self._hook_entries if key in d)
+        names = _patched_names()
+        if self._names is None or names.pattern != self._names.pattern:
+            self._checked = weakref.WeakSet()  # checked against other names
+        self._names = names
+        self.sticky = self.sticky or self._any_cached_sensitive()
         self.thread = threading.get_ident()
         self._cls = cls
         self._prop = property(_hooks_get, _hooks_set, _hooks_del)
@@ -283,6 +307,7 @@ class Compiled:
         self.engaged = False
         if _STATE[0] is self:
             _STATE[0] = None
+        self._callbacks.clear()
         try:
             if self._cls is not None and self._cls.__dict__.get(_HOOKS_ATTR) is self._prop:
                 delattr(self._cls, _HOOKS_ATTR)
@@ -311,10 +336,18 @@ class Compiled:
 
     def _make_cfs(self, orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
         def _callback_from_stance(callback: Any) -> Any:
-            # Called with None by the torch._dynamo.disable wrapper of every compiled graph.
-            if callback is None and self._call is not None:
-                self._graph_ran(sys._getframe(2).f_code)
-            return orig(callback)
+            # Called with None by the torch._dynamo.disable wrapper of every compiled graph,
+            # with the context's callback by compile_wrapper as it starts a compiled call.
+            if callback is None:
+                if self._call is not None:
+                    self._graph_ran(sys._getframe(2).f_code)
+                return orig(callback)
+            out = orig(callback)
+            if out is None or out is False or not self.depth or self.sticky:
+                return out
+            if threading.get_ident() != self.thread:
+                return out
+            return self._wrapped(out)
 
         _callback_from_stance._copytrace = True  # type: ignore[attr-defined]
         return _callback_from_stance
@@ -374,6 +407,8 @@ class Compiled:
         call = CompiledCall(_perf_ns(), self.rec.step_index)
         try:
             self._saved = self._suspend()
+            if self.sticky:
+                self._step_aside()
         except Exception as err:
             self.rec.note_error(err)
         try:
@@ -416,11 +451,13 @@ class Compiled:
         self.rec.compiled_depth = self.depth
         _suppress(self.rec, False)
         saved, self._saved = self._saved, None
-        if saved is not None:
-            try:
+        try:
+            if self._aside is not None:
+                self._step_back()
+            if saved is not None:
                 self._resume(saved)
-            except Exception as err:
-                self.rec.note_error(err)
+        except Exception as err:
+            self.rec.note_error(err)
         if call is None:
             return
         try:
@@ -458,28 +495,111 @@ class Compiled:
         except Exception as err:
             self.rec.note_error(err)
 
-    def _suspend(self) -> tuple[Any, Any, Any, bool]:
+    def _suspend(self) -> tuple[Any, Any]:
+        """Take copytrace's modes off torch's stacks (cheap C calls, at every compiled call)."""
         fmode, dmode = self._modes
         f_above = lift(*FUNCTION_STACK, fmode) if fmode is not None else None
         d_above = lift(*DISPATCH_STACK, dmode) if dmode is not None else None
-        hidden = hide_hooks(self._hook_entries)
-        patched = copy_patched()
-        if patched:
-            _recorder.remove_patches(stepping_aside=True)
-        return f_above, d_above, hidden, patched
+        return f_above, d_above
 
-    def _resume(self, saved: tuple[Any, Any, Any, bool]) -> None:
-        f_above, d_above, hidden, patched = saved
+    def _resume(self, saved: tuple[Any, Any]) -> None:
+        f_above, d_above = saved
         fmode, dmode = self._modes
-        if patched:
-            _recorder.install_patches(stepping_aside=True)
-        show_hooks(hidden)
         if d_above is not None:
             length, _, pop, push = DISPATCH_STACK
             lower(length, pop, push, dmode, d_above)
         if f_above is not None:
             length, _, pop, push = FUNCTION_STACK
             lower(length, pop, push, fmode, f_above)
+
+    # -- patches and hooks: off only while dynamo may look at them -----------------------------
+    def _step_aside(self) -> None:
+        """Take the optimizer step hooks and the module-level patches away until the outermost
+        compiled call ends. Otherwise they stay in place during compiled calls and stand aside
+        by themselves (``Recorder.compiled_depth``): dynamo sees them only when it evaluates
+        guards (cached code) or traces a frame (a cache miss, which calls its callback first).
+        A guard that reads one of them makes the swap happen at every call (``sticky``)."""
+        if self._aside is not None:
+            return
+        hidden = hide_hooks(self._hook_entries)
+        patched = copy_patched()
+        if patched:
+            _recorder.remove_patches(stepping_aside=True)
+        self._aside = (hidden, patched)
+
+    def _step_back(self) -> None:
+        hidden, patched = self._aside
+        self._aside = None
+        if not self.engaged:  # the trace ended inside the compiled call
+            return
+        if patched:
+            _recorder.install_patches(stepping_aside=True)
+        show_hooks(hidden)
+
+    def _wrapped(self, callback: Any) -> Any:
+        """``callback`` (dynamo's frame callback) stepping aside before dynamo looks at a frame
+        (one made per callback and kept: dynamo's cache lookup unwraps it through
+        ``_torchdynamo_orig_backend``, as for torch's own stance wrappers)."""
+        hit = self._callbacks.get(id(callback))
+        if hit is not None and hit[0] is callback:
+            return hit[1]
+
+        def _copytrace_callback(*args: Any, **kwargs: Any) -> Any:
+            if self.engaged and self.depth and threading.get_ident() == self.thread:
+                try:
+                    self._step_aside()
+                except Exception as err:
+                    self.rec.note_error(err)
+            result = callback(*args, **kwargs)
+            try:
+                code = getattr(result, "guarded_code", None)
+                if code is not None and not self.sticky:
+                    self.sticky = self._sensitive(code.guard_manager)
+            except Exception as err:
+                self.rec.note_error(err)
+                self.sticky = True
+            return result
+
+        _copytrace_callback._torchdynamo_orig_backend = callback  # type: ignore[attr-defined]
+        _skip_codes([_copytrace_callback.__code__], recursive=True)
+        if len(self._callbacks) >= _MAX_CALLBACKS:  # many torch.compile calls: keep none alive
+            self._callbacks.clear()
+        self._callbacks[id(callback)] = (callback, _copytrace_callback)
+        return _copytrace_callback
+
+    def _sensitive(self, guard_manager: Any) -> bool:
+        """Whether a compiled frame's guards read an attribute copytrace patches (then they
+        would fail with the patches in place: a recompile the untraced program never has)."""
+        try:
+            if guard_manager in self._checked:
+                return False
+        except TypeError:
+            pass
+        text = str(guard_manager)
+        found = any(self._names.search(line.split("#", 1)[0]) for line in text.splitlines())
+        if not found:
+            try:
+                self._checked.add(guard_manager)
+            except TypeError:
+                pass
+        return found
+
+    def _any_cached_sensitive(self) -> bool:
+        """:meth:`_sensitive` over every frame compiled so far (at engage: code compiled before
+        tracing started)."""
+        try:
+            from torch._C._dynamo.eval_frame import _debug_get_cache_entry_list
+            from torch._dynamo.utils import orig_code_map
+
+            codes = {id(c): c for c in list(orig_code_map.values.values())}
+            for code in codes.values():
+                for entry in _debug_get_cache_entry_list(code):
+                    if self._sensitive(entry.guard_manager):
+                        return True
+        except Exception as err:
+            self.rec.note_error(err)
+            return True
+        return False
 
     # -- export -------------------------------------------------------------------------------
     def take_calls(self) -> list[CompiledCall]:
@@ -538,6 +658,49 @@ def _skip_dynamo() -> None:
         codes.extend(c for c in code.co_consts if hasattr(c, "co_code"))
     for code in codes:
         set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+
+
+def _skip_codes(codes: Any, recursive: bool) -> None:
+    try:
+        from torch._dynamo.eval_frame import (
+            FrameAction,
+            FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+    except Exception:
+        return
+    inner = FrameAction.SKIP if recursive else FrameAction.DEFAULT
+    for code in codes:
+        set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, inner))
+
+
+def _skip_patch_codes(hooks: Any) -> None:
+    """Have dynamo skip the frames of copytrace's patches and hooks themselves (they stand
+    aside inside a compiled region), not those they call: inside a compiled region a patched
+    ``copy.deepcopy`` shows dynamo the frames of the original, exactly as untraced."""
+    codes = [_recorder._here.__code__]
+    codes += [f.__code__ for f in _recorder.PATCH_FUNCTIONS]
+    codes += _handover.wrapper_codes()
+    for hook in hooks:
+        code = getattr(getattr(hook, "__func__", hook), "__code__", None)
+        if code is not None:
+            codes.append(code)
+    _skip_codes(codes, recursive=False)
+
+
+_PATCHED_NAMES = (
+    "deepcopy", "copy", "from_numpy", "swap_tensors", "__deepcopy__", "state_dict",
+    "load_state_dict", "_global_optimizer_pre_hooks", "_global_optimizer_post_hooks",
+)  # fmt: skip
+
+
+def _patched_names() -> Any:
+    """A pattern for a guard's source that reads one of the attributes copytrace patches
+    (``G['copy'].deepcopy``, ``dict(...__dict__)['state_dict']``...)."""
+    names = set(_PATCHED_NAMES)
+    names.update(name for owner, name, _, _ in _recorder.EXTRA_PATCHES if owner is not torch.Tensor)
+    alt = "|".join(re.escape(n) for n in sorted(names))
+    return re.compile(rf"(?:\.(?:{alt})\b|\['(?:{alt})'\])")
 
 
 def copy_patched() -> bool:

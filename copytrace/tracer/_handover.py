@@ -332,6 +332,14 @@ def _wrap_load(orig: Any, here: Any) -> Any:
 _WRAPPERS: dict[tuple[type, str], tuple[Any, Any, Any]] = {}
 
 
+def wrapper_codes() -> list[Any]:
+    """Code objects of the wrappers (dynamo skips their frames inside compiled regions)."""
+    return [
+        c for f in (_wrap_state_dict, _wrap_load) for c in f.__code__.co_consts
+        if hasattr(c, "co_code")
+    ]  # fmt: skip
+
+
 def install(here: Any) -> None:
     """Wrap ``state_dict`` / ``load_state_dict``; ``here()`` gives the active recorder on
     the traced thread, or None."""

@@ -776,12 +776,14 @@ def _here() -> Recorder | None:
     """The active recorder when called on the traced thread, else None.
 
     The patches below are process-wide, but torch's modes are thread-local: a deepcopy on
-    another thread (an exporter's worker, a data loader thread) must not be recorded.
+    another thread (an exporter's worker, a data loader thread) must not be recorded. Inside
+    a compiled region (``compiled_depth``) they stay in place and call the original straight
+    through (dynamo skips their own frames, see ``_compiled._skip_patch_codes``).
     """
     rec = _ACTIVE
-    if rec is not None and threading.get_ident() == _THREAD:
+    if rec is not None and threading.get_ident() == _THREAD and not rec.compiled_depth:
         return rec
-    return None
+    return None  # or inside a compiled region, where the patches stand aside
 
 
 class FunctionMode(TorchFunctionMode):
@@ -951,6 +953,12 @@ def _traced_param_deepcopy(self, memo):
         return _ORIG_PARAM_DEEPCOPY(self, memo)
     return rec.api_call("deepcopy", _ORIG_PARAM_DEEPCOPY, (self, memo), {})
 
+
+#: the Python functions patched in (their frames are skipped by dynamo)
+PATCH_FUNCTIONS = (
+    _traced_deepcopy, _traced_copy, _traced_from_numpy, _traced_swap_tensors,
+    _traced_param_deepcopy,
+)  # fmt: skip
 
 #: ``(owner, attribute, original, replacement)`` patched with the others (level ``lean``: the
 #: API's C wrappers, see ``_observer.install_wrappers``); ``MISSING``: not in the owner's dict

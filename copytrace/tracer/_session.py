@@ -943,10 +943,14 @@ class Trace:
 
     # -- hooks ------------------------------------------------------------------------------------
     def _on_optim_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._rec.compiled_depth:
+            return  # an optimizer step inside a compiled region: stand aside (see _compiled)
         self._rec.in_optimizer += 1
 
     def _on_optim_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         rec = self._rec
+        if rec.compiled_depth:
+            return
         rec.in_optimizer = max(0, rec.in_optimizer - 1)
         if rec.auto_step and not rec.in_optimizer:
             self._boundary(auto=True)
