@@ -868,6 +868,7 @@ class Trace:
         from copytrace import __version__
 
         stats = self.stats
+        observer = (self._delegate or self)._observer_path or "python"
         attrs: dict[str, Any] = {
             "copytrace.version": __version__,
             "copytrace.torch_version": torch.__version__,
@@ -883,9 +884,12 @@ class Trace:
             "copytrace.steps_traced": stats["steps_traced"],
             "copytrace.flushes": stats["flushes"],
             "copytrace.exit": self._exit or "normal",
-            "copytrace.level": self.level,
+            # the level in effect: lean needs the C++ observer, the Python fallback is full
+            "copytrace.level": (
+                "full" if self.level == "lean" and observer == "python" else self.level
+            ),
             # the aten-level path: "native" (the C++ observer) or "python" (the fallback mode)
-            "copytrace.observer": (self._delegate or self)._observer_path or "python",
+            "copytrace.observer": observer,
         }
         if self.schedule is not None:
             attrs["copytrace.schedule"] = repr(self.schedule)
