@@ -145,7 +145,9 @@ def test_no_compiler_falls_back_to_the_python_mode(tmp_path) -> None:
             import torch, copytrace
             with copytrace.trace(write=False) as t:
                 torch.randn(4).clone()
-            print([e.op for e in t.events], t.observer_path)
+            # the default level, lean, needs the C++ observer: the run says it traced as full
+            print([e.op for e in t.events], t.observer_path, t.level,
+                  t._run_attributes()["copytrace.level"])
             """
         )
     )
@@ -156,7 +158,7 @@ def test_no_compiler_falls_back_to_the_python_mode(tmp_path) -> None:
         [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "['clone'] python"
+    assert proc.stdout.strip() == "['clone'] python lean full"
     lines = [ln for ln in proc.stderr.splitlines() if "C++ observer unavailable" in ln]
     assert len(lines) == 1 and "no C++ compiler found" in lines[0]
 
