@@ -171,6 +171,8 @@ def test_doctor_names_the_active_path() -> None:
     expected = "aten level: C++ observer" if NATIVE else "aten level: Python dispatch mode"
     assert expected in proc.stdout
     assert f"torch {torch.__version__}" in proc.stdout
+    level = "level: lean (COPYTRACE_LEVEL)" if NATIVE else "level: full (COPYTRACE_LEVEL=lean"
+    assert level in proc.stdout
 
 
 def test_fake_tensor_copies_are_copies_of_no_real_memory() -> None:
