@@ -26,9 +26,11 @@ variable                      default           meaning
                                                 the end only)
 ``COPYTRACE_FLUSH_SECONDS``   ``5``             ... or this many seconds after the previous
                                                 one
-``COPYTRACE_LEVEL``           ``full``          ``full``: both torch modes; ``api``: the
-                                                function mode only (cheaper, no implicit
-                                                copies)
+``COPYTRACE_LEVEL``           ``lean``          ``lean``: no Python mode on the hot path
+                                                (needs the C++ observer; without it, as
+                                                ``full``); ``full``: copytrace's function
+                                                mode on torch's stack; ``api``: the
+                                                function mode only (no implicit copies)
 ``COPYTRACE_OBSERVER``        ``auto``          how aten-level copies are seen: ``auto``
                                                 (copytrace's C++ observer where it can be
                                                 built, else the Python mode), ``native``
@@ -118,7 +120,7 @@ COPYTRACE_PY_SPY = "COPYTRACE_PY_SPY"
 #: Steps traced, torch.profiler-style: ``wait=1,warmup=1,active=3,repeat=2,skip_first=10``.
 #: Unset: every step.
 COPYTRACE_SCHEDULE = "COPYTRACE_SCHEDULE"
-#: One of :data:`LEVELS`. Default: ``full``.
+#: One of :data:`LEVELS`. Default: ``lean``.
 COPYTRACE_LEVEL = "COPYTRACE_LEVEL"
 #: Trace file compression, one of :data:`COMPRESSIONS`. Default: ``gzip``.
 COPYTRACE_COMPRESSION = "COPYTRACE_COMPRESSION"
@@ -138,9 +140,11 @@ DEFAULT_REPORT_WAIT_S = 30.0
 DEFAULT_FLUSH_EVENTS = 4096
 DEFAULT_FLUSH_SECONDS = 5.0
 
-#: Tracing levels, most complete first: ``full`` (both torch modes) and ``api`` (the
-#: function mode only). The accepted set of ``level=`` and ``COPYTRACE_LEVEL``.
-LEVELS: tuple[str, ...] = ("full", "api", "lean")
+#: Tracing levels, the default first: ``lean`` (the C++ observer for the aten level and C
+#: wrappers for the API, no Python mode on the hot path), ``full`` (copytrace's function mode on
+#: torch's stack for the API) and ``api`` (the function mode only). The accepted set of
+#: ``level=`` and ``COPYTRACE_LEVEL``.
+LEVELS: tuple[str, ...] = ("lean", "full", "api")
 #: Trace file compressions: the accepted set of ``compression=`` and ``COPYTRACE_COMPRESSION``.
 COMPRESSIONS: tuple[str, ...] = ("gzip", "none")
 #: How aten-level copies are seen: the accepted set of ``observer=`` and
@@ -210,7 +214,7 @@ def parse_level(value: Any, name: str = "level") -> str:
     """A tracing level, one of :data:`LEVELS` (case and blanks ignored).
 
     Raises:
-        SettingError: any other value (``level: not 'fast'; use full or api``).
+        SettingError: any other value (``level: not 'fast'; use lean, full or api``).
     """
     return _one_of(LEVELS)(name, str(value))
 

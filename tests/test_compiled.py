@@ -328,7 +328,8 @@ def test_copytrace_modes_step_aside_under_a_user_mode_during_a_compiled_call(obs
         return look(x * 2) + 1
 
     x = torch.ones(3)
-    with copytrace.trace(write=False, observer=observer, level="full") as t:  # its modes
+    # level full: copytrace's function mode is on the stack (lean has none to step aside)
+    with copytrace.trace(write=False, observer=observer, level="full") as t:
         ours = list(t._modes)  # the function mode, and on the Python path the dispatch mode
         with UserMode() as mine:
             before = (_get_current_function_mode_stack(), _get_current_dispatch_mode_stack())

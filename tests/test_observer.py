@@ -145,7 +145,9 @@ def test_no_compiler_falls_back_to_the_python_mode(tmp_path) -> None:
             import torch, copytrace
             with copytrace.trace(write=False) as t:
                 torch.randn(4).clone()
-            print([e.op for e in t.events], t.observer_path)
+            # the default level, lean, needs the C++ observer: the run says it traced as full
+            print([e.op for e in t.events], t.observer_path, t.level,
+                  t._run_attributes()["copytrace.level"])
             """
         )
     )
@@ -156,7 +158,7 @@ def test_no_compiler_falls_back_to_the_python_mode(tmp_path) -> None:
         [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300
     )
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "['clone'] python"
+    assert proc.stdout.strip() == "['clone'] python lean full"
     lines = [ln for ln in proc.stderr.splitlines() if "C++ observer unavailable" in ln]
     assert len(lines) == 1 and "no C++ compiler found" in lines[0]
 
@@ -169,6 +171,8 @@ def test_doctor_names_the_active_path() -> None:
     expected = "aten level: C++ observer" if NATIVE else "aten level: Python dispatch mode"
     assert expected in proc.stdout
     assert f"torch {torch.__version__}" in proc.stdout
+    level = "level: lean (COPYTRACE_LEVEL)" if NATIVE else "level: full (COPYTRACE_LEVEL=lean"
+    assert level in proc.stdout
 
 
 def test_fake_tensor_copies_are_copies_of_no_real_memory() -> None:

@@ -16,14 +16,19 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import copytrace
 from copytrace.dashboards import load_trace
-from copytrace.tracer import Trace
+from copytrace.tracer import Trace, _native
 from copytrace.tracer._session import Schedule
 
 _UNPATCHED_DEEPCOPY = copy.deepcopy  # copytrace patches it process-wide while engaged
 
 
 def _engaged() -> bool:
-    return bool(_get_current_function_mode_stack() or _get_current_dispatch_mode_stack())
+    """Whether any of copytrace's observers is in place: a Python mode on torch's stacks (level
+    full, the fallback), or the C++ observer's kernels (every native level)."""
+    if _get_current_function_mode_stack() or _get_current_dispatch_mode_stack():
+        return True
+    native = _native.load() if _native.choice() != "python" else None
+    return bool(native is not None and native.enabled())
 
 
 def _run(path):

@@ -56,7 +56,7 @@ def _run_span(spans: list[dict]) -> dict:
     [
         ("COPYTRACE_AUTO_STEP", "banana",
          "COPYTRACE_AUTO_STEP: not 'banana'; use 1 or 0 (or true/false, yes/no, on/off)"),
-        ("COPYTRACE_LEVEL", "fast", "COPYTRACE_LEVEL: not 'fast'; use full, api or lean"),
+        ("COPYTRACE_LEVEL", "fast", "COPYTRACE_LEVEL: not 'fast'; use lean, full or api"),
         ("COPYTRACE_OBSERVER", "cuda",
          "COPYTRACE_OBSERVER: not 'cuda'; use auto, native or python"),
         ("COPYTRACE_COMPRESSION", "zstd", "COPYTRACE_COMPRESSION: not 'zstd'; use gzip or none"),
@@ -116,7 +116,7 @@ def test_level_constant_is_the_accepted_set(monkeypatch):
     # Trace accepts exactly LEVELS, and says which in its message.
     for level in _env.LEVELS:
         assert copytrace.Trace(write=False, level=level).level == level
-    with pytest.raises(copytrace.SettingError, match="level: not 'fast'; use full, api or lean"):
+    with pytest.raises(copytrace.SettingError, match="level: not 'fast'; use lean, full or api"):
         copytrace.Trace(write=False, level="fast")
     monkeypatch.setenv("COPYTRACE_COMPRESSION", "zstd")
     with pytest.raises(copytrace.SettingError, match="^COPYTRACE_COMPRESSION: not 'zstd'"):

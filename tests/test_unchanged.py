@@ -4,12 +4,14 @@ Each program in ``tests/unchanged/`` (compiled training steps with aot_eager and
 graph breaks, ``fullgraph=True``, ``mode="reduce-overhead"``, compiled ``.data`` and input
 mutations, tensor subclasses, the program's own torch modes, FlopCounterMode, fake tensors,
 ``torch.func``, autocast, checkpointing, and torch's warnings under filters and ``-W error``)
-is run in a real subprocess three ways:
+is run in a real subprocess four ways:
 
 * ``python prog.py`` (untraced, the reference),
 * ``COPYTRACE=1 python prog.py``,
-* ``python -m copytrace run prog.py``,
-* ``COPYTRACE=1 COPYTRACE_LEVEL=lean python prog.py`` (no Python mode on the hot path),
+* ``python -m copytrace run prog.py`` (both at the default level, ``lean``: no Python mode
+  on the hot path),
+* ``COPYTRACE=1 COPYTRACE_LEVEL=full python prog.py`` (copytrace's function mode on torch's
+  stack),
 
 and the traced runs must print exactly what the untraced run printed on stdout (results to the
 bit, every warning with its category, file, line and message, the exceptions each part raised,
@@ -40,7 +42,7 @@ import pytest
 
 CORPUS = Path(__file__).parent / "unchanged"
 PROGRAMS = sorted(p.stem for p in CORPUS.glob("[!_]*.py"))
-WAYS = ("COPYTRACE=1", "copytrace run", "COPYTRACE_LEVEL=lean")
+WAYS = ("COPYTRACE=1", "copytrace run", "COPYTRACE_LEVEL=full")
 
 #: interpreter options a program is run with (all three ways)
 PYTHON_FLAGS = {"warnings_as_errors": ["-W", "error"]}
@@ -120,8 +122,8 @@ def _run(name: str, way: str | None, out: Path) -> subprocess.CompletedProcess:
     elif way.startswith("COPYTRACE"):
         cmd = [*python, script]
         env.update(COPYTRACE="1", COPYTRACE_REPORT="0", COPYTRACE_OUTPUT=str(out))
-        if way == "COPYTRACE_LEVEL=lean":  # no Python mode at all
-            env.update(COPYTRACE_LEVEL="lean")
+        if way == "COPYTRACE_LEVEL=full":  # copytrace's function mode on the stack
+            env.update(COPYTRACE_LEVEL="full")
     else:
         cmd = [*python, "-m", "copytrace", "run", "--no-report", "-o", str(out), script]
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -180,10 +182,10 @@ def test_traced_program_prints_raises_and_exits_as_untraced(name, way, tmp_path_
     assert _last_traceback(traced.stderr) == _last_traceback(plain.stderr)
 
 
-# The one difference tracing at the default level still makes (and level lean does not), documented in the README's known
-# limitations, pinned exactly so that a change shows here: any TorchFunctionMode re-enters a
-# Python-level torch function through handle_torch_function (two more torch frames in a
-# traceback). copytrace installs no nn.Module hooks, so Module.__call__ keeps its fast path: a
+# The one difference tracing at level full still makes (the default, lean, does not), documented
+# in the README's known limitations, pinned exactly so that a change shows here: any
+# TorchFunctionMode re-enters a Python-level torch function through handle_torch_function (two
+# more torch frames in a traceback). copytrace installs no nn.Module hooks, so Module.__call__ keeps its fast path: a
 # warning whose stacklevel reaches past a module call names the same line of module.py.
 _KNOWN = """
 import traceback, warnings
@@ -209,8 +211,9 @@ def test_known_differences_are_exactly_the_documented_ones(tmp_path):
     )
     env = _env(COPYTRACE="1", COPYTRACE_REPORT="0", COPYTRACE_OUTPUT=str(tmp_path / "out"))
     traced = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300
-    )
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300,
+        env=dict(env, COPYTRACE_LEVEL="full"),
+    )  # fmt: skip
     assert plain.returncode == traced.returncode == 0, (plain.stderr, traced.stderr)
     (p_module, p_frames), (t_module, t_frames) = (
         plain.stdout.splitlines(), traced.stdout.splitlines()
@@ -224,10 +227,9 @@ def test_known_differences_are_exactly_the_documented_ones(tmp_path):
     assert t_frames == (
         "frames ['<module>', 'softmax', 'handle_torch_function', 'softmax', '_get_softmax_dim']"
     )
-    # level lean puts no mode on the stack: not even that difference
+    # the default level, lean, puts no mode on the stack: not even that difference
     lean = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-        env=dict(env, COPYTRACE_LEVEL="lean"),
-    )  # fmt: skip
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300
+    )
     assert lean.returncode == 0, lean.stderr
     assert lean.stdout == plain.stdout

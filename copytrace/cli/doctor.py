@@ -23,8 +23,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _doctor(args: argparse.Namespace) -> int:
     import torch
 
+    from copytrace import _env
     from copytrace.tracer import _native
 
+    level = _env.setting(_env.COPYTRACE_LEVEL)  # a bad value: the CLI's one line, exit 2
     info = _native.status()
     path = info["path"]
     print(f"torch {torch.__version__} (git {getattr(torch.version, 'git_version', '?')[:12]})")
@@ -33,6 +35,10 @@ def _doctor(args: argparse.Namespace) -> int:
         print(f"aten level: C++ observer ({info['reason']})")
     else:
         print(f"aten level: Python dispatch mode fallback ({info['reason']})")
+    if level == "lean" and path != "native":
+        print("level: full (COPYTRACE_LEVEL=lean needs the C++ observer: the Python modes trace)")
+    else:
+        print(f"level: {level} (COPYTRACE_LEVEL)")
     print(f"cache: {info['cache_dir']}")
     sys.stdout.flush()
     return 0

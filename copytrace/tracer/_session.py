@@ -183,7 +183,7 @@ class Trace:
             (default 4096, ``$COPYTRACE_FLUSH_EVENTS``; 0: only when the trace stops).
         flush_seconds: also flush at a step boundary this long after the last flush
             (default 5, ``$COPYTRACE_FLUSH_SECONDS``).
-        level: one of ``copytrace._env.LEVELS`` (default ``"full"``, ``$COPYTRACE_LEVEL``);
+        level: one of ``copytrace._env.LEVELS`` (default ``"lean"``, ``$COPYTRACE_LEVEL``);
             see :func:`trace`.
         observer: one of ``copytrace._env.OBSERVERS`` (default ``"auto"``,
             ``$COPYTRACE_OBSERVER``): ``"auto"``/``"native"`` copytrace's C++ observer where it
@@ -868,6 +868,7 @@ class Trace:
         from copytrace import __version__
 
         stats = self.stats
+        observer = (self._delegate or self)._observer_path or "python"
         attrs: dict[str, Any] = {
             "copytrace.version": __version__,
             "copytrace.torch_version": torch.__version__,
@@ -883,9 +884,12 @@ class Trace:
             "copytrace.steps_traced": stats["steps_traced"],
             "copytrace.flushes": stats["flushes"],
             "copytrace.exit": self._exit or "normal",
-            "copytrace.level": self.level,
+            # the level in effect: lean needs the C++ observer, the Python fallback is full
+            "copytrace.level": (
+                "full" if self.level == "lean" and observer == "python" else self.level
+            ),
             # the aten-level path: "native" (the C++ observer) or "python" (the fallback mode)
-            "copytrace.observer": (self._delegate or self)._observer_path or "python",
+            "copytrace.observer": observer,
         }
         if self.schedule is not None:
             attrs["copytrace.schedule"] = repr(self.schedule)
@@ -1088,13 +1092,14 @@ def trace(output_dir: str | os.PathLike[str] | None = None, **options: Any) -> T
         auto_step: advance the step on each ``optimizer.step()`` until ``t.step()`` is called.
         schedule, exporters, tracer_provider, compression, flush_events, flush_seconds: see
             :class:`Trace`.
-        level: ``"full"`` (default, or ``$COPYTRACE_LEVEL``): both modes, every API and aten
-            copy; ``"lean"``: the same events with no Python mode on the hot path (C wrappers
-            on the copying API instead of the function mode; needs the C++ observer, else
-            as ``"full"``; no in-place write facts for fresh copies); ``"api"``: the function
-            mode only, about half the per-op cost on op-bound
-            steps, but no implicit copies (backward, autocast, composites), no aten op names,
-            no count of autograd's internal detaches and no ``data-inplace`` hazard.
+        level: ``"lean"`` (default, or ``$COPYTRACE_LEVEL``): every API and aten copy with no
+            Python mode on the hot path (C wrappers on the copying API; copytrace's function
+            mode joins torch's stack only while a write it must see can happen: a ``.data``
+            alias of a tensor that requires grad, or an advanced-indexing result, is alive);
+            needs the C++ observer, else as ``"full"``. ``"full"``: the same events with
+            copytrace's function mode always on the stack. ``"api"``: the function mode only,
+            but no implicit copies (backward, autocast, composites), no aten op names, no count
+            of autograd's internal detaches and no ``data-inplace`` hazard.
 
     Returns:
         An unstarted :class:`Trace`.
