@@ -19,12 +19,13 @@ Variants:
     tfm_floor  an empty Python TorchFunctionMode alone (the floor of any Python API-level mode)
     prof_cpu   torch.profiler with CPU activity
     prof_full  torch.profiler with profile_memory, record_shapes, with_stack
-    copytrace  copytrace.trace() with default settings (no file written): the C handler for the
-               API level and the C++ observer for the aten level
+    copytrace  copytrace.trace() with default settings (no file written): level lean, no Python
+               mode at all (torch's copying API hot-patched in C, the C++ observer for the
+               aten level)
+    ct_full    copytrace level="full": copytrace's function mode (its handler in C) on the
+               stack for the API level, the C++ observer for the aten level
     ct_python  copytrace with observer="python": the Python modes (the fallback)
     ct_api     copytrace level="api": the function mode only (no dispatch mode)
-    ct_lean    copytrace level="lean": no Python mode at all (C wrappers on the copying API
-               and the C++ observer for the aten level)
     ct_idle    copytrace with a schedule, measured over its inactive steps
 """
 
@@ -90,8 +91,8 @@ def traced_api():
     return copytrace.trace(write=False, level="api")
 
 
-def traced_lean():
-    return copytrace.trace(write=False, level="lean")
+def traced_full():
+    return copytrace.trace(write=False, level="full")
 
 
 def traced_idle():
@@ -108,7 +109,7 @@ VARIANTS = {
     "copytrace": traced,
     "ct_python": traced_python,
     "ct_api": traced_api,
-    "ct_lean": traced_lean,
+    "ct_full": traced_full,
     "ct_idle": traced_idle,
 }
 

@@ -5,10 +5,10 @@ tensors) and nothing else, so the recording cost per event dominates. Each varia
 own subprocess (import and start-up excluded: the timed region is the loop):
 
     plain       the loop untraced
-    copytrace   COPYTRACE=1, the C++ observer path, trace file written (gzip OTLP/JSON and
-                its columnar sidecar)
-    ct_lean     the same at COPYTRACE_LEVEL=lean (no function mode: the copying API wrapped
-                in C)
+    copytrace   COPYTRACE=1 at the default level, lean (the C++ observer and torch's copying
+                API hot-patched in C, no function mode), trace file written (gzip OTLP/JSON
+                and its columnar sidecar)
+    ct_full     the same at COPYTRACE_LEVEL=full (copytrace's function mode on the stack)
     ct_nosidecar  the same without the columnar sidecar (COPYTRACE_SIDECAR=0)
     ct_python   COPYTRACE=1 COPYTRACE_OBSERVER=python, the Python fallback path
     profiler    torch.profiler (record_shapes=True, with_stack=True), then listing its events
@@ -60,9 +60,9 @@ print(json.dumps({"run": run, "cpu": cpu, "listed": listed, "loop_end": time.tim
 def _run(variant: str, steps: int, out: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COPYTRACE")}
     env["OMP_NUM_THREADS"] = "1"
-    if variant in ("copytrace", "ct_lean", "ct_python", "ct_nosidecar"):
+    if variant in ("copytrace", "ct_full", "ct_python", "ct_nosidecar"):
         env.update(COPYTRACE="1", COPYTRACE_REPORT="0", COPYTRACE_OUTPUT=out)
-        env["COPYTRACE_LEVEL"] = "lean" if variant == "ct_lean" else "full"
+        env["COPYTRACE_LEVEL"] = "full" if variant == "ct_full" else "lean"
         if variant == "ct_nosidecar":
             env["COPYTRACE_SIDECAR"] = "0"
         if variant == "ct_python":
@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="steps of 99 events each")
     parser.add_argument(
-        "--variants", nargs="*", default=["plain", "copytrace", "ct_lean", "ct_python", "profiler"]
+        "--variants", nargs="*", default=["plain", "copytrace", "ct_full", "ct_python", "profiler"]
     )
     args = parser.parse_args(argv)
     events = args.steps * 99
