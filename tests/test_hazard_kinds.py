@@ -416,6 +416,36 @@ def test_gone_copy_whose_graph_a_derived_tensor_keeps(
     assert [e.retained_bytes for e in t.events if e.op == op] == [400, 400, 400]
 
 
+def test_dead_attached_copies_are_dropped_and_a_derived_graph_still_found() -> None:
+    # 1,100 throwaway attached clones per step (each gone with its node at once) pass the
+    # watch's first prune point (1,024 listed): the dead entries are dropped, and the running
+    # total's gone clone, whose graph `total` keeps, is still found as above
+    listed: list[int] = []
+
+    def churn_then_add(total: Any, loss: torch.Tensor) -> Any:
+        w = torch.ones(2, requires_grad=True)
+        for _ in range(1100):
+            w.clone()
+        listed.append(len(program_t[0]._rec.watch.attached))
+        return _add_clone(total, loss)
+
+    program = _logged_loss(churn_then_add)
+    program_t: list[Any] = []
+
+    def run(t: Any) -> None:
+        program_t.append(t)
+        program(t)
+
+    t, findings = traced(run)
+    f = only(findings, "graph-retaining-copy")  # (the churn itself is a redundant-copy)
+    assert f.call_sites == [site("total-clone", "_add_clone")]
+    assert f.bytes == 1200 and f.steps == [0, 1, 2]
+    # pruned at 1,024 entries, while the 1,024th clone is being recorded (alive, so kept),
+    # then the 76 clones made since: 77 in each step (the list starts empty at each step
+    # boundary); unpruned it would hold 1,100
+    assert listed == [77, 77, 77]
+
+
 @pytest.mark.parametrize(
     "accumulate, backward",
     [

@@ -56,6 +56,7 @@ BACKWARD_FUNCTIONS = (_Tensor.backward, torch.autograd.backward, torch.autograd.
 # Caps that keep the cold-path work bounded on huge graphs and long programs.
 _MAX_NODES = 200_000
 _MAX_ATTACHED = 100_000
+_PRUNE_ATTACHED = 1024  # attached copies listed before the first prune (_prune_attached)
 _MAX_SNAPSHOTS = 100_000
 #: Results that are not a fresh copy the program goes on using: copy_ writes into its dst,
 #: deepcopy results are independent state, implicit copies are internal to torch.
@@ -143,6 +144,7 @@ class Watch:
         self.rebinds: dict[int, _Pending] = {}  # id(tensor) -> pending `.data =` rebinding
         # this step's attached copies: (result, event, life token of its grad_fn, its seq nr)
         self.attached: list[tuple[weakref.ref, CopyEvent, Any, int]] = []
+        self._attached_prune = _PRUNE_ATTACHED  # list length at which dead entries are dropped
         self._backward_seq = -1  # newest backward root of this step (autograd sequence nr)
         self._scan_skip = 0  # steps left before the next search for live derived tensors
         self._scan_backoff = 1
@@ -227,12 +229,27 @@ class Watch:
             self._special(ev, op, src, out)  # (a detach only from state_dict())
         if ev.alias:
             return
-        if ev.graph == "attached" and len(self.attached) < _MAX_ATTACHED:
+        attached = self.attached
+        if ev.graph == "attached" and len(attached) < _MAX_ATTACHED:
             if grad_fn is _UNREAD:
                 grad_fn = out.grad_fn
-            self.attached.append((weakref.ref(out), ev, *_life_token(grad_fn)))
+            attached.append((weakref.ref(out), ev, *_life_token(grad_fn)))
+            if len(attached) >= self._attached_prune:
+                self._prune_attached()
         if out is not src and op not in _NOT_FRESH and (ev.bytes_allocated > 0 or op in _INDEX_OPS):
             self.copies.watch(out, ev, op in _INDEX_OPS)
+
+    def _prune_attached(self) -> None:
+        """Drop the attached copies that can retain nothing: the copy and its ``grad_fn`` both
+        gone (:meth:`_check_retained` skips them too). Run when the list doubles, so that a
+        loop with no step boundary keeps a short list, not one that the cycle collector
+        walks again and again (amortised O(1) per event)."""
+        kept = [
+            entry for entry in self.attached
+            if entry[0]() is not None or (entry[2] is not None and entry[2]() is not None)
+        ]  # fmt: skip
+        self.attached = kept
+        self._attached_prune = max(_PRUNE_ATTACHED, 2 * len(kept))
 
     def _special(self, ev: CopyEvent, op: str, src: Any, out: Any) -> None:
         """``.data`` reads and writes, ``state_dict()`` snapshots: start their watches."""
