@@ -418,8 +418,8 @@ def test_gone_copy_whose_graph_a_derived_tensor_keeps(
 
 def test_dead_attached_copies_are_dropped_and_a_derived_graph_still_found() -> None:
     # 1,100 throwaway attached clones per step (each gone with its node at once) pass the
-    # watch's first prune point (1,024 listed): the dead entries are dropped, and the running
-    # total's gone clone, whose graph `total` keeps, is still found as above
+    # watch's prune point (64 listed) again and again: the dead entries are dropped, and the
+    # running total's gone clone, whose graph `total` keeps, is still found as above
     listed: list[int] = []
 
     def churn_then_add(total: Any, loss: torch.Tensor) -> Any:
@@ -440,10 +440,11 @@ def test_dead_attached_copies_are_dropped_and_a_derived_graph_still_found() -> N
     f = only(findings, "graph-retaining-copy")  # (the churn itself is a redundant-copy)
     assert f.call_sites == [site("total-clone", "_add_clone")]
     assert f.bytes == 1200 and f.steps == [0, 1, 2]
-    # pruned at 1,024 entries, while the 1,024th clone is being recorded (alive, so kept),
-    # then the 76 clones made since: 77 in each step (the list starts empty at each step
-    # boundary); unpruned it would hold 1,100
-    assert listed == [77, 77, 77]
+    # each prune runs while the clone that fills the list to 64 is recorded (alive, so kept:
+    # 1 left, 63 more to the next prune): prunes at the 64th, 127th, ... 1,072nd clone (17),
+    # then 28 more: 29 listed in each step (the list starts empty at each step boundary);
+    # unpruned it would hold 1,100
+    assert listed == [29, 29, 29]
 
 
 @pytest.mark.parametrize(

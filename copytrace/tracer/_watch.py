@@ -56,7 +56,7 @@ BACKWARD_FUNCTIONS = (_Tensor.backward, torch.autograd.backward, torch.autograd.
 # Caps that keep the cold-path work bounded on huge graphs and long programs.
 _MAX_NODES = 200_000
 _MAX_ATTACHED = 100_000
-_PRUNE_ATTACHED = 1024  # attached copies listed before the first prune (_prune_attached)
+_PRUNE_ATTACHED = 64  # attached copies listed before the first prune (_prune_attached)
 _MAX_SNAPSHOTS = 100_000
 #: Results that are not a fresh copy the program goes on using: copy_ writes into its dst,
 #: deepcopy results are independent state, implicit copies are internal to torch.
@@ -241,9 +241,11 @@ class Watch:
 
     def _prune_attached(self) -> None:
         """Drop the attached copies that can retain nothing: the copy and its ``grad_fn`` both
-        gone (:meth:`_check_retained` skips them too). Run when the list doubles, so that a
-        loop with no step boundary keeps a short list, not one that the cycle collector
-        walks again and again (amortised O(1) per event)."""
+        gone (:meth:`_check_retained` skips them too). Run when the list doubles (64 entries
+        at least), so that a loop with no step boundary keeps a short list: most dead
+        entries (a tuple and two weak references each) go before the cycle collector
+        promotes them, whose full collections walk torch's whole heap (amortised O(1) per
+        event)."""
         kept = [
             entry for entry in self.attached
             if entry[0]() is not None or (entry[2] is not None and entry[2]() is not None)
