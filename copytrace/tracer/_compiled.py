@@ -643,21 +643,12 @@ def _skip_dynamo() -> None:
     if _SKIPPED[0]:
         return
     _SKIPPED[0] = True
-    try:
-        from torch._dynamo.eval_frame import (
-            FrameAction,
-            FrameExecStrategy,
-            set_code_exec_strategy,
-        )
-    except Exception:
-        return
     codes = [_enter.__code__, _hooks_get.__code__, _hooks_set.__code__, _hooks_del.__code__]
     codes += [f.__code__ for f in vars(_WithHook).values() if hasattr(f, "__code__")]
     codes += [f.__code__ for f in vars(Compiled).values() if hasattr(f, "__code__")]
     for code in list(codes):
         codes.extend(c for c in code.co_consts if hasattr(c, "co_code"))
-    for code in codes:
-        set_code_exec_strategy(code, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    _skip_codes(codes, recursive=True)
 
 
 def _skip_codes(codes: Any, recursive: bool) -> None:
