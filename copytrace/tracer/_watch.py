@@ -265,7 +265,7 @@ class Watch:
             if len(self.snapshots) < _MAX_SNAPSHOTS:
                 storage = out.untyped_storage()
                 self.snapshots.append((
-                    weakref.ref(out), _version(out), ev, weakref.ref(storage),
+                    weakref.ref(out), _F.version(out), ev, weakref.ref(storage),
                     weakref.ref(src), _use_count(storage) - 1,
                 ))  # fmt: skip
                 del storage
@@ -565,7 +565,7 @@ class Watch:
                 del storage
                 if t is None or count < 0 or count <= alone:
                     continue  # nobody but the source holds the storage any more
-            if _version(t) != version:
+            if _F.version(t) != version:
                 ev.stale = True
                 continue
             del t
@@ -611,13 +611,6 @@ def _live_graph_roots() -> list[Any]:
             if grad_fn is not None:
                 roots.append(grad_fn)
     return roots
-
-
-def _version(t: Any) -> int | None:
-    try:
-        return t._version
-    except Exception:  # inference tensors have no version counter
-        return None
 
 
 def _use_count(storage: Any) -> int:
