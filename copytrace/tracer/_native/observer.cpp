@@ -37,6 +37,7 @@
 #include <memory>
 #include <string>
 #include <unordered_map>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -68,7 +69,18 @@ PyObject* g_callback = nullptr;  // owned reference; changed only with the GIL h
 // so named RecordFunctions (RECORD_FUNCTION("detach") in autograd kernels, profiler scopes)
 // never match.
 std::unordered_set<const char*> g_counted;
+// The callback is thread-local: registered on the thread that starts tracing (the owner), it
+// reaches the threads that run that thread's work with its ThreadLocalState (the autograd
+// engine's device threads). Only the owner thread can deregister it (removeCallback of another
+// thread's handle warns): an uninstall from any other thread leaves it in place, where it only
+// counts depth, and a later install on the owner thread reuses it.
 at::CallbackHandle g_rf = 0;
+std::thread::id g_rf_thread;
+// Inside a compiled region (suppress) the observer ignores every op, so the callback is paused
+// there, on this thread only (disableCallback of a thread-local handle): a compiled call's ops
+// then cost what they cost untraced. An op in progress keeps its own callbacks (RecordFunction
+// holds them from its start), so the depth stays balanced across the pause.
+thread_local int tls_rf_paused = 0;
 thread_local int tls_depth = 0;
 // An autograd node's apply (BACKWARD_FUNCTION scope) starts afresh: the ops a node runs are
 // what a dispatch mode sees in backward, whatever op is in progress around the engine.
@@ -267,21 +279,40 @@ int install(const std::vector<std::tuple<std::string, std::string, int, std::str
   }
   g_lib = std::move(lib);
   counted_names();
+  if (g_rf != 0 && g_rf_thread != std::this_thread::get_id()) g_rf = 0;  // left on another thread
   if (g_rf == 0) {
-    g_rf = at::addGlobalCallback(at::RecordFunctionCallback(&rf_start, &rf_end)
-                                     .needsInputs(false)
-                                     .needsOutputs(false)
-                                     .scopes({at::RecordScope::FUNCTION,
-                                              at::RecordScope::BACKWARD_FUNCTION}));
+    g_rf = at::addThreadLocalCallback(at::RecordFunctionCallback(&rf_start, &rf_end)
+                                          .needsInputs(false)
+                                          .needsOutputs(false)
+                                          .scopes({at::RecordScope::FUNCTION,
+                                                   at::RecordScope::BACKWARD_FUNCTION}));
+    g_rf_thread = std::this_thread::get_id();
   }
   Py_XDECREF(g_callback);
   g_callback = callback.release().ptr();
   return static_cast<int>(g_ops.size());
 }
 
+// A compiled region: no op of it is observed, and the depth callback pauses on this thread.
+void suppress_region() {
+  ++tls_suppress;
+  if (g_rf != 0 && tls_rf_paused == 0 && g_rf_thread == std::this_thread::get_id()) {
+    at::disableCallback(g_rf);
+    tls_rf_paused = 1;
+  }
+}
+
+void unsuppress_region() {
+  if (tls_suppress > 0) --tls_suppress;
+  if (tls_suppress == 0 && tls_rf_paused != 0) {
+    tls_rf_paused = 0;
+    if (g_rf != 0) at::reenableCallback(g_rf);
+  }
+}
+
 void uninstall() {
   g_on.store(false);
-  if (g_rf != 0) {
+  if (g_rf != 0 && g_rf_thread == std::this_thread::get_id()) {
     at::removeCallback(g_rf);
     g_rf = 0;
   }
@@ -1213,8 +1244,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("enabled", []() { return g_on.load(); });
   m.def("set_owner", [](bool owner) { tls_owner = owner; },
         "Mark the calling thread as the traced one (thread-local)");
-  m.def("suppress", []() { ++tls_suppress; }, "Enter a region the observer ignores");
-  m.def("unsuppress", []() { if (tls_suppress > 0) --tls_suppress; });
+  m.def("suppress", &suppress_region, "Enter a region the observer ignores (a compiled call)");
+  m.def("unsuppress", &unsuppress_region);
   m.def("suppressed", []() { return tls_suppress; });
   m.def("begin_fold", []() {
     tls_fold.clear();
