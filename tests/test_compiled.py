@@ -441,3 +441,45 @@ def test_patches_and_hooks_stand_aside_while_dynamo_compiles_and_in_cached_code(
     assert in_region == (0, steps)
     assert outside == (1, steps + 1)
     assert t.stats["errors"] == 0
+
+
+def test_depth_callback_pauses_in_compiled_calls_for_copytrace_alone() -> None:
+    # In-process, backend "aot_eager" (a compiled region that runs aten ops). copytrace's depth
+    # callback (observer.cpp) pauses while a compiled call or its compiled backward runs, on
+    # this thread and for itself only: a user's torch.profiler around them records the same
+    # aten ops traced as untraced, and the depth is balanced after each region, so the eager
+    # backward around it still has its implicit copy recorded, every time.
+    from collections import Counter
+
+    import torch
+
+    import copytrace
+
+    @torch.compile(backend="aot_eager")
+    def f(x: Any) -> Any:
+        return (x @ x.t()).relu() + 1
+
+    x = torch.randn(8, 8, requires_grad=True)
+
+    def program() -> list[tuple[str, int]]:
+        x.grad = None
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            for _ in range(2):
+                # ToCopyBackward0 casts the float64 gradient back to float32 (aten::_to_copy,
+                # implicit) before the compiled graph's backward runs
+                f(x).double().sum().backward()
+        names = Counter(e.name for e in prof.events() if e.name.startswith("aten::"))
+        return sorted(names.items())
+
+    torch._dynamo.reset()
+    f(x)  # compiled before either run
+    untraced = program()
+    with copytrace.trace(write=False) as t:
+        traced = program()
+        depth = t._rec.native.depth() if t._rec.native is not None else 0
+    assert traced == untraced
+    assert dict(untraced)["aten::mm"] >= 2  # the regions' matmuls, seen by the user's profiler
+    assert depth == 0
+    implicit = [(e.op, e.aten, e.phase) for e in t.events if e.op == "implicit"]
+    assert implicit == [("implicit", ("aten::_to_copy",), "backward")] * 2
+    assert t.stats["errors"] == 0
