@@ -52,6 +52,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from types import MethodType
 from typing import Any
 
 import torch
@@ -71,6 +72,10 @@ from copytrace.tracer._stepaside import (
 __all__ = ["Compiled", "CompiledCall", "CompiledGraphSpan", "suspended"]
 
 _perf_ns = time.perf_counter_ns
+_get_ident = threading.get_ident
+_getframe = sys._getframe
+_function_stack_len = FUNCTION_STACK[0]
+_dispatch_stack_len = DISPATCH_STACK[0]
 _HOOKS_ATTR = "enter_exit_hooks"
 _MISSING = object()
 _MAX_CALLS = 1_000_000  # calls buffered between two flushes; beyond it they are counted only
@@ -114,8 +119,7 @@ class _WithHook:
         self.own = own
 
     def __iter__(self) -> Any:
-        yield from self.own
-        yield _enter
+        return iter([*self.own, _enter])
 
     def __len__(self) -> int:
         return len(self.own) + 1
@@ -339,13 +343,15 @@ class Compiled:
             # Called with None by the torch._dynamo.disable wrapper of every compiled graph,
             # with the context's callback by compile_wrapper as it starts a compiled call.
             if callback is None:
-                if self._call is not None:
-                    self._graph_ran(sys._getframe(2).f_code)
+                call = self._call
+                if call is not None and _get_ident() == self.thread:
+                    # the graph's dynamo-generated code: its graph id is found at the call's end
+                    call.graphs.append(_getframe(2).f_code)
                 return orig(callback)
             out = orig(callback)
             if out is None or out is False or not self.depth or self.sticky:
                 return out
-            if threading.get_ident() != self.thread:
+            if _get_ident() != self.thread:
                 return out
             return self._wrapped(out)
 
@@ -366,26 +372,30 @@ class Compiled:
         """Run a compiled graph's backward with copytrace's modes off this thread's stacks."""
         fmode, dmode = self._modes
         lifted: tuple[Any, Any] = (None, None)
-        on_thread = threading.get_ident() == self.thread
+        on_thread = _get_ident() == self.thread
+        rec = self.rec
         try:
-            lifted = (
-                lift(*FUNCTION_STACK, fmode) if fmode is not None else None,
-                lift(*DISPATCH_STACK, dmode) if dmode is not None else None,
-            )
+            if (fmode is not None and _function_stack_len()) or (
+                dmode is not None and _dispatch_stack_len()
+            ):
+                lifted = (
+                    lift(*FUNCTION_STACK, fmode) if fmode is not None else None,
+                    lift(*DISPATCH_STACK, dmode) if dmode is not None else None,
+                )
             if on_thread:
                 self.depth += 1
-                self.rec.compiled_depth = self.depth
-                _suppress(self.rec, True)
+                rec.compiled_depth = self.depth
+                _suppress(rec, True)
         except Exception as err:
-            self.rec.note_error(err)
+            rec.note_error(err)
         try:
             return fn(*args)
         finally:
             try:
                 if on_thread:
                     self.depth = max(0, self.depth - 1)
-                    self.rec.compiled_depth = self.depth
-                    _suppress(self.rec, False)
+                    rec.compiled_depth = self.depth
+                    _suppress(rec, False)
                 if lifted[1] is not None:
                     length, _, pop, push = DISPATCH_STACK
                     lower(length, pop, push, dmode, lifted[1])
@@ -397,40 +407,55 @@ class Compiled:
 
     # -- a compiled call ----------------------------------------------------------------------
     def enter(self) -> Callable[[], None]:
-        if not self.engaged or threading.get_ident() != self.thread:
+        if not self.engaged or _get_ident() != self.thread:
             return _nothing
-        self.depth += 1
-        self.rec.compiled_depth = self.depth
-        if self.depth > 1:
+        depth = self.depth = self.depth + 1
+        rec = self.rec
+        rec.compiled_depth = depth
+        if depth > 1:
             return self._leave_nested
-        _suppress(self.rec, True)
-        call = CompiledCall(_perf_ns(), self.rec.step_index)
+        _suppress(rec, True)
+        call = CompiledCall(_perf_ns(), rec.step_index)
         try:
-            self._saved = self._suspend()
+            fmode, dmode = self._modes
+            if (fmode is not None and _function_stack_len()) or (
+                dmode is not None and _dispatch_stack_len()
+            ):
+                self._saved = self._suspend()
             if self.sticky:
                 self._step_aside()
         except Exception as err:
-            self.rec.note_error(err)
+            rec.note_error(err)
         try:
-            frame = sys._getframe(2)
-            for _ in range(4):
-                if frame is None or frame.f_code.co_name == "compile_wrapper":
-                    break
-                frame = frame.f_back
-            if frame is not None:
-                src = self._source(frame.f_locals.get("fn"))
-                if src is not None:
-                    call.file, call.line, call.function = src
+            src = self._wrapper_source(_getframe(2), rec.native)
+            if src is not None:
+                call.file, call.line, call.function = src
         except Exception as err:
-            self.rec.note_error(err)
+            rec.note_error(err)
         call.new_graphs = len(self.handler.graphs)
         self._call = call
         return self._leave
 
-    def _source(self, fn: Any) -> tuple[str, int, str] | None:
-        """:func:`_source_of`, cached per compiled callable (checked by weak reference)."""
+    def _wrapper_source(self, frame: Any, native: Any) -> tuple[str, int, str] | None:
+        """:func:`_source_of` the callable that torch.compile's ``compile_wrapper`` (``frame``
+        or one of the next frames out) wraps, cached per callable (checked by weak reference).
+        The wrapper's ``fn`` is read with the observer's ``frame_var`` (no f_locals dict)."""
+        for _ in range(4):
+            if frame is None or frame.f_code.co_name == "compile_wrapper":
+                break
+            frame = frame.f_back
+        if frame is None:
+            return None
+        fn = None
+        if native is not None:
+            try:
+                fn = native.frame_var(frame, "fn")
+            except NameError:
+                return None
+        if fn is None:
+            fn = frame.f_locals.get("fn")
         hit = self._sources.get(id(fn))
-        target = getattr(fn, "__self__", fn)
+        target = fn.__self__ if type(fn) is MethodType else fn
         if hit is not None and hit[0]() is target:
             return hit[1]
         src = _source_of(fn)
@@ -447,23 +472,27 @@ class Compiled:
     def _leave(self) -> None:
         end = _perf_ns()
         call, self._call = self._call, None
-        self.depth = max(0, self.depth - 1)
-        self.rec.compiled_depth = self.depth
-        _suppress(self.rec, False)
+        depth = self.depth = max(0, self.depth - 1)
+        rec = self.rec
+        rec.compiled_depth = depth
+        _suppress(rec, False)
         saved, self._saved = self._saved, None
-        try:
-            if self._aside is not None:
-                self._step_back()
-            if saved is not None:
-                self._resume(saved)
-        except Exception as err:
-            self.rec.note_error(err)
+        if saved is not None or self._aside is not None:
+            try:
+                if self._aside is not None:
+                    self._step_back()
+                if saved is not None:
+                    self._resume(saved)
+            except Exception as err:
+                rec.note_error(err)
         if call is None:
             return
         try:
             call.end_ns = end
-            call.new_graphs = len(self.handler.graphs) - call.new_graphs
             graphs = self.handler.graphs
+            call.new_graphs = len(graphs) - call.new_graphs
+            if call.graphs:
+                call.graphs = self._graph_ids(call.graphs)
             for gid in call.graphs:
                 info = graphs.get(gid)
                 if info is None:
@@ -477,23 +506,24 @@ class Compiled:
             else:
                 self.calls_dropped += 1
         except Exception as err:
-            self.rec.note_error(err)
+            rec.note_error(err)
 
-    def _graph_ran(self, code: Any) -> None:
-        if threading.get_ident() != self.thread or self._call is None:
-            return
-        try:
-            gid = self._code_graphs.get(code, _MISSING)
+    def _graph_ids(self, codes: list[Any]) -> list[str]:
+        """The graph ids of the dynamo-generated codes whose graphs ran in a call (noted by the
+        ``torch._dynamo.disable`` wrapper's callback), each run counted in ``graph_runs``."""
+        ids = []
+        known = self._code_graphs
+        runs = self.graph_runs
+        for code in codes:
+            gid = known.get(code, _MISSING)
             if gid is _MISSING:
                 # None (cached too): a disabled function called from code that is not a
                 # dynamo graph's (dynamo installs a graph's cache entry before it first runs)
-                gid = self._code_graphs[code] = _compile_id(code)
-            if gid is None:
-                return
-            self._call.graphs.append(gid)
-            self.graph_runs[gid] = self.graph_runs.get(gid, 0) + 1
-        except Exception as err:
-            self.rec.note_error(err)
+                gid = known[code] = _compile_id(code)
+            if gid is not None:
+                ids.append(gid)
+                runs[gid] = runs.get(gid, 0) + 1
+        return ids
 
     def _suspend(self) -> tuple[Any, Any]:
         """Take copytrace's modes off torch's stacks (cheap C calls, at every compiled call)."""

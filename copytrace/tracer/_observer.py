@@ -96,6 +96,8 @@ def engage(rec: Any, native: Any, full: bool) -> NativeFunctionMode:
     rec.native = native
     watch = rec.watch
     native.set_api_hooks(rec.api_table, rec.api_before, rec.api_after, watch.before_api)
+    fast = frozenset(op for op in rec.api_table.values()) - _recorder._BEFORE_OPS
+    native.set_fast_api(fast, (torch.Tensor, torch.nn.Parameter), rec.api_fast)
     native.set_watch_writes(bool(watch.aliases))
     _warnshim.install(native)
     copies = watch.copies  # in-place writes into fresh copies (_fresh.py)
@@ -123,6 +125,7 @@ def disengage(rec: Any) -> None:
     native.set_owner(False)
     native.set_watch_writes(False)
     native.set_api_hooks(None, None, None, None)
+    native.set_fast_api(None, None, None)
     native.set_copy_hooks(None, None, None, None)
     rec.internal_detaches += native.internal_detaches()
     errors = native.errors()

@@ -212,6 +212,10 @@ def _transfer(src: str, dst: str) -> str:
 _ALWAYS_ALIAS = frozenset(("detach", "detach_", "data_get", "numpy", "copy", "swap_tensors"))
 # Ops whose event the Python path records (observer.cpp's record leaves them out).
 _IN_PYTHON = frozenset(("numpy", "deepcopy"))
+# Ops whose api_before has work to do for any call (a check before the call, a read of the
+# input's state, a memo or basic-index test): never on the C observer's one-call path.
+_BEFORE_OPS = frozenset(("backward", "deepcopy", "index", "detach_", "numpy"))
+_NO_KWARGS: dict[str, Any] = {}
 
 
 class _Pending:
@@ -378,11 +382,24 @@ class Recorder:
         ``None``; ``aten``: the aten copy ops it ran (from the C++ observer). Never raises."""
         op, args, kwargs, outer, src_rg, pending = token
         self.active = outer
-        if aten:
-            pending.aten.extend(aten)
+        if pending.aten:  # folded by the Python dispatch mode
+            aten = (*pending.aten, *aten)
         try:
             name = error.__name__ if error is not None else None
-            self._record_api(op, args, kwargs, result, pending, start, end, name, src_rg)
+            self._record_api(op, args, kwargs, result, aten, start, end, name, src_rg)
+        except Exception as err:
+            self.note_error(err)
+        self.overhead_ns += _perf_ns() - end
+
+    def api_fast(
+        self, op: str, args: tuple, result: Any, error: Any, start: int, end: int, aten: tuple
+    ) -> None:
+        """Record a call the C observer ran without :meth:`api_before` (no keyword arguments, a
+        plain tensor first, an op in :data:`FAST_OPS`; ``observer.cpp``, ``fast_call``): as
+        :meth:`api_after` records it. Never raises."""
+        try:
+            name = error.__name__ if error is not None else None
+            self._record_api(op, args, _NO_KWARGS, result, aten, start, end, name)
         except Exception as err:
             self.note_error(err)
         self.overhead_ns += _perf_ns() - end
@@ -418,7 +435,7 @@ class Recorder:
         args: tuple,
         kwargs: dict,
         result: Any,
-        pending: _Pending,
+        aten: tuple,
         start: int,
         end: int,
         error: str | None,
@@ -455,7 +472,7 @@ class Recorder:
                 )  # fmt: skip
             found = native.record(
                 state, op, src, out, src_requires_grad, len(self.events) + self.dropped,
-                start, end, tuple(pending.aten), self.step_index, self.in_optimizer,
+                start, end, aten, self.step_index, self.in_optimizer,
             )  # fmt: skip
             if found is None:  # not a plain tensor: the Python readers below
                 pass
@@ -485,10 +502,10 @@ class Recorder:
         if native is not None:
             ev = native.copy_slots(_PROTOTYPE)  # every field at its default
             ev.op = op
-            ev.aten = tuple(pending.aten)
+            ev.aten = aten
             ev.error = error
         else:
-            ev = CopyEvent(op=op, aten=tuple(pending.aten), error=error)
+            ev = CopyEvent(op=op, aten=aten, error=error)
         ev.seq = len(self.events) + self.dropped
         ev.start_ns = start
         ev.end_ns = end

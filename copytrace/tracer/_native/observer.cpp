@@ -21,6 +21,13 @@
 // Only _to_copy already has a BackendSelect kernel (generated; it picks the backend from the
 // dtype/layout/device arguments): ours repeats that computation (RegisterBackendSelect.cpp).
 #include <torch/extension.h>
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+// Python 3.11: the interpreter frame's layout, for frame_var (no public accessor before 3.12)
+#define Py_BUILD_CORE 1
+#include <internal/pycore_code.h>
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#endif
 #include <torch/library.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
@@ -345,6 +352,14 @@ PyObject* g_table = nullptr;   // dict: torch callable -> op name
 PyObject* g_before = nullptr;
 PyObject* g_after = nullptr;
 PyObject* g_write_hook = nullptr;  // called for every call while g_watch_writes
+// One call instead of before + after (set_fast_api): a call of an op in g_fast_ops, with no
+// keyword arguments, whose first argument's type is exactly one of g_fast_types (torch.Tensor,
+// nn.Parameter), runs from C and then goes to g_fast_after(op, args, result, error type, t0,
+// t1, folded aten names). The before hook has nothing to do for such a call: no torch function
+// override or Python code of the program's can run inside it.
+PyObject* g_fast_ops = nullptr;    // frozenset of op names
+PyObject* g_fast_types = nullptr;  // tuple of exact types
+PyObject* g_fast_after = nullptr;
 std::atomic<bool> g_watch_writes{false};
 // In-place writes into fresh copies (copytrace/tracer/_fresh.py): g_fresh maps id(tensor) of
 // the live copies to their entries, g_written holds the written advanced-index results that
@@ -419,6 +434,33 @@ thread_local std::vector<PyObject*> tls_entry_frames;
 
 PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs,
                                 bool lean = false);
+
+inline bool fast_call(PyObject* op, PyObject* args, PyObject* kwargs) {
+  if (kwargs != nullptr && kwargs != Py_None &&
+      (!PyDict_Check(kwargs) || PyDict_GET_SIZE(kwargs) != 0))
+    return false;
+  if (PyTuple_GET_SIZE(args) == 0 || g_fast_ops == nullptr || g_fast_types == nullptr)
+    return false;
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(PyTuple_GET_ITEM(args, 0)));
+  bool exact = false;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(g_fast_types); ++i)
+    exact = exact || PyTuple_GET_ITEM(g_fast_types, i) == type;
+  if (!exact) return false;
+  int found = PySet_Contains(g_fast_ops, op);
+  if (found < 0) PyErr_Clear();
+  return found == 1;
+}
+
+void set_fast_api(py::object ops, py::object types, py::object after) {
+  auto swap = [](PyObject*& slot, py::object& value) {
+    PyObject* old = slot;
+    slot = value.is_none() ? nullptr : value.release().ptr();
+    Py_XDECREF(old);
+  };
+  swap(g_fast_ops, ops);
+  swap(g_fast_types, types);
+  swap(g_fast_after, after);
+}
 bool in_quiet_code();
 
 PyObject* torch_function(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
@@ -468,6 +510,32 @@ PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs
     return call_through(func, args, kwargs);
   }
   if (lean && in_quiet_code()) return call_through(func, args, kwargs);
+  if (g_fast_after != nullptr && fast_call(op, args, kwargs)) {
+    tls_fold.clear();
+    tls_folding = true;
+    const int64_t t0 = now_ns();
+    PyObject* result = call_through(func, args, kwargs);
+    const int64_t t1 = now_ns();
+    tls_folding = false;
+    PyObject *etype = nullptr, *evalue = nullptr, *etb = nullptr;
+    if (result == nullptr) PyErr_Fetch(&etype, &evalue, &etb);
+    PyObject* names = fold_names();
+    PyObject* t0o = PyLong_FromLongLong(t0);
+    PyObject* t1o = PyLong_FromLongLong(t1);
+    if (names != nullptr && t0o != nullptr && t1o != nullptr) {
+      NoTorchFunction guard;
+      PyObject* r = PyObject_CallFunctionObjArgs(g_fast_after, op, args, result ? result : Py_None,
+                                                 etype ? etype : Py_None, t0o, t1o, names, nullptr);
+      if (r == nullptr) swallow(); else Py_DECREF(r);
+    } else {
+      swallow();
+    }
+    Py_XDECREF(names);
+    Py_XDECREF(t0o);
+    Py_XDECREF(t1o);
+    if (result == nullptr) PyErr_Restore(etype, evalue, etb);
+    return result;
+  }
   PyObject* token;
   {
     NoTorchFunction guard;
@@ -1269,6 +1337,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::reinterpret_steal<py::object>(PyCFunction_New(&g_warn_def, nullptr));
   }, "A warnings.warn that calls `orig` with the stacklevel counted as untraced");
   m.def("set_api_hooks", &set_api_hooks, "table, before, after, write_hook (None clears)");
+  m.def("set_fast_api", &set_fast_api,
+        "op names, exact first-argument types, after(op, args, result, error, t0, t1, aten): "
+        "the one-call path (None clears)");
   m.def("set_watch_writes", [](bool on) { g_watch_writes.store(on); });
   m.def("set_copy_hooks", &set_copy_hooks,
         "fresh (dict), written (dict), hook, Tensor.__getitem__ (None clears)");
@@ -1901,9 +1972,50 @@ PyMethodDef g_record_def = {"record", reinterpret_cast<PyCFunction>(
                             "aten, step, in_optimizer): an API call's event as (event, grad_fn, "
                             "placed or module frame), False or None (see observer.cpp)"};
 
+// frame_var(frame, name): the value of a running frame's local, cell or free variable
+// `name`, without building the frame's f_locals dict (which copies every variable, at every
+// compiled call: copytrace reads torch.compile's wrapper's `fn` this way). None where this
+// Python offers no direct read (the caller then falls back to f_locals); NameError when the
+// frame has no such variable bound. Python 3.12+: PyFrame_GetVar; 3.11: the interpreter
+// frame's localsplus array (Include/internal/pycore_frame.h), cells read through.
+PyObject* frame_var(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyFrame_Check(argv[0]) || !PyUnicode_Check(argv[1])) {
+    PyErr_SetString(PyExc_TypeError, "frame_var(frame, name)");
+    return nullptr;
+  }
+#if PY_VERSION_HEX >= 0x030C0000
+  return PyFrame_GetVar(reinterpret_cast<PyFrameObject*>(argv[0]), argv[1]);
+#elif PY_VERSION_HEX >= 0x030B0000
+  _PyInterpreterFrame* fr = reinterpret_cast<PyFrameObject*>(argv[0])->f_frame;
+  PyCodeObject* co = fr->f_code;
+  PyObject* names = co->co_localsplusnames;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); ++i) {
+    PyObject* n = PyTuple_GET_ITEM(names, i);
+    if (n != argv[1] && PyUnicode_Compare(n, argv[1]) != 0) continue;
+    PyObject* value = fr->localsplus[i];
+    const _PyLocals_Kind kind = _PyLocals_GetKind(co->co_localspluskinds, static_cast<int>(i));
+    if (value != nullptr && (kind & (CO_FAST_CELL | CO_FAST_FREE)) && PyCell_Check(value))
+      value = PyCell_GET(value);
+    if (value == nullptr) break;
+    Py_INCREF(value);
+    return value;
+  }
+  PyErr_Format(PyExc_NameError, "variable %R does not exist", argv[1]);
+  return nullptr;
+#else
+  Py_RETURN_NONE;
+#endif
+}
+
+PyMethodDef g_frame_var_def = {"frame_var", reinterpret_cast<PyCFunction>(
+                                   reinterpret_cast<void (*)()>(&frame_var)),
+                               METH_FASTCALL,
+                               "frame_var(frame, name): a frame's variable without f_locals"};
+
 void define(py::module_& m) {
   m.def("clear_sites", &clear_sites, "Drop the call-site caches (and the code objects they hold)");
-  for (PyMethodDef* def : {&g_facts_def, &g_copy_slots_def, &g_call_site_def, &g_record_def}) {
+  for (PyMethodDef* def : {&g_facts_def, &g_copy_slots_def, &g_call_site_def, &g_record_def,
+                           &g_frame_var_def}) {
     PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
     if (fn == nullptr) throw py::error_already_set();
     m.add_object(def->ml_name, py::reinterpret_steal<py::object>(fn));
