@@ -524,8 +524,8 @@ class Trace:
         ended = rec.step_index
         recorded = self._action in _RECORDING
         rec.step(now)
-        lean = getattr(rec, "lean_watch", None)
-        if lean is not None:
+        lean = rec.lean_watch
+        if lean is not None and (lean.pushed or lean.aliases or lean.indexes):
             lean.settle()  # an alias freed on another thread
         if not self.running:
             return rec.step_index
@@ -533,8 +533,9 @@ class Trace:
             self._step_log.append((ended, self._cur_step_start, now))
             self._steps_traced += 1
         self._cur_step_start = now
-        self._drop_untraced()
-        nxt = self._action_at(rec.step_index)
+        if self._discard_from is not None or self._calls_discard_from is not None:
+            self._drop_untraced()
+        nxt = _RECORD if self.schedule is None else self._action_at(rec.step_index)
         window_end = (self._action == _SAVE) or (recorded and nxt not in _RECORDING)
         if self._pipeline is not None and not (auto and rec.step_index == 1 and rec.auto_step):
             rec.step_starts.clear()  # the export keeps its own step bounds

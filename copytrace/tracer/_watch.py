@@ -452,6 +452,9 @@ class Watch:
     # -- step boundaries ----------------------------------------------------------------------
     def step_end(self, final: bool = False) -> None:
         """Check this step's attached copies and the kept ``state_dict()`` aliases."""
+        if not (final or self.attached or self.snapshots or self.handovers.watched):
+            self._backward_seq = -1  # nothing to check: what _check_retained would leave
+            return
         try:
             with _NoTorchFunction():  # no other mode sees copytrace's reads
                 self._step_end(final)
