@@ -256,6 +256,9 @@ class Compiled:
         self._cls: Any = None
         self._prop: Any = None
         self._prev_cfs: Any = None
+        self._cfs: Any = None  # the _callback_from_stance installed (C or Python)
+        self._cfs_native: Any = None  # the observer whose cfs is installed
+        self._codes: list[Any] | None = None  # the open call's graph codes
         self._prev_user_fn: Any = None
 
     # -- install / remove ---------------------------------------------------------------------
@@ -290,7 +293,14 @@ class Compiled:
         setattr(cls, _HOOKS_ATTR, self._prop)
         self.engaged = True  # from here on, disengage() undoes whatever was installed
         self._prev_cfs = eval_frame._callback_from_stance
-        eval_frame._callback_from_stance = self._make_cfs(self._prev_cfs)
+        native = self.rec.native
+        if native is not None:  # observer.cpp's cfs: no Python frame per graph run
+            native.cfs_install(self._prev_cfs, self, self._wrapped)
+            self._cfs_native = native
+            self._cfs = native.callback_from_stance
+        else:
+            self._cfs = self._make_cfs(self._prev_cfs)
+        eval_frame._callback_from_stance = self._cfs
         from torch.autograd.function import BackwardCFunction
 
         if "_get_user_fn" in BackwardCFunction.__dict__:
@@ -317,8 +327,12 @@ class Compiled:
                 delattr(self._cls, _HOOKS_ATTR)
             from torch._dynamo import eval_frame
 
-            if getattr(eval_frame._callback_from_stance, "_copytrace", False):
+            if eval_frame._callback_from_stance is self._cfs:
                 eval_frame._callback_from_stance = self._prev_cfs
+            self._cfs = None
+            if self._cfs_native is not None:
+                self._cfs_native.cfs_install(None, None, None)
+                self._cfs_native = None
             from torch.autograd.function import BackwardCFunction
 
             current = BackwardCFunction.__dict__.get("_get_user_fn")
@@ -343,10 +357,10 @@ class Compiled:
             # Called with None by the torch._dynamo.disable wrapper of every compiled graph,
             # with the context's callback by compile_wrapper as it starts a compiled call.
             if callback is None:
-                call = self._call
-                if call is not None and _get_ident() == self.thread:
+                codes = self._codes
+                if codes is not None and _get_ident() == self.thread:
                     # the graph's dynamo-generated code: its graph id is found at the call's end
-                    call.graphs.append(_getframe(2).f_code)
+                    codes.append(_getframe(2).f_code)
                 return orig(callback)
             out = orig(callback)
             if out is None or out is False or not self.depth or self.sticky:
@@ -434,6 +448,9 @@ class Compiled:
             rec.note_error(err)
         call.new_graphs = len(self.handler.graphs)
         self._call = call
+        codes = self._codes = []
+        if self._cfs_native is not None:
+            self._cfs_native.cfs_begin(codes)
         return self._leave
 
     def _wrapper_source(self, frame: Any, native: Any) -> tuple[str, int, str] | None:
@@ -472,6 +489,9 @@ class Compiled:
     def _leave(self) -> None:
         end = _perf_ns()
         call, self._call = self._call, None
+        codes, self._codes = self._codes, None
+        if self._cfs_native is not None:
+            self._cfs_native.cfs_begin(None)
         depth = self.depth = max(0, self.depth - 1)
         rec = self.rec
         rec.compiled_depth = depth
@@ -491,8 +511,8 @@ class Compiled:
             call.end_ns = end
             graphs = self.handler.graphs
             call.new_graphs = len(graphs) - call.new_graphs
-            if call.graphs:
-                call.graphs = self._graph_ids(call.graphs)
+            if codes:
+                call.graphs = self._graph_ids(codes)
             for gid in call.graphs:
                 info = graphs.get(gid)
                 if info is None:

@@ -2007,6 +2007,100 @@ PyObject* frame_var(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
 #endif
 }
 
+// --- compiled calls: torch._dynamo.eval_frame._callback_from_stance, in C ---------------------
+// Called with None by the torch._dynamo.disable wrapper of every compiled graph as the graph
+// runs, and with the context's callback by compile_wrapper as a compiled call starts. While
+// copytrace's compiled-call hook has a call open (cc_begin, on the traced thread), the None
+// case appends the code of the frame that called the wrapper (a dynamo graph's generated code)
+// to the call's list; the other case hands a callback that dynamo may call (a frame to
+// compile) to copytrace's wrapper (Compiled._wrapped), the last pair kept. Everything then goes
+// to torch's own function, so the stance is applied as untraced.
+PyObject* g_cfs_orig = nullptr;    // torch's _callback_from_stance
+PyObject* g_cfs_state = nullptr;   // the Compiled object (depth, sticky)
+PyObject* g_cfs_wrap = nullptr;    // Compiled._wrapped
+PyObject* g_cfs_codes = nullptr;   // the open call's graph codes (a list), or null
+PyObject* g_cfs_last[2] = {nullptr, nullptr};  // (callback, its wrapper)
+thread_local bool tls_cfs_thread = false;
+
+void cfs_clear_last() {
+  Py_CLEAR(g_cfs_last[0]);
+  Py_CLEAR(g_cfs_last[1]);
+}
+
+PyObject* cfs(PyObject*, PyObject* callback) {
+  if (g_cfs_orig == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "copytrace's _callback_from_stance is not installed");
+    return nullptr;
+  }
+  if (callback == Py_None) {
+    if (g_cfs_codes != nullptr && tls_cfs_thread) {
+      PyFrameObject* wrapper = PyEval_GetFrame();  // borrowed: the disable wrapper's frame
+      PyFrameObject* graph = wrapper != nullptr ? PyFrame_GetBack(wrapper) : nullptr;  // new
+      if (graph != nullptr) {
+        PyCodeObject* code = PyFrame_GetCode(graph);  // new reference
+        if (PyList_Append(g_cfs_codes, reinterpret_cast<PyObject*>(code)) < 0) swallow();
+        Py_DECREF(code);
+        Py_DECREF(graph);
+      }
+    }
+    return PyObject_CallOneArg(g_cfs_orig, callback);
+  }
+  PyObject* out = PyObject_CallOneArg(g_cfs_orig, callback);
+  if (out == nullptr || out == Py_None || out == Py_False || g_cfs_state == nullptr ||
+      g_cfs_wrap == nullptr || !tls_cfs_thread)
+    return out;
+  PyObject* depth = PyObject_GetAttrString(g_cfs_state, "depth");
+  PyObject* sticky = PyObject_GetAttrString(g_cfs_state, "sticky");
+  const bool wrap = depth != nullptr && sticky != nullptr && PyObject_IsTrue(depth) == 1 &&
+                    PyObject_IsTrue(sticky) == 0;
+  Py_XDECREF(depth);
+  Py_XDECREF(sticky);
+  if (PyErr_Occurred()) swallow();
+  if (!wrap) return out;
+  if (out == g_cfs_last[0]) {
+    Py_DECREF(out);
+    Py_INCREF(g_cfs_last[1]);
+    return g_cfs_last[1];
+  }
+  PyObject* wrapped = PyObject_CallOneArg(g_cfs_wrap, out);
+  if (wrapped == nullptr) {
+    swallow();
+    return out;  // unwrapped: dynamo still works, copytrace does not step aside for it
+  }
+  cfs_clear_last();
+  g_cfs_last[0] = out;  // the reference `out` held
+  Py_INCREF(wrapped);
+  g_cfs_last[1] = wrapped;
+  return wrapped;
+}
+
+// cfs_install(orig, state, wrap) on the traced thread; cfs_install(None, None, None) clears.
+void cfs_install(py::object orig, py::object state, py::object wrap) {
+  auto swap = [](PyObject*& slot, py::object& value) {
+    PyObject* old = slot;
+    slot = value.is_none() ? nullptr : value.release().ptr();
+    Py_XDECREF(old);
+  };
+  cfs_clear_last();
+  Py_CLEAR(g_cfs_codes);
+  tls_cfs_thread = !orig.is_none();
+  swap(g_cfs_orig, orig);
+  swap(g_cfs_state, state);
+  swap(g_cfs_wrap, wrap);
+}
+
+// cfs_begin(list) as a compiled call starts (the list collects its graphs' codes), None at its
+// end.
+void cfs_begin(py::object codes) {
+  PyObject* old = g_cfs_codes;
+  g_cfs_codes = codes.is_none() ? nullptr : codes.release().ptr();
+  Py_XDECREF(old);
+}
+
+PyMethodDef g_cfs_def = {"callback_from_stance", reinterpret_cast<PyCFunction>(
+                             reinterpret_cast<void (*)()>(&cfs)),
+                         METH_O, "copytrace's torch._dynamo.eval_frame._callback_from_stance"};
+
 PyMethodDef g_frame_var_def = {"frame_var", reinterpret_cast<PyCFunction>(
                                    reinterpret_cast<void (*)()>(&frame_var)),
                                METH_FASTCALL,
@@ -2014,8 +2108,10 @@ PyMethodDef g_frame_var_def = {"frame_var", reinterpret_cast<PyCFunction>(
 
 void define(py::module_& m) {
   m.def("clear_sites", &clear_sites, "Drop the call-site caches (and the code objects they hold)");
+  m.def("cfs_install", &cfs_install, "orig, Compiled, Compiled._wrapped (None, None, None clears)");
+  m.def("cfs_begin", &cfs_begin, "the open compiled call's code list, or None");
   for (PyMethodDef* def : {&g_facts_def, &g_copy_slots_def, &g_call_site_def, &g_record_def,
-                           &g_frame_var_def}) {
+                           &g_frame_var_def, &g_cfs_def}) {
     PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
     if (fn == nullptr) throw py::error_already_set();
     m.add_object(def->ml_name, py::reinterpret_steal<py::object>(fn));
