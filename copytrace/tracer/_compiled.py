@@ -88,6 +88,7 @@ def _nothing() -> None:
 
 # --- the hook on _TorchDynamoContext ----------------------------------------------------------
 _STATE: list[Compiled | None] = [None]
+_ENTER: list[Callable[[], Callable[[], None]]] = []  # the hook: observer.cpp's, or _enter
 
 
 def _suppress(rec: Any, on: bool) -> None:
@@ -109,6 +110,9 @@ def _enter() -> Callable[[], None]:
     return state.enter()
 
 
+_ENTER.append(_enter)
+
+
 class _WithHook:
     """A context's own ``enter_exit_hooks`` list, iterated with copytrace's hook at the end;
     everything else (``append`` in ``__init__``...) goes to the context's own list."""
@@ -119,7 +123,7 @@ class _WithHook:
         self.own = own
 
     def __iter__(self) -> Any:
-        return iter([*self.own, _enter])
+        return iter([*self.own, _ENTER[0]])
 
     def __len__(self) -> int:
         return len(self.own) + 1
@@ -233,16 +237,20 @@ class Compiled:
         self.thread: int | None = None
         self.depth = 0
         self.engaged = False
-        self.calls: list[CompiledCall] = []
-        self.calls_total = 0
+        self._calls: list[CompiledCall] = []
+        self._calls_total = 0
         self.calls_dropped = 0
+        #: calls ended but not yet made CompiledCall objects: (start ns, end ns, step, source,
+        #: graph ids, new graphs, graph copies, graph copy bytes, unknown graphs), appended by
+        #: _leave or by observer.cpp's cc_leave (the same list object for the whole trace)
+        self._raw: list[tuple[Any, ...]] = []
         self.graph_runs: dict[str, int] = {}
         self.handler = GraphLogHandler(rec.note_error)
         self._logging = False
         self._modes: tuple[Any, Any] = (None, None)
         self._handles: list[Any] = []
         self._hook_entries: list[tuple[dict[Any, Any], Any]] = []
-        self._call: CompiledCall | None = None
+        self._call: tuple[int, int, Any, int] | None = None  # start, step, source, graphs
         self._saved: Any = None
         #: step aside at every compiled call (a guard reads a patched attribute); else only
         #: from dynamo's first callback (a frame to compile) to the end of the outermost call
@@ -294,8 +302,13 @@ class Compiled:
         self.engaged = True  # from here on, disengage() undoes whatever was installed
         self._prev_cfs = eval_frame._callback_from_stance
         native = self.rec.native
-        if native is not None:  # observer.cpp's cfs: no Python frame per graph run
+        if native is not None:  # observer.cpp's hooks: no Python frame per call or graph run
             native.cfs_install(self._prev_cfs, self, self._wrapped)
+            native.cc_install(
+                self, self.rec, self._raw, self._code_graphs, self.graph_runs, self._sources,
+                self.handler.graphs, _nothing,
+            )  # fmt: skip
+            _ENTER[0] = native.compiled_enter
             self._cfs_native = native
             self._cfs = native.callback_from_stance
         else:
@@ -331,8 +344,12 @@ class Compiled:
                 eval_frame._callback_from_stance = self._prev_cfs
             self._cfs = None
             if self._cfs_native is not None:
-                self._cfs_native.cfs_install(None, None, None)
-                self._cfs_native = None
+                native, self._cfs_native = self._cfs_native, None
+                _ENTER[0] = _enter
+                native.cfs_install(None, None, None)
+                if native.cc_install(None, None, None, None, None, None, None, None):
+                    self.depth = 0  # tracing stopped inside a call observer.cpp entered
+                    self.rec.compiled_depth = 0
             from torch.autograd.function import BackwardCFunction
 
             current = BackwardCFunction.__dict__.get("_get_user_fn")
@@ -429,7 +446,7 @@ class Compiled:
         if depth > 1:
             return self._leave_nested
         _suppress(rec, True)
-        call = CompiledCall(_perf_ns(), rec.step_index)
+        start = _perf_ns()
         try:
             fmode, dmode = self._modes
             if (fmode is not None and _function_stack_len()) or (
@@ -440,14 +457,12 @@ class Compiled:
                 self._step_aside()
         except Exception as err:
             rec.note_error(err)
+        src = None
         try:
             src = self._wrapper_source(_getframe(2), rec.native)
-            if src is not None:
-                call.file, call.line, call.function = src
         except Exception as err:
             rec.note_error(err)
-        call.new_graphs = len(self.handler.graphs)
-        self._call = call
+        self._call = (start, rec.step_index, src, len(self.handler.graphs))
         codes = self._codes = []
         if self._cfs_native is not None:
             self._cfs_native.cfs_begin(codes)
@@ -471,6 +486,11 @@ class Compiled:
                 return None
         if fn is None:
             fn = frame.f_locals.get("fn")
+        return self._source_for(fn)
+
+    def _source_for(self, fn: Any) -> tuple[str, int, str] | None:
+        """:func:`_source_of`, cached per callable (checked by weak reference; observer.cpp's
+        cc_enter reads the same cache)."""
         hit = self._sources.get(id(fn))
         target = fn.__self__ if type(fn) is MethodType else fn
         if hit is not None and hit[0]() is target:
@@ -508,38 +528,75 @@ class Compiled:
         if call is None:
             return
         try:
-            call.end_ns = end
+            start, step, src, base = call
             graphs = self.handler.graphs
-            call.new_graphs = len(graphs) - call.new_graphs
-            if codes:
-                call.graphs = self._graph_ids(codes)
-            for gid in call.graphs:
+            ids = self._graph_ids(codes) if codes else []
+            copies = nbytes = unknown = 0
+            for gid in ids:
                 info = graphs.get(gid)
                 if info is None:
-                    call.unknown_graphs += 1
+                    unknown += 1
                 else:
-                    call.copies += len(info.copies)
-                    call.copy_bytes += info.copy_bytes
-            self.calls_total += 1
-            if len(self.calls) < _MAX_CALLS:
-                self.calls.append(call)
-            else:
-                self.calls_dropped += 1
+                    copies += len(info.copies)
+                    nbytes += info.copy_bytes
+            self._raw.append((start, end, step, src, ids, len(graphs) - base, copies, nbytes, unknown))
         except Exception as err:
             rec.note_error(err)
+
+    def resolve(self, codes: list[Any]) -> None:
+        """Find the graph ids of codes not seen before (observer.cpp's cc_leave calls this for
+        a call that ran one; it reads ``_code_graphs`` for the rest)."""
+        known = self._code_graphs
+        for code in codes:
+            if code not in known:
+                # None (cached too): a disabled function called from code that is not a
+                # dynamo graph's (dynamo installs a graph's cache entry before it first runs)
+                known[code] = _compile_id(code)
+
+    def _drain(self) -> None:
+        """Make the ended calls CompiledCall objects, in their order."""
+        raw = self._raw
+        if not raw:
+            return
+        items = raw[:]
+        del raw[:]  # the same list: observer.cpp appends to it
+        for start, end, step, src, ids, new_graphs, copies, nbytes, unknown in items:
+            self._calls_total += 1
+            if len(self._calls) >= _MAX_CALLS:
+                self.calls_dropped += 1
+                continue
+            call = CompiledCall(start, step)
+            call.end_ns = end
+            if src is not None:
+                call.file, call.line, call.function = src
+            call.graphs = ids
+            call.new_graphs = new_graphs
+            call.copies = copies
+            call.copy_bytes = nbytes
+            call.unknown_graphs = unknown
+            self._calls.append(call)
+
+    @property
+    def calls(self) -> list[CompiledCall]:
+        """The calls recorded (since the last :meth:`take_calls`)."""
+        self._drain()
+        return self._calls
+
+    @property
+    def calls_total(self) -> int:
+        """Calls recorded since tracing started (kept or dropped)."""
+        self._drain()
+        return self._calls_total
 
     def _graph_ids(self, codes: list[Any]) -> list[str]:
         """The graph ids of the dynamo-generated codes whose graphs ran in a call (noted by the
         ``torch._dynamo.disable`` wrapper's callback), each run counted in ``graph_runs``."""
         ids = []
+        self.resolve(codes)
         known = self._code_graphs
         runs = self.graph_runs
         for code in codes:
-            gid = known.get(code, _MISSING)
-            if gid is _MISSING:
-                # None (cached too): a disabled function called from code that is not a
-                # dynamo graph's (dynamo installs a graph's cache entry before it first runs)
-                gid = known[code] = _compile_id(code)
+            gid = known[code]
             if gid is not None:
                 ids.append(gid)
                 runs[gid] = runs.get(gid, 0) + 1
@@ -654,19 +711,22 @@ class Compiled:
     # -- export -------------------------------------------------------------------------------
     def take_calls(self) -> list[CompiledCall]:
         """The calls recorded since the last take (handed to the export)."""
-        calls, self.calls = self.calls, []
+        self._drain()
+        calls, self._calls = self._calls, []
         return calls
 
     def discard_calls(self, keep: int) -> int:
         """Drop the calls recorded after the first ``keep`` (untraced steps); return how many."""
-        dropped = max(0, len(self.calls) - keep)
+        self._drain()
+        dropped = max(0, len(self._calls) - keep)
         if dropped:
-            del self.calls[keep:]
-            self.calls_total -= dropped
+            del self._calls[keep:]
+            self._calls_total -= dropped
         return dropped
 
     def graph_spans(self) -> list[CompiledGraphSpan]:
         """One span per graph whose AOT graphs were logged while tracing."""
+        self._drain()
         return [
             CompiledGraphSpan(info, self.graph_runs.get(gid, 0))
             for gid, info in self.handler.graphs.items()

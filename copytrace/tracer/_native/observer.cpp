@@ -34,6 +34,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/jit/python/pybind_utils.h>
 #include <ATen/PythonTorchFunctionTLS.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <ATen/record_function.h>
 #include <unordered_set>
 
@@ -1978,20 +1979,16 @@ PyMethodDef g_record_def = {"record", reinterpret_cast<PyCFunction>(
 // Python offers no direct read (the caller then falls back to f_locals); NameError when the
 // frame has no such variable bound. Python 3.12+: PyFrame_GetVar; 3.11: the interpreter
 // frame's localsplus array (Include/internal/pycore_frame.h), cells read through.
-PyObject* frame_var(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
-  if (nargs != 2 || !PyFrame_Check(argv[0]) || !PyUnicode_Check(argv[1])) {
-    PyErr_SetString(PyExc_TypeError, "frame_var(frame, name)");
-    return nullptr;
-  }
+PyObject* frame_var_of(PyFrameObject* frame, PyObject* name) {
 #if PY_VERSION_HEX >= 0x030C0000
-  return PyFrame_GetVar(reinterpret_cast<PyFrameObject*>(argv[0]), argv[1]);
+  return PyFrame_GetVar(frame, name);
 #elif PY_VERSION_HEX >= 0x030B0000
-  _PyInterpreterFrame* fr = reinterpret_cast<PyFrameObject*>(argv[0])->f_frame;
+  _PyInterpreterFrame* fr = frame->f_frame;
   PyCodeObject* co = fr->f_code;
   PyObject* names = co->co_localsplusnames;
   for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); ++i) {
     PyObject* n = PyTuple_GET_ITEM(names, i);
-    if (n != argv[1] && PyUnicode_Compare(n, argv[1]) != 0) continue;
+    if (n != name && PyUnicode_Compare(n, name) != 0) continue;
     PyObject* value = fr->localsplus[i];
     const _PyLocals_Kind kind = _PyLocals_GetKind(co->co_localspluskinds, static_cast<int>(i));
     if (value != nullptr && (kind & (CO_FAST_CELL | CO_FAST_FREE)) && PyCell_Check(value))
@@ -2000,11 +1997,19 @@ PyObject* frame_var(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     Py_INCREF(value);
     return value;
   }
-  PyErr_Format(PyExc_NameError, "variable %R does not exist", argv[1]);
+  PyErr_Format(PyExc_NameError, "variable %R does not exist", name);
   return nullptr;
 #else
   Py_RETURN_NONE;
 #endif
+}
+
+PyObject* frame_var(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyFrame_Check(argv[0]) || !PyUnicode_Check(argv[1])) {
+    PyErr_SetString(PyExc_TypeError, "frame_var(frame, name)");
+    return nullptr;
+  }
+  return frame_var_of(reinterpret_cast<PyFrameObject*>(argv[0]), argv[1]);
 }
 
 // --- compiled calls: torch._dynamo.eval_frame._callback_from_stance, in C ---------------------
@@ -2101,6 +2106,237 @@ PyMethodDef g_cfs_def = {"callback_from_stance", reinterpret_cast<PyCFunction>(
                              reinterpret_cast<void (*)()>(&cfs)),
                          METH_O, "copytrace's torch._dynamo.eval_frame._callback_from_stance"};
 
+// --- compiled calls: the enter/exit hook, in C --------------------------------------------------
+// compiled_enter is the hook copytrace adds to every torch.compile context's enter_exit_hooks
+// (copytrace/tracer/_compiled.py). The common call (the traced thread, not nested, no mode on
+// torch's stacks, no guard reading a patched name) is handled here: depth 1 on the Compiled
+// object and the recorder, the observer suppressed, the start time, the step, the compiled
+// callable's source (from the wrapper's `fn`, through Compiled._sources), and the list the
+// graphs' codes go to (cfs). compiled_leave records the call as one tuple in Compiled._raw
+// (graph ids from Compiled._code_graphs, graph_runs counted, the graphs' copies summed), the
+// same tuple Compiled._leave makes. Any other call goes to Compiled.enter (Python).
+struct CompiledHook {
+  PyObject* state = nullptr;        // the Compiled object
+  PyObject* rec = nullptr;          // its Recorder
+  PyObject* raw = nullptr;          // Compiled._raw
+  PyObject* code_graphs = nullptr;  // Compiled._code_graphs: code -> graph id or None
+  PyObject* graph_runs = nullptr;   // Compiled.graph_runs: graph id -> runs
+  PyObject* sources = nullptr;      // Compiled._sources: id(fn) -> (weakref, source)
+  PyObject* graphs = nullptr;       // GraphLogHandler.graphs: graph id -> GraphInfo
+  PyObject* nothing = nullptr;      // the exit hook of a call not recorded
+};
+CompiledHook g_cc;
+bool g_cc_open = false;  // a call entered by compiled_enter has not left yet
+int64_t g_cc_start = 0;
+PyObject* g_cc_step = nullptr;
+PyObject* g_cc_src = nullptr;
+Py_ssize_t g_cc_base = 0;
+PyObject* g_cc_leave_fn = nullptr;
+
+PyObject* interned(const char* s) {
+  PyObject* o = PyUnicode_InternFromString(s);
+  if (o == nullptr) throw py::error_already_set();
+  return o;  // kept for the life of the process
+}
+
+struct CcNames {
+  PyObject *depth, *sticky, *compiled_depth, *step_index, *aside, *enter, *source_for,
+      *resolve, *step_back, *copies, *copy_bytes, *fn;
+  CcNames()
+      : depth(interned("depth")), sticky(interned("sticky")),
+        compiled_depth(interned("compiled_depth")), step_index(interned("step_index")),
+        aside(interned("_aside")), enter(interned("enter")),
+        source_for(interned("_source_for")), resolve(interned("resolve")),
+        step_back(interned("_step_back")), copies(interned("copies")),
+        copy_bytes(interned("copy_bytes")), fn(interned("fn")) {}
+};
+CcNames* g_ccn = nullptr;
+
+PyObject* frame_var_of(PyFrameObject* frame, PyObject* name);  // new reference or null
+
+// The source of the callable the compile_wrapper frame (a caller of the hook) wraps.
+PyObject* cc_source() {
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed: the frame that calls the hook
+  Py_XINCREF(frame);
+  for (int i = 0; i < 5 && frame != nullptr; ++i) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    const bool found = PyUnicode_CompareWithASCIIString(code->co_name, "compile_wrapper") == 0;
+    Py_DECREF(code);
+    if (found) break;
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  if (frame == nullptr) Py_RETURN_NONE;
+  PyObject* fn = frame_var_of(frame, g_ccn->fn);
+  Py_DECREF(frame);
+  if (fn == nullptr) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+  PyObject* key = PyLong_FromVoidPtr(fn);
+  PyObject* hit = key != nullptr ? PyDict_GetItemWithError(g_cc.sources, key) : nullptr;
+  Py_XDECREF(key);
+  if (hit != nullptr && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 2) {
+    PyObject* target = PyMethod_Check(fn) ? PyMethod_GET_SELF(fn) : fn;
+    PyObject* ref = PyTuple_GET_ITEM(hit, 0);
+    if (PyWeakref_Check(ref) && PyWeakref_GetObject(ref) == target) {
+      Py_DECREF(fn);
+      PyObject* src = PyTuple_GET_ITEM(hit, 1);
+      Py_INCREF(src);
+      return src;
+    }
+  }
+  if (PyErr_Occurred()) PyErr_Clear();
+  PyObject* src = PyObject_CallMethodOneArg(g_cc.state, g_ccn->source_for, fn);
+  Py_DECREF(fn);
+  if (src == nullptr) {
+    swallow();
+    Py_RETURN_NONE;
+  }
+  return src;
+}
+
+inline void cc_set_depth(PyObject* value) {
+  if (PyObject_SetAttr(g_cc.state, g_ccn->depth, value) < 0) swallow();
+  if (PyObject_SetAttr(g_cc.rec, g_ccn->compiled_depth, value) < 0) swallow();
+}
+
+PyObject* compiled_enter(PyObject*, PyObject*) {
+  if (g_cc.state == nullptr || !tls_cfs_thread) {
+    if (g_cc.nothing != nullptr) return Py_NewRef(g_cc.nothing);
+    Py_RETURN_NONE;  // cannot happen: the hook is in torch's lists only while installed
+  }
+  PyObject* depth = PyObject_GetAttr(g_cc.state, g_ccn->depth);
+  PyObject* sticky = PyObject_GetAttr(g_cc.state, g_ccn->sticky);
+  const bool plain = depth != nullptr && sticky != nullptr && !g_cc_open &&
+                     PyLong_Check(depth) && PyLong_AsLong(depth) == 0 &&
+                     PyObject_IsTrue(sticky) == 0 &&
+                     at::impl::PythonTorchFunctionTLS::stack_len() == 0 &&
+                     c10::impl::TorchDispatchModeTLS::stack_len() == 0;
+  Py_XDECREF(depth);
+  Py_XDECREF(sticky);
+  if (PyErr_Occurred()) swallow();
+  if (!plain) return PyObject_CallMethodNoArgs(g_cc.state, g_ccn->enter);
+  PyObject* one = PyLong_FromLong(1);
+  cc_set_depth(one);
+  Py_DECREF(one);
+  suppress_region();
+  g_cc_open = true;
+  g_cc_start = now_ns();
+  Py_XSETREF(g_cc_step, PyObject_GetAttr(g_cc.rec, g_ccn->step_index));
+  if (g_cc_step == nullptr) swallow();
+  Py_XSETREF(g_cc_src, cc_source());
+  g_cc_base = PyDict_GET_SIZE(g_cc.graphs);
+  Py_XSETREF(g_cfs_codes, PyList_New(0));
+  if (g_cfs_codes == nullptr) swallow();
+  return Py_NewRef(g_cc_leave_fn);
+}
+
+// The call's graph ids, runs and copies; then its tuple in Compiled._raw.
+void cc_record(int64_t end, PyObject* codes) {
+  const Py_ssize_t n = codes != nullptr ? PyList_GET_SIZE(codes) : 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    if (PyDict_Contains(g_cc.code_graphs, PyList_GET_ITEM(codes, i)) != 1) {
+      PyObject* r = PyObject_CallMethodOneArg(g_cc.state, g_ccn->resolve, codes);
+      if (r == nullptr) swallow(); else Py_DECREF(r);
+      break;
+    }
+  }
+  PyObject* ids = PyList_New(0);
+  if (ids == nullptr) return swallow();
+  long long copies = 0, nbytes = 0, unknown = 0;
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    PyObject* gid = PyDict_GetItemWithError(g_cc.code_graphs, PyList_GET_ITEM(codes, i));
+    if (gid == nullptr || gid == Py_None) continue;
+    if (PyList_Append(ids, gid) < 0) break;
+    PyObject* runs = PyDict_GetItemWithError(g_cc.graph_runs, gid);
+    PyObject* more = PyLong_FromLongLong((runs != nullptr ? PyLong_AsLongLong(runs) : 0) + 1);
+    if (more == nullptr || PyDict_SetItem(g_cc.graph_runs, gid, more) < 0) swallow();
+    Py_XDECREF(more);
+    PyObject* info = PyDict_GetItemWithError(g_cc.graphs, gid);
+    if (info == nullptr) {
+      ++unknown;
+      continue;
+    }
+    PyObject* list = PyObject_GetAttr(info, g_ccn->copies);
+    PyObject* size = PyObject_GetAttr(info, g_ccn->copy_bytes);
+    if (list != nullptr && size != nullptr) {
+      copies += PyObject_Size(list);
+      nbytes += PyLong_AsLongLong(size);
+    }
+    Py_XDECREF(list);
+    Py_XDECREF(size);
+  }
+  if (PyErr_Occurred()) swallow();
+  PyObject* row = Py_BuildValue(
+      "(LLOOOnLLL)", static_cast<long long>(g_cc_start), static_cast<long long>(end),
+      g_cc_step != nullptr ? g_cc_step : Py_None, g_cc_src != nullptr ? g_cc_src : Py_None, ids,
+      PyDict_GET_SIZE(g_cc.graphs) - g_cc_base, copies, nbytes, unknown);
+  Py_DECREF(ids);
+  if (row == nullptr || PyList_Append(g_cc.raw, row) < 0) swallow();
+  Py_XDECREF(row);
+}
+
+PyObject* compiled_leave(PyObject*, PyObject*) {
+  const int64_t end = now_ns();
+  unsuppress_region();
+  PyObject* codes = g_cfs_codes;  // owned from here
+  g_cfs_codes = nullptr;
+  const bool open = g_cc_open;
+  g_cc_open = false;
+  if (open && g_cc.state != nullptr) {  // else: tracing stopped inside the call
+    PyObject* zero = PyLong_FromLong(0);
+    cc_set_depth(zero);
+    Py_DECREF(zero);
+    PyObject* aside = PyObject_GetAttr(g_cc.state, g_ccn->aside);
+    if (aside != nullptr && aside != Py_None) {  // dynamo compiled a frame: step back
+      PyObject* r = PyObject_CallMethodNoArgs(g_cc.state, g_ccn->step_back);
+      if (r == nullptr) swallow(); else Py_DECREF(r);
+    }
+    Py_XDECREF(aside);
+    if (PyErr_Occurred()) swallow();
+    cc_record(end, codes);
+  }
+  Py_XDECREF(codes);
+  Py_CLEAR(g_cc_step);
+  Py_CLEAR(g_cc_src);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef g_cc_enter_def = {"compiled_enter", &compiled_enter, METH_NOARGS,
+                              "copytrace's enter hook of torch.compile contexts (C path)"};
+PyMethodDef g_cc_leave_def = {"compiled_leave", &compiled_leave, METH_NOARGS,
+                              "the exit hook of a call compiled_enter recorded"};
+
+// cc_install(state, rec, raw, code_graphs, graph_runs, sources, graphs, nothing) on the traced
+// thread; cc_install(None, ...) clears and returns whether a call compiled_enter recorded is
+// still open (tracing stops inside it: its exit only unsuppresses).
+bool cc_install(py::object state, py::object rec, py::object raw, py::object code_graphs,
+                py::object graph_runs, py::object sources, py::object graphs, py::object nothing) {
+  if (g_ccn == nullptr) g_ccn = new CcNames();
+  if (g_cc_leave_fn == nullptr) {
+    g_cc_leave_fn = PyCFunction_NewEx(&g_cc_leave_def, nullptr, nullptr);
+    if (g_cc_leave_fn == nullptr) throw py::error_already_set();
+  }
+  const bool was_open = g_cc_open;
+  if (state.is_none()) g_cc_open = false;
+  auto swap = [](PyObject*& slot, py::object& value) {
+    PyObject* old = slot;
+    slot = value.is_none() ? nullptr : value.release().ptr();
+    Py_XDECREF(old);
+  };
+  swap(g_cc.state, state);
+  swap(g_cc.rec, rec);
+  swap(g_cc.raw, raw);
+  swap(g_cc.code_graphs, code_graphs);
+  swap(g_cc.graph_runs, graph_runs);
+  swap(g_cc.sources, sources);
+  swap(g_cc.graphs, graphs);
+  swap(g_cc.nothing, nothing);
+  return was_open;
+}
+
 PyMethodDef g_frame_var_def = {"frame_var", reinterpret_cast<PyCFunction>(
                                    reinterpret_cast<void (*)()>(&frame_var)),
                                METH_FASTCALL,
@@ -2110,8 +2346,11 @@ void define(py::module_& m) {
   m.def("clear_sites", &clear_sites, "Drop the call-site caches (and the code objects they hold)");
   m.def("cfs_install", &cfs_install, "orig, Compiled, Compiled._wrapped (None, None, None clears)");
   m.def("cfs_begin", &cfs_begin, "the open compiled call's code list, or None");
+  m.def("cc_install", &cc_install,
+        "state, rec, raw, code_graphs, graph_runs, sources, graphs, nothing (None clears; "
+        "returns whether a call was open)");
   for (PyMethodDef* def : {&g_facts_def, &g_copy_slots_def, &g_call_site_def, &g_record_def,
-                           &g_frame_var_def, &g_cfs_def}) {
+                           &g_frame_var_def, &g_cfs_def, &g_cc_enter_def}) {
     PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
     if (fn == nullptr) throw py::error_already_set();
     m.add_object(def->ml_name, py::reinterpret_steal<py::object>(fn));
