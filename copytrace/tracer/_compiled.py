@@ -393,7 +393,9 @@ class Compiled:
         def _get_user_fn(node: Any) -> Any:
             fn = orig(node)
             if self.engaged and type(node).__name__ == "CompiledFunctionBackward":
-                return functools.partial(self._run_backward, fn)
+                native = self._cfs_native  # observer.cpp's compiled_backward, where built
+                run = native.compiled_backward if native is not None else self._run_backward
+                return functools.partial(run, fn)
             return fn
 
         _get_user_fn._copytrace = True  # type: ignore[attr-defined]

@@ -2304,6 +2304,57 @@ PyObject* compiled_leave(PyObject*, PyObject*) {
   Py_RETURN_NONE;
 }
 
+// compiled_backward(fn, *args): a compiled graph's backward (CompiledFunctionBackward's user
+// function), run as a compiled call's depth on the traced thread with the observer suppressed;
+// with a mode on torch's stacks, or on another thread, Compiled._run_backward (Python) runs it.
+PyObject* g_cc_run_backward = nullptr;  // interned "_run_backward"
+
+PyObject* compiled_backward(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 1) {
+    PyErr_SetString(PyExc_TypeError, "compiled_backward(fn, *args)");
+    return nullptr;
+  }
+  if (g_cc.state == nullptr) return PyObject_Vectorcall(args[0], args + 1, nargs - 1, nullptr);
+  if (!tls_cfs_thread || at::impl::PythonTorchFunctionTLS::stack_len() != 0 ||
+      c10::impl::TorchDispatchModeTLS::stack_len() != 0) {
+    PyObject* slow = PyObject_GetAttr(g_cc.state, g_cc_run_backward);
+    if (slow == nullptr) return nullptr;
+    PyObject* r = PyObject_Vectorcall(slow, args, nargs, nullptr);
+    Py_DECREF(slow);
+    return r;
+  }
+  PyObject* state = g_cc.state;  // held for the call: tracing may stop inside it
+  Py_INCREF(state);
+  PyObject* rec = g_cc.rec;
+  Py_INCREF(rec);
+  auto set_depth = [&](long delta) {
+    PyObject* depth = PyObject_GetAttr(state, g_ccn->depth);
+    long d = depth != nullptr ? PyLong_AsLong(depth) : 0;
+    Py_XDECREF(depth);
+    PyObject* value = PyLong_FromLong(std::max(0L, d + delta));
+    if (value == nullptr || PyObject_SetAttr(state, g_ccn->depth, value) < 0 ||
+        PyObject_SetAttr(rec, g_ccn->compiled_depth, value) < 0)
+      swallow();
+    Py_XDECREF(value);
+    if (PyErr_Occurred()) swallow();
+  };
+  set_depth(1);
+  suppress_region();
+  PyObject* result = PyObject_Vectorcall(args[0], args + 1, nargs - 1, nullptr);
+  PyObject *etype = nullptr, *evalue = nullptr, *etb = nullptr;
+  if (result == nullptr) PyErr_Fetch(&etype, &evalue, &etb);
+  unsuppress_region();
+  set_depth(-1);
+  if (result == nullptr) PyErr_Restore(etype, evalue, etb);
+  Py_DECREF(rec);
+  Py_DECREF(state);
+  return result;
+}
+
+PyMethodDef g_cc_backward_def = {"compiled_backward", reinterpret_cast<PyCFunction>(
+                                     reinterpret_cast<void (*)()>(&compiled_backward)),
+                                 METH_FASTCALL, "a compiled graph's backward, observer suppressed"};
+
 PyMethodDef g_cc_enter_def = {"compiled_enter", &compiled_enter, METH_NOARGS,
                               "copytrace's enter hook of torch.compile contexts (C path)"};
 PyMethodDef g_cc_leave_def = {"compiled_leave", &compiled_leave, METH_NOARGS,
@@ -2315,6 +2366,7 @@ PyMethodDef g_cc_leave_def = {"compiled_leave", &compiled_leave, METH_NOARGS,
 bool cc_install(py::object state, py::object rec, py::object raw, py::object code_graphs,
                 py::object graph_runs, py::object sources, py::object graphs, py::object nothing) {
   if (g_ccn == nullptr) g_ccn = new CcNames();
+  if (g_cc_run_backward == nullptr) g_cc_run_backward = interned("_run_backward");
   if (g_cc_leave_fn == nullptr) {
     g_cc_leave_fn = PyCFunction_NewEx(&g_cc_leave_def, nullptr, nullptr);
     if (g_cc_leave_fn == nullptr) throw py::error_already_set();
@@ -2350,7 +2402,8 @@ void define(py::module_& m) {
         "state, rec, raw, code_graphs, graph_runs, sources, graphs, nothing (None clears; "
         "returns whether a call was open)");
   for (PyMethodDef* def : {&g_facts_def, &g_copy_slots_def, &g_call_site_def, &g_record_def,
-                           &g_frame_var_def, &g_cfs_def, &g_cc_enter_def}) {
+                           &g_frame_var_def, &g_cfs_def, &g_cc_enter_def,
+                           &g_cc_backward_def}) {
     PyObject* fn = PyCFunction_NewEx(def, nullptr, m.ptr());
     if (fn == nullptr) throw py::error_already_set();
     m.add_object(def->ml_name, py::reinterpret_steal<py::object>(fn));
