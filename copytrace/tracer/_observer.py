@@ -98,6 +98,7 @@ def engage(rec: Any, native: Any, full: bool) -> NativeFunctionMode:
     native.set_api_hooks(rec.api_table, rec.api_before, rec.api_after, watch.before_api)
     fast = frozenset(op for op in rec.api_table.values()) - _recorder._BEFORE_OPS
     native.set_fast_api(fast, (torch.Tensor, torch.nn.Parameter), rec.api_fast)
+    native.set_fast_events(rec, watch.copies, rec.api_tail, fast - _recorder._NOT_C_EVENT_OPS)
     native.set_watch_writes(bool(watch.aliases))
     _warnshim.install(native)
     copies = watch.copies  # in-place writes into fresh copies (_fresh.py)
@@ -126,6 +127,7 @@ def disengage(rec: Any) -> None:
     native.set_watch_writes(False)
     native.set_api_hooks(None, None, None, None)
     native.set_fast_api(None, None, None)
+    native.set_fast_events(None, None, None, None)
     native.set_copy_hooks(None, None, None, None)
     rec.internal_detaches += native.internal_detaches()
     errors = native.errors()

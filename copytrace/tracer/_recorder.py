@@ -215,6 +215,12 @@ _IN_PYTHON = frozenset(("numpy", "deepcopy"))
 # Ops whose api_before has work to do for any call (a check before the call, a read of the
 # input's state, a memo or basic-index test): never on the C observer's one-call path.
 _BEFORE_OPS = frozenset(("backward", "deepcopy", "index", "detach_", "numpy"))
+# Fast ops whose whole event observer.cpp may finish in C (fast_event): not those _record_api
+# reads differently (a write into a tensor, a rebinding) nor the gathers (a fresh copy watched
+# by identity, _fresh.py).
+_NOT_C_EVENT_OPS = frozenset(("copy_", "data_set", "data_get", "swap_tensors")) | frozenset(
+    INDEX_OPS
+)
 _NO_KWARGS: dict[str, Any] = {}
 
 
@@ -429,6 +435,27 @@ class Recorder:
             self.api_after(token, result, None, start, end, _end_fold(native))
         return result
 
+    def api_tail(
+        self, op: str, src: Any, out: Any, ev: CopyEvent, grad_fn: Any, where: Any
+    ) -> None:
+        """The rest of an event observer.cpp's ``record`` made (``where``: True when its phase,
+        module and thread are set, else the frame to place it from): tag ``grad_fn``, start
+        the watches, keep the event. Called by :meth:`_record_api` and by observer.cpp's fast
+        events for what they do not finish in C."""
+        if where is not True:
+            self._place(ev, where)
+        if grad_fn is not None and ev.phase != "backward":
+            _tag_grad_fn(grad_fn, ev)
+        try:  # the rest of Watch.event: an error there still keeps the event
+            self.watch.follow(ev, op, src, out, grad_fn)
+        except Exception as err:
+            self.note_error(err)
+        events = self.events  # _append, inlined
+        if len(events) < self.max_events:
+            events.append(ev)
+        else:
+            self.dropped += 1
+
     def _record_api(
         self,
         op: str,
@@ -480,21 +507,9 @@ class Recorder:
                 return
             else:  # tensor facts, call site, step and storage ids set
                 ev, grad_fn, where = found
-                if where is not True:  # True: phase, module and thread set too
-                    self._place(ev, where)
                 if kwargs:
                     ev.non_blocking = bool(kwargs.get("non_blocking", False))
-                if grad_fn is not None and ev.phase != "backward":
-                    _tag_grad_fn(grad_fn, ev)
-                try:  # the rest of Watch.event: an error there still keeps the event
-                    self.watch.follow(ev, op, src, out, grad_fn)
-                except Exception as err:
-                    self.note_error(err)
-                events = self.events  # _append, inlined
-                if len(events) < self.max_events:
-                    events.append(ev)
-                else:
-                    self.dropped += 1
+                self.api_tail(op, src, out, ev, grad_fn, where)
                 return
         fs = native.facts(src, False) if native is not None else None  # _facts.facts, inlined
         if fs is None:

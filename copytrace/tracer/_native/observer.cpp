@@ -452,6 +452,201 @@ inline bool fast_call(PyObject* op, PyObject* args, PyObject* kwargs) {
   return found == 1;
 }
 
+// The whole event of a fast call, in C, where it is the common case: observer.cpp's record
+// builds it with its call site, phase and module placed, and no grad_fn to tag; the watch has
+// nothing to start (an alias, or a fresh copy followed by its version counter); it is appended
+// to the recorder's events. Any other outcome goes to g_fast_tail(op, src, out, ev, grad_fn,
+// placed) (Recorder.api_tail), and a call record cannot read (not a plain tensor) to
+// g_fast_after. Returns false for the latter.
+PyObject* g_fast_rec = nullptr;         // the Recorder
+PyObject* g_fast_copies = nullptr;      // its watch's FreshCopies
+PyObject* g_fast_tail = nullptr;
+PyObject* g_fast_event_ops = nullptr;   // frozenset: ops whose event may be finished here
+PyObject* version_of(PyObject*, PyObject* obj);
+}  // namespace
+namespace copytrace_facts {
+PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs);  // end of this file
+}  // namespace copytrace_facts
+namespace {
+PyObject* intern_name(const char* s) {
+  PyObject* o = PyUnicode_InternFromString(s);
+  if (o == nullptr) throw py::error_already_set();
+  return o;  // kept for the life of the process
+}
+
+struct FastNames {
+  PyObject *group, *native_state, *events, *dropped, *step_index, *in_optimizer, *alias, *via,
+      *graph, *bytes_allocated, *inplace_writes, *max_events, *overhead_ns, *kept, *limit,
+      *prune, *attached, *detach;
+  FastNames()
+      : group(intern_name("group")), native_state(intern_name("_native_state")),
+        events(intern_name("events")), dropped(intern_name("dropped")),
+        step_index(intern_name("step_index")), in_optimizer(intern_name("in_optimizer")),
+        alias(intern_name("alias")), via(intern_name("via")), graph(intern_name("graph")),
+        bytes_allocated(intern_name("bytes_allocated")), inplace_writes(intern_name("inplace_writes")),
+        max_events(intern_name("max_events")), overhead_ns(intern_name("overhead_ns")),
+        kept(intern_name("kept")), limit(intern_name("_limit")), prune(intern_name("_prune")),
+        attached(intern_name("attached")), detach(intern_name("detach")) {}
+};
+FastNames* g_fn = nullptr;
+
+// attribute `name` of `obj` as a long long (-1 and an error set on failure)
+inline long long attr_ll(PyObject* obj, PyObject* name) {
+  PyObject* v = PyObject_GetAttr(obj, name);
+  if (v == nullptr) return -1;
+  long long r = PyLong_AsLongLong(v);
+  Py_DECREF(v);
+  return r;
+}
+
+inline bool add_ll(PyObject* obj, PyObject* name, long long delta) {
+  long long v = attr_ll(obj, name);
+  if (v == -1 && PyErr_Occurred()) return false;
+  PyObject* n = PyLong_FromLongLong(v + delta);
+  if (n == nullptr) return false;
+  int rc = PyObject_SetAttr(obj, name, n);
+  Py_DECREF(n);
+  return rc == 0;
+}
+
+// The event's end, when nothing calls for Python: true when done (or an error counted).
+bool fast_finish(PyObject* op, PyObject* src, PyObject* out, PyObject* ev) {
+  PyObject* alias_o = PyObject_GetAttr(ev, g_fn->alias);
+  if (alias_o == nullptr) return false;
+  const bool alias = alias_o == Py_True;
+  Py_DECREF(alias_o);
+  if (PyUnicode_Check(op) && PyUnicode_Compare(op, g_fn->detach) == 0) {
+    PyObject* via = PyObject_GetAttr(ev, g_fn->via);  // a detach from state_dict(): watched
+    const bool plain = via == Py_None;
+    Py_XDECREF(via);
+    if (!plain) return false;
+  }
+  if (!alias) {
+    PyObject* graph = PyObject_GetAttr(ev, g_fn->graph);
+    const bool attached = graph != nullptr && PyUnicode_Check(graph) &&
+                          PyUnicode_CompareWithASCIIString(graph, "attached") == 0;
+    Py_XDECREF(graph);
+    if (graph == nullptr || attached) return false;
+    const long long nbytes = attr_ll(ev, g_fn->bytes_allocated);
+    if (nbytes == -1 && PyErr_Occurred()) return false;
+    if (out != src && nbytes > 0) {  // a fresh copy: its version counter kept (_fresh.py)
+      PyObject* version = version_of(nullptr, out);
+      if (version == nullptr || version == Py_None) {
+        Py_XDECREF(version);
+        return false;
+      }
+      PyObject* kept = PyObject_GetAttr(g_fast_copies, g_fn->kept);
+      PyObject* zero = PyLong_FromLong(0);
+      PyObject* item = PyTuple_Pack(2, version, ev);
+      Py_DECREF(version);
+      bool ok = kept != nullptr && zero != nullptr && item != nullptr &&
+                PyObject_SetAttr(ev, g_fn->inplace_writes, zero) == 0 &&
+                PyList_Check(kept) && PyList_Append(kept, item) == 0;
+      Py_XDECREF(zero);
+      Py_XDECREF(item);
+      if (ok) {
+        const long long limit = attr_ll(g_fast_copies, g_fn->limit);
+        if (PyList_GET_SIZE(kept) >= limit) {
+          PyObject* r = PyObject_CallMethodNoArgs(g_fast_copies, g_fn->prune);
+          if (r == nullptr) ok = false; else Py_DECREF(r);
+        }
+      }
+      Py_XDECREF(kept);
+      if (!ok) swallow();  // counted; the event is still kept below
+    }
+  }
+  PyObject* events = PyObject_GetAttr(g_fast_rec, g_fn->events);
+  const long long max_events = attr_ll(g_fast_rec, g_fn->max_events);
+  if (events == nullptr || !PyList_Check(events) || PyErr_Occurred()) {
+    Py_XDECREF(events);
+    swallow();
+    return true;
+  }
+  if (PyList_GET_SIZE(events) < max_events) {
+    if (PyList_Append(events, ev) < 0) swallow();
+  } else if (!add_ll(g_fast_rec, g_fn->dropped, 1)) {
+    swallow();
+  }
+  Py_DECREF(events);
+  return true;
+}
+
+// Record a fast call's event (result `out`, no error); false: g_fast_after must record it.
+bool fast_event(PyObject* op, PyObject* args, PyObject* out, int64_t t0, int64_t t1,
+                PyObject* names) {
+  if (g_fast_rec == nullptr || g_fast_event_ops == nullptr || !THPVariable_Check(out) ||
+      PySet_Contains(g_fast_event_ops, op) != 1)
+    return false;
+  PyObject* group = PyObject_GetAttr(g_fast_rec, g_fn->group);
+  PyObject* state = PyObject_GetAttr(g_fast_rec, g_fn->native_state);
+  PyObject* events = PyObject_GetAttr(g_fast_rec, g_fn->events);
+  const long long dropped = attr_ll(g_fast_rec, g_fn->dropped);
+  PyObject* step = PyObject_GetAttr(g_fast_rec, g_fn->step_index);
+  PyObject* inopt = PyObject_GetAttr(g_fast_rec, g_fn->in_optimizer);
+  PyObject* found = nullptr;
+  bool usable = group == Py_None && state != nullptr && state != Py_None && events != nullptr &&
+                PyList_Check(events) && step != nullptr && inopt != nullptr && !PyErr_Occurred();
+  if (usable) {
+    PyObject* seq = PyLong_FromLongLong(PyList_GET_SIZE(events) + dropped);
+    PyObject* t0o = PyLong_FromLongLong(t0);
+    PyObject* t1o = PyLong_FromLongLong(t1);
+    PyObject* src = PyTuple_GET_ITEM(args, 0);
+    if (seq != nullptr && t0o != nullptr && t1o != nullptr) {
+      PyObject* argv[11] = {state, op, src, out, Py_None, seq, t0o, t1o, names, step, inopt};
+      found = copytrace_facts::record(nullptr, argv, 11);
+    }
+    Py_XDECREF(seq);
+    Py_XDECREF(t0o);
+    Py_XDECREF(t1o);
+  }
+  Py_XDECREF(group);
+  Py_XDECREF(state);
+  Py_XDECREF(events);
+  Py_XDECREF(step);
+  Py_XDECREF(inopt);
+  if (PyErr_Occurred() || (usable && found == nullptr)) {
+    Py_XDECREF(found);
+    PyErr_Clear();
+    return false;  // the Python path records it (and counts what fails there)
+  }
+  if (found == nullptr || found == Py_None) {
+    Py_XDECREF(found);
+    return false;
+  }
+  if (found == Py_False) {  // no event (an integer index's view)
+    Py_DECREF(found);
+    return true;
+  }
+  PyObject* src = PyTuple_GET_ITEM(args, 0);
+  PyObject* ev = PyTuple_GET_ITEM(found, 0);
+  PyObject* grad_fn = PyTuple_GET_ITEM(found, 1);
+  PyObject* placed = PyTuple_GET_ITEM(found, 2);
+  bool done = placed == Py_True && grad_fn == Py_None && fast_finish(op, src, out, ev);
+  if (PyErr_Occurred()) swallow();
+  if (!done && g_fast_tail != nullptr) {
+    PyObject* r = PyObject_CallFunctionObjArgs(g_fast_tail, op, src, out, ev, grad_fn, placed,
+                                               nullptr);
+    if (r == nullptr) swallow(); else Py_DECREF(r);
+  }
+  Py_DECREF(found);
+  if (!add_ll(g_fast_rec, g_fn->overhead_ns, now_ns() - t1)) swallow();
+  return true;
+}
+
+// set_fast_events(rec, copies, tail, ops): the C end of fast events (None clears).
+void set_fast_events(py::object rec, py::object copies, py::object tail, py::object ops) {
+  if (g_fn == nullptr) g_fn = new FastNames();
+  auto swap = [](PyObject*& slot, py::object& value) {
+    PyObject* old = slot;
+    slot = value.is_none() ? nullptr : value.release().ptr();
+    Py_XDECREF(old);
+  };
+  swap(g_fast_rec, rec);
+  swap(g_fast_copies, copies);
+  swap(g_fast_tail, tail);
+  swap(g_fast_event_ops, ops);
+}
+
 void set_fast_api(py::object ops, py::object types, py::object after) {
   auto swap = [](PyObject*& slot, py::object& value) {
     PyObject* old = slot;
@@ -521,6 +716,13 @@ PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs
     PyObject *etype = nullptr, *evalue = nullptr, *etb = nullptr;
     if (result == nullptr) PyErr_Fetch(&etype, &evalue, &etb);
     PyObject* names = fold_names();
+    if (result != nullptr && names != nullptr) {
+      NoTorchFunction guard;
+      if (fast_event(op, args, result, t0, t1, names)) {
+        Py_DECREF(names);
+        return result;
+      }
+    }
     PyObject* t0o = PyLong_FromLongLong(t0);
     PyObject* t1o = PyLong_FromLongLong(t1);
     if (names != nullptr && t0o != nullptr && t1o != nullptr) {
@@ -1338,6 +1540,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return py::reinterpret_steal<py::object>(PyCFunction_New(&g_warn_def, nullptr));
   }, "A warnings.warn that calls `orig` with the stacklevel counted as untraced");
   m.def("set_api_hooks", &set_api_hooks, "table, before, after, write_hook (None clears)");
+  m.def("set_fast_events", &set_fast_events,
+        "recorder, its FreshCopies, tail(op, src, out, ev, grad_fn, placed), op names "
+        "(None clears)");
   m.def("set_fast_api", &set_fast_api,
         "op names, exact first-argument types, after(op, args, result, error, t0, t1, aten): "
         "the one-call path (None clears)");
