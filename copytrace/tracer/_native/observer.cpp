@@ -255,6 +255,43 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
   call_back(info, schema, args, out, t0, t1);
 }
 
+// Unboxed kernels for the two observed ops autograd and optimizers call most (AccumulateGrad's
+// detach, copy_): the same decisions as `kernel` without boxing the arguments for the calls
+// that only re-dispatch or fold (almost all); an implicit copy_ goes through `kernel` boxed.
+int g_detach_index = -1;
+int g_copy_index = -1;
+
+// 0: only re-dispatch; 1: fold (index appended); 2: record (alias: counted; copy: boxed path)
+inline int decide(int index) {
+  if (index < 0 || !g_on.load(std::memory_order_relaxed) || tls_suppress > 0 ||
+      !(tls_owner || torch::autograd::get_current_node() != nullptr) || tls_depth > 1)
+    return 0;
+  if (tls_folding) {
+    tls_fold.push_back(static_cast<int16_t>(index));
+    return 1;
+  }
+  return 2;
+}
+
+at::Tensor detach_kernel(c10::DispatchKeySet ks, const at::Tensor& self) {
+  if (decide(g_detach_index) == 2) g_internal.fetch_add(1, std::memory_order_relaxed);
+  return at::_ops::detach::redispatch(ks & kAfterBS, self);
+}
+
+at::Tensor& copy__kernel(c10::DispatchKeySet ks, at::Tensor& self, const at::Tensor& src,
+                         bool non_blocking) {
+  if (decide(g_copy_index) == 2) {
+    if (!tls_folding) {  // decide() appends only when folding: an implicit copy_
+      static const c10::OperatorHandle op =
+          c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+      torch::jit::Stack stack{self, src, non_blocking};
+      kernel(op, ks, &stack);
+      return self;
+    }
+  }
+  return at::_ops::copy_::redispatch(ks & kAfterBS, self, src, non_blocking);
+}
+
 // install([(qualified name, overload, kind, display name), ...], callback): register the kernels.
 int install(const std::vector<std::tuple<std::string, std::string, int, std::string>>& ops,
             py::object callback) {
@@ -281,6 +318,19 @@ int install(const std::vector<std::tuple<std::string, std::string, int, std::str
     }
     std::string short_name = name.substr(name.find("::") + 2);
     if (!overload.empty()) short_name += "." + overload;
+    const int index = g_ops[schema].index;
+    if (name == "aten::detach" && overload.empty()) {
+      g_detach_index = index;
+      lib->impl("detach", torch::dispatch(c10::DispatchKey::BackendSelect,
+                                          TORCH_FN(detach_kernel)));
+      continue;
+    }
+    if (name == "aten::copy_" && overload.empty()) {
+      g_copy_index = index;
+      lib->impl("copy_", torch::dispatch(c10::DispatchKey::BackendSelect,
+                                         TORCH_FN(copy__kernel)));
+      continue;
+    }
     lib->impl(short_name.c_str(),
               torch::dispatch(c10::DispatchKey::BackendSelect,
                               torch::CppFunction::makeFromBoxedFunction<&kernel>()));
