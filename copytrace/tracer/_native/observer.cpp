@@ -683,9 +683,56 @@ bool fast_event(PyObject* op, PyObject* args, PyObject* out, int64_t t0, int64_t
   return true;
 }
 
+// A backward entry point (Tensor.backward, torch.autograd.backward/grad) on one tensor while
+// no .data write or rebinding is pending: Watch.check_backward reduced to what it does then,
+// noting the root's sequence number (Watch._note_backward). True when done.
+PyObject* g_fast_watch = nullptr;  // the Recorder's Watch
+PyObject* g_backward_op = nullptr;
+PyObject* g_backward_seq = nullptr;
+PyObject* g_writes = nullptr;
+PyObject* g_rebinds = nullptr;
+
+bool fast_backward(PyObject* op, PyObject* args) {
+  if (g_fast_watch == nullptr || op != g_backward_op || PyTuple_GET_SIZE(args) == 0 ||
+      !THPVariable_Check(PyTuple_GET_ITEM(args, 0)))
+    return false;
+  for (PyObject* name : {g_writes, g_rebinds}) {
+    PyObject* pending = PyObject_GetAttr(g_fast_watch, name);
+    const int busy = pending != nullptr ? PyObject_IsTrue(pending) : -1;
+    Py_XDECREF(pending);
+    if (busy != 0) {
+      PyErr_Clear();
+      return false;
+    }
+  }
+  const auto& node = THPVariable_Unpack(PyTuple_GET_ITEM(args, 0)).grad_fn();
+  if (!node) return true;
+  const long long seq = static_cast<long long>(node->sequence_nr());
+  const long long seen = attr_ll(g_fast_watch, g_backward_seq);
+  if (seen == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  if (seq > seen) {
+    PyObject* value = PyLong_FromLongLong(seq);
+    if (value == nullptr || PyObject_SetAttr(g_fast_watch, g_backward_seq, value) < 0) swallow();
+    Py_XDECREF(value);
+  }
+  return true;
+}
+
 // set_fast_events(rec, copies, tail, ops): the C end of fast events (None clears).
 void set_fast_events(py::object rec, py::object copies, py::object tail, py::object ops) {
   if (g_fn == nullptr) g_fn = new FastNames();
+  if (g_backward_op == nullptr) {
+    g_backward_op = intern_name("backward");
+    g_backward_seq = intern_name("_backward_seq");
+    g_writes = intern_name("writes");
+    g_rebinds = intern_name("rebinds");
+  }
+  Py_CLEAR(g_fast_watch);
+  if (!rec.is_none()) g_fast_watch = PyObject_GetAttrString(rec.ptr(), "watch");
+  if (PyErr_Occurred()) PyErr_Clear();
   auto swap = [](PyObject*& slot, py::object& value) {
     PyObject* old = slot;
     slot = value.is_none() ? nullptr : value.release().ptr();
@@ -756,6 +803,10 @@ PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs
     return call_through(func, args, kwargs);
   }
   if (lean && in_quiet_code()) return call_through(func, args, kwargs);
+  if ((kwargs == nullptr || kwargs == Py_None ||
+       (PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) == 0)) &&
+      fast_backward(op, args))
+    return call_through(func, args, kwargs);
   if (g_fast_after != nullptr && fast_call(op, args, kwargs)) {
     tls_fold.clear();
     tls_folding = true;
