@@ -240,3 +240,39 @@ def test_record_sets_every_field_as_the_python_path(level: str, monkeypatch) -> 
     assert [{**e, "aten": ()} for e in native] == [{**e, "aten": ()} for e in python]
     assert native[3]["noop"] and native[3]["dst_storage"] == native[3]["src_storage"]
     assert native[5]["inplace_writes"] == 1 and native[8]["bytes_allocated"] == 0
+
+
+def test_frame_var_reads_locals_cells_and_free_variables_like_f_locals() -> None:
+    # frame_var(frame, name) is what copytrace reads torch.compile's wrapper's `fn` with at
+    # every compiled call: it must give what f_locals gives, for a plain local, a cell (a local
+    # an inner function closes over) and a free variable, and NameError for a name the frame
+    # does not have (or has not bound yet).
+    def outer() -> tuple[object, ...]:
+        plain = [1]
+        cell = "closed over"
+
+        def inner() -> tuple[object, ...]:
+            me = sys._getframe(0)
+            assert cell  # a free variable of inner, a cell of outer
+            return (
+                NATIVE.frame_var(me, "cell"), me.f_locals["cell"],
+                NATIVE.frame_var(sys._getframe(1), "cell"),
+                NATIVE.frame_var(sys._getframe(1), "plain"),
+            )  # fmt: skip
+
+        return (*inner(), plain)
+
+    free, free_locals, as_cell, plain, plain_obj = outer()
+    assert free == free_locals == as_cell == "closed over"
+    assert plain is plain_obj
+    with pytest.raises(NameError):
+        NATIVE.frame_var(sys._getframe(0), "no_such_name")
+
+    def unbound() -> None:
+        frame = sys._getframe(0)
+        with pytest.raises(NameError):
+            NATIVE.frame_var(frame, "later")
+        later = 1
+        assert NATIVE.frame_var(frame, "later") == later
+
+    unbound()
