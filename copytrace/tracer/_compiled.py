@@ -268,6 +268,7 @@ class Compiled:
         self._cfs_native: Any = None  # the observer whose cfs is installed
         self._codes: list[Any] | None = None  # the open call's graph codes
         self._prev_user_fn: Any = None
+        self._user_fn: Any = None  # the _get_user_fn installed (C or Python)
 
     # -- install / remove ---------------------------------------------------------------------
     def engage(self, modes: Sequence[Any], handles: Sequence[Any]) -> bool:
@@ -318,7 +319,13 @@ class Compiled:
 
         if "_get_user_fn" in BackwardCFunction.__dict__:
             self._prev_user_fn = BackwardCFunction.__dict__["_get_user_fn"]
-            BackwardCFunction._get_user_fn = self._make_user_fn(self._prev_user_fn)
+            if native is not None:  # observer.cpp's: no Python frame per custom backward
+                self._user_fn = native.user_fn_install(
+                    self._prev_user_fn, functools.partial, native.compiled_backward
+                )
+            else:
+                self._user_fn = self._make_user_fn(self._prev_user_fn)
+            BackwardCFunction._get_user_fn = self._user_fn
         if not self._logging:
             from torch._logging._internal import trace_log
 
@@ -343,8 +350,9 @@ class Compiled:
             if eval_frame._callback_from_stance is self._cfs:
                 eval_frame._callback_from_stance = self._prev_cfs
             self._cfs = None
-            if self._cfs_native is not None:
-                native, self._cfs_native = self._cfs_native, None
+            native = self._cfs_native
+            if native is not None:
+                self._cfs_native = None
                 _ENTER[0] = _enter
                 native.cfs_install(None, None, None)
                 if native.cc_install(None, None, None, None, None, None, None, None):
@@ -352,9 +360,11 @@ class Compiled:
                     self.rec.compiled_depth = 0
             from torch.autograd.function import BackwardCFunction
 
-            current = BackwardCFunction.__dict__.get("_get_user_fn")
-            if getattr(current, "_copytrace", False):
+            if BackwardCFunction.__dict__.get("_get_user_fn") is self._user_fn is not None:
                 BackwardCFunction._get_user_fn = self._prev_user_fn
+            self._user_fn = None
+            if native is not None:
+                native.user_fn_install(None, None, None)
         except Exception as err:
             self.rec.note_error(err)
 

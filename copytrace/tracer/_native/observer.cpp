@@ -39,6 +39,7 @@
 #include <unordered_set>
 
 #include <algorithm>
+#include <cstring>
 #include <deque>
 #include <atomic>
 #include <chrono>
@@ -2661,6 +2662,54 @@ PyMethodDef g_cc_backward_def = {"compiled_backward", reinterpret_cast<PyCFuncti
                                      reinterpret_cast<void (*)()>(&compiled_backward)),
                                  METH_FASTCALL, "a compiled graph's backward, observer suppressed"};
 
+// BackwardCFunction._get_user_fn, in C (an instance method): torch's own, and for a compiled
+// graph's backward (CompiledFunctionBackward) that user function bound to compiled_backward.
+PyObject* g_uf_orig = nullptr;     // torch's BackwardCFunction._get_user_fn
+PyObject* g_uf_partial = nullptr;  // functools.partial
+PyObject* g_uf_run = nullptr;      // compiled_backward
+
+PyObject* user_fn(PyObject*, PyObject* node) {
+  if (g_uf_orig == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "copytrace's _get_user_fn is not installed");
+    return nullptr;
+  }
+  PyObject* fn = PyObject_CallOneArg(g_uf_orig, node);
+  if (fn == nullptr || g_uf_run == nullptr ||
+      std::strcmp(Py_TYPE(node)->tp_name, "CompiledFunctionBackward") != 0)
+    return fn;
+  PyObject* bound = PyObject_CallFunctionObjArgs(g_uf_partial, g_uf_run, fn, nullptr);
+  if (bound == nullptr) {
+    swallow();
+    return fn;
+  }
+  Py_DECREF(fn);
+  return bound;
+}
+
+PyMethodDef g_user_fn_def = {"_get_user_fn", &user_fn, METH_O,
+                             "copytrace's BackwardCFunction._get_user_fn (see observer.cpp)"};
+
+// user_fn_install(orig, partial, run) -> the instance method to set on BackwardCFunction;
+// user_fn_install(None, None, None) clears (torch's own must be put back first).
+py::object user_fn_install(py::object orig, py::object partial, py::object run) {
+  auto swap = [](PyObject*& slot, py::object& value) {
+    PyObject* old = slot;
+    slot = value.is_none() ? nullptr : value.release().ptr();
+    Py_XDECREF(old);
+  };
+  const bool on = !orig.is_none();
+  swap(g_uf_orig, orig);
+  swap(g_uf_partial, partial);
+  swap(g_uf_run, run);
+  if (!on) return py::none();
+  PyObject* fn = PyCFunction_NewEx(&g_user_fn_def, nullptr, nullptr);
+  if (fn == nullptr) throw py::error_already_set();
+  PyObject* method = PyInstanceMethod_New(fn);
+  Py_DECREF(fn);
+  if (method == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(method);
+}
+
 PyMethodDef g_cc_enter_def = {"compiled_enter", &compiled_enter, METH_NOARGS,
                               "copytrace's enter hook of torch.compile contexts (C path)"};
 PyMethodDef g_cc_leave_def = {"compiled_leave", &compiled_leave, METH_NOARGS,
@@ -2704,6 +2753,9 @@ void define(py::module_& m) {
   m.def("clear_sites", &clear_sites, "Drop the call-site caches (and the code objects they hold)");
   m.def("cfs_install", &cfs_install, "orig, Compiled, Compiled._wrapped (None, None, None clears)");
   m.def("cfs_begin", &cfs_begin, "the open compiled call's code list, or None");
+  m.def("user_fn_install", &user_fn_install,
+        "orig, functools.partial, compiled_backward -> BackwardCFunction._get_user_fn "
+        "(None, None, None clears)");
   m.def("cc_install", &cc_install,
         "state, rec, raw, code_graphs, graph_runs, sources, graphs, nothing (None clears; "
         "returns whether a call was open)");
