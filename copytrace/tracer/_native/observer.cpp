@@ -39,6 +39,7 @@
 #include <unordered_set>
 
 #include <algorithm>
+#include <initializer_list>
 #include <cstring>
 #include <deque>
 #include <atomic>
@@ -785,6 +786,52 @@ PyObject* torch_function(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   return call_through_recorded(func, args, kwargs);
 }
 
+// Run `func` with the aten ops it causes folded and its host times taken, then hand the call
+// to after(*lead, result or None, error type or None, t0, t1, folded aten names) with torch
+// function handling off; with `fast_op`, fast_event may record it in C instead. The call's
+// result or exception is returned as is.
+PyObject* run_folded(PyObject* func, PyObject* args, PyObject* kwargs, PyObject* after,
+                     std::initializer_list<PyObject*> lead, PyObject* fast_op) {
+  tls_fold.clear();
+  tls_folding = true;
+  const int64_t t0 = now_ns();
+  PyObject* result = call_through(func, args, kwargs);
+  const int64_t t1 = now_ns();
+  tls_folding = false;
+  PyObject *etype = nullptr, *evalue = nullptr, *etb = nullptr;
+  if (result == nullptr) PyErr_Fetch(&etype, &evalue, &etb);
+  PyObject* names = fold_names();
+  if (fast_op != nullptr && result != nullptr && names != nullptr) {
+    NoTorchFunction guard;
+    if (fast_event(fast_op, args, result, t0, t1, names)) {
+      Py_DECREF(names);
+      return result;
+    }
+  }
+  PyObject* t0o = PyLong_FromLongLong(t0);
+  PyObject* t1o = PyLong_FromLongLong(t1);
+  if (names != nullptr && t0o != nullptr && t1o != nullptr) {
+    NoTorchFunction guard;
+    PyObject* argv[8];
+    size_t n = 0;
+    for (PyObject* a : lead) argv[n++] = a;
+    argv[n++] = result != nullptr ? result : Py_None;
+    argv[n++] = etype != nullptr ? etype : Py_None;
+    argv[n++] = t0o;
+    argv[n++] = t1o;
+    argv[n++] = names;
+    PyObject* r = PyObject_Vectorcall(after, argv, n, nullptr);
+    if (r == nullptr) swallow(); else Py_DECREF(r);
+  } else {
+    swallow();
+  }
+  Py_XDECREF(names);
+  Py_XDECREF(t0o);
+  Py_XDECREF(t1o);
+  if (result == nullptr) PyErr_Restore(etype, evalue, etb);
+  return result;
+}
+
 PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs, bool lean) {
   if (kwargs == nullptr) kwargs = Py_None;  // the hooks take kwargs as an argument
   if (g_watch_writes.load(std::memory_order_relaxed) && g_write_hook != nullptr) {
@@ -808,39 +855,8 @@ PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs
        (PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) == 0)) &&
       fast_backward(op, args))
     return call_through(func, args, kwargs);
-  if (g_fast_after != nullptr && fast_call(op, args, kwargs)) {
-    tls_fold.clear();
-    tls_folding = true;
-    const int64_t t0 = now_ns();
-    PyObject* result = call_through(func, args, kwargs);
-    const int64_t t1 = now_ns();
-    tls_folding = false;
-    PyObject *etype = nullptr, *evalue = nullptr, *etb = nullptr;
-    if (result == nullptr) PyErr_Fetch(&etype, &evalue, &etb);
-    PyObject* names = fold_names();
-    if (result != nullptr && names != nullptr) {
-      NoTorchFunction guard;
-      if (fast_event(op, args, result, t0, t1, names)) {
-        Py_DECREF(names);
-        return result;
-      }
-    }
-    PyObject* t0o = PyLong_FromLongLong(t0);
-    PyObject* t1o = PyLong_FromLongLong(t1);
-    if (names != nullptr && t0o != nullptr && t1o != nullptr) {
-      NoTorchFunction guard;
-      PyObject* r = PyObject_CallFunctionObjArgs(g_fast_after, op, args, result ? result : Py_None,
-                                                 etype ? etype : Py_None, t0o, t1o, names, nullptr);
-      if (r == nullptr) swallow(); else Py_DECREF(r);
-    } else {
-      swallow();
-    }
-    Py_XDECREF(names);
-    Py_XDECREF(t0o);
-    Py_XDECREF(t1o);
-    if (result == nullptr) PyErr_Restore(etype, evalue, etb);
-    return result;
-  }
+  if (g_fast_after != nullptr && fast_call(op, args, kwargs))
+    return run_folded(func, args, kwargs, g_fast_after, {op, args}, op);
   PyObject* token;
   {
     NoTorchFunction guard;
@@ -854,30 +870,8 @@ PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs
     Py_DECREF(token);
     return call_through(func, args, kwargs);
   }
-  tls_fold.clear();
-  tls_folding = true;
-  const int64_t t0 = now_ns();
-  PyObject* result = call_through(func, args, kwargs);
-  const int64_t t1 = now_ns();
-  tls_folding = false;
-  PyObject *etype = nullptr, *evalue = nullptr, *etb = nullptr;
-  if (result == nullptr) PyErr_Fetch(&etype, &evalue, &etb);
-  PyObject* names = fold_names();
-  PyObject* t0o = PyLong_FromLongLong(t0);
-  PyObject* t1o = PyLong_FromLongLong(t1);
-  if (names != nullptr && t0o != nullptr && t1o != nullptr) {
-    NoTorchFunction guard;
-    PyObject* r = PyObject_CallFunctionObjArgs(g_after, token, result ? result : Py_None,
-                                               etype ? etype : Py_None, t0o, t1o, names, nullptr);
-    if (r == nullptr) swallow(); else Py_DECREF(r);
-  } else {
-    swallow();
-  }
-  Py_XDECREF(names);
-  Py_XDECREF(t0o);
-  Py_XDECREF(t1o);
+  PyObject* result = run_folded(func, args, kwargs, g_after, {token}, nullptr);
   Py_DECREF(token);
-  if (result == nullptr) PyErr_Restore(etype, evalue, etb);
   return result;
 }
 
