@@ -2276,10 +2276,9 @@ PyMethodDef g_record_def = {"record", reinterpret_cast<PyCFunction>(
 
 // frame_var(frame, name): the value of a running frame's local, cell or free variable
 // `name`, without building the frame's f_locals dict (which copies every variable, at every
-// compiled call: copytrace reads torch.compile's wrapper's `fn` this way). None where this
-// Python offers no direct read (the caller then falls back to f_locals); NameError when the
+// compiled call: copytrace reads torch.compile's wrapper's `fn` this way); NameError when the
 // frame has no such variable bound. Python 3.12+: PyFrame_GetVar; 3.11: the interpreter
-// frame's localsplus array (Include/internal/pycore_frame.h), cells read through.
+// frame's localsplus array (Include/internal/pycore_frame.h), cells read through; older: f_locals.
 PyObject* frame_var_of(PyFrameObject* frame, PyObject* name) {
 #if PY_VERSION_HEX >= 0x030C0000
   return PyFrame_GetVar(frame, name);
@@ -2301,7 +2300,16 @@ PyObject* frame_var_of(PyFrameObject* frame, PyObject* name) {
   PyErr_Format(PyExc_NameError, "variable %R does not exist", name);
   return nullptr;
 #else
-  Py_RETURN_NONE;
+  // older Pythons: through f_locals (a dict of every variable, built for this read)
+  PyObject* locals = PyObject_GetAttrString(reinterpret_cast<PyObject*>(frame), "f_locals");
+  if (locals == nullptr) return nullptr;
+  PyObject* value = PyObject_GetItem(locals, name);
+  Py_DECREF(locals);
+  if (value == nullptr && PyErr_ExceptionMatches(PyExc_KeyError)) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_NameError, "variable %R does not exist", name);
+  }
+  return value;
 #endif
 }
 
