@@ -40,6 +40,13 @@ to note which dynamo-generated code called it (its compile id, from dynamo's cac
 The copies each graph contains come from torch's structured compile log
 (:mod:`copytrace.tracer._graphs`).
 
+Where the C++ observer is built, the per-call parts are its C functions (``observer.cpp``:
+``compiled_enter``/``compiled_leave``, ``callback_from_stance``, the ``_get_user_fn`` instance
+method and ``compiled_backward``), so that a compiled call adds no Python frame of copytrace's
+in the common case (the traced thread, not nested, no mode on torch's stacks, not ``sticky``);
+every other call goes to :meth:`Compiled.enter`. Both record an ended call as the same tuple
+in ``Compiled._raw``, made a :class:`CompiledCall` when the calls are read.
+
 Any error here is counted on the recorder (``note_error``), never raised.
 """
 
