@@ -450,11 +450,7 @@ class Recorder:
             self.watch.follow(ev, op, src, out, grad_fn)
         except Exception as err:
             self.note_error(err)
-        events = self.events  # _append, inlined
-        if len(events) < self.max_events:
-            events.append(ev)
-        else:
-            self.dropped += 1
+        self._append(ev)
 
     def _record_api(
         self,
@@ -606,11 +602,7 @@ class Recorder:
             self.watch._event(ev, op, src, out, fs, fo)
         except Exception as err:
             self.note_error(err)
-        events = self.events  # _append, inlined
-        if len(events) < self.max_events:
-            events.append(ev)
-        else:
-            self.dropped += 1
+        self._append(ev)
 
     # -- aten-level events ------------------------------------------------------------------
     def implicit(

@@ -461,6 +461,14 @@ inline PyObject* call_through(PyObject* func, PyObject* args, PyObject* kwargs) 
   return PyObject_Call(func, args, kwargs);
 }
 
+// A global reference set from Python: `value`'s reference is taken (None stores null) and
+// the previous one released.
+void set_slot(PyObject*& slot, py::object& value) {
+  PyObject* old = slot;
+  slot = value.is_none() ? nullptr : value.release().ptr();
+  Py_XDECREF(old);
+}
+
 inline void swallow() {
   // An error in copytrace's own hook: counted, never raised into the program.
   g_errors.fetch_add(1, std::memory_order_relaxed);
@@ -529,7 +537,7 @@ PyObject* intern_name(const char* s) {
 struct FastNames {
   PyObject *group, *native_state, *events, *dropped, *step_index, *in_optimizer, *alias, *via,
       *graph, *bytes_allocated, *inplace_writes, *max_events, *overhead_ns, *kept, *limit,
-      *prune, *attached, *detach;
+      *prune, *detach;
   FastNames()
       : group(intern_name("group")), native_state(intern_name("_native_state")),
         events(intern_name("events")), dropped(intern_name("dropped")),
@@ -538,7 +546,7 @@ struct FastNames {
         bytes_allocated(intern_name("bytes_allocated")), inplace_writes(intern_name("inplace_writes")),
         max_events(intern_name("max_events")), overhead_ns(intern_name("overhead_ns")),
         kept(intern_name("kept")), limit(intern_name("_limit")), prune(intern_name("_prune")),
-        attached(intern_name("attached")), detach(intern_name("detach")) {}
+        detach(intern_name("detach")) {}
 };
 FastNames* g_fn = nullptr;
 
@@ -735,26 +743,16 @@ void set_fast_events(py::object rec, py::object copies, py::object tail, py::obj
   Py_CLEAR(g_fast_watch);
   if (!rec.is_none()) g_fast_watch = PyObject_GetAttrString(rec.ptr(), "watch");
   if (PyErr_Occurred()) PyErr_Clear();
-  auto swap = [](PyObject*& slot, py::object& value) {
-    PyObject* old = slot;
-    slot = value.is_none() ? nullptr : value.release().ptr();
-    Py_XDECREF(old);
-  };
-  swap(g_fast_rec, rec);
-  swap(g_fast_copies, copies);
-  swap(g_fast_tail, tail);
-  swap(g_fast_event_ops, ops);
+  set_slot(g_fast_rec, rec);
+  set_slot(g_fast_copies, copies);
+  set_slot(g_fast_tail, tail);
+  set_slot(g_fast_event_ops, ops);
 }
 
 void set_fast_api(py::object ops, py::object types, py::object after) {
-  auto swap = [](PyObject*& slot, py::object& value) {
-    PyObject* old = slot;
-    slot = value.is_none() ? nullptr : value.release().ptr();
-    Py_XDECREF(old);
-  };
-  swap(g_fast_ops, ops);
-  swap(g_fast_types, types);
-  swap(g_fast_after, after);
+  set_slot(g_fast_ops, ops);
+  set_slot(g_fast_types, types);
+  set_slot(g_fast_after, after);
 }
 bool in_quiet_code();
 
@@ -880,15 +878,10 @@ PyMethodDef g_tf_def = {"torch_function", reinterpret_cast<PyCFunction>(
                         METH_FASTCALL, "copytrace's __torch_function__ (see observer.cpp)"};
 
 void set_api_hooks(py::object table, py::object before, py::object after, py::object write_hook) {
-  auto swap = [](PyObject*& slot, py::object& value) {
-    PyObject* old = slot;
-    slot = value.is_none() ? nullptr : value.release().ptr();
-    Py_XDECREF(old);
-  };
-  swap(g_table, table);
-  swap(g_before, before);
-  swap(g_after, after);
-  swap(g_write_hook, write_hook);
+  set_slot(g_table, table);
+  set_slot(g_before, before);
+  set_slot(g_after, after);
+  set_slot(g_write_hook, write_hook);
 }
 
 
@@ -966,15 +959,10 @@ PyMethodDef g_warn_def = {"warn", reinterpret_cast<PyCFunction>(
                           "warnings.warn, counting stacklevel as untraced (copytrace)"};
 
 void set_copy_hooks(py::object fresh, py::object written, py::object hook, py::object getitem) {
-  auto swap = [](PyObject*& slot, py::object& value) {
-    PyObject* old = slot;
-    slot = value.is_none() ? nullptr : value.release().ptr();
-    Py_XDECREF(old);
-  };
-  swap(g_fresh, fresh);
-  swap(g_written, written);
-  swap(g_copy_hook, hook);
-  swap(g_getitem, getitem);
+  set_slot(g_fresh, fresh);
+  set_slot(g_written, written);
+  set_slot(g_copy_hook, hook);
+  set_slot(g_getitem, getitem);
 }
 
 
@@ -2390,17 +2378,12 @@ PyObject* cfs(PyObject*, PyObject* callback) {
 
 // cfs_install(orig, state, wrap) on the traced thread; cfs_install(None, None, None) clears.
 void cfs_install(py::object orig, py::object state, py::object wrap) {
-  auto swap = [](PyObject*& slot, py::object& value) {
-    PyObject* old = slot;
-    slot = value.is_none() ? nullptr : value.release().ptr();
-    Py_XDECREF(old);
-  };
   cfs_clear_last();
   Py_CLEAR(g_cfs_codes);
   tls_cfs_thread = !orig.is_none();
-  swap(g_cfs_orig, orig);
-  swap(g_cfs_state, state);
-  swap(g_cfs_wrap, wrap);
+  set_slot(g_cfs_orig, orig);
+  set_slot(g_cfs_state, state);
+  set_slot(g_cfs_wrap, wrap);
 }
 
 // cfs_begin(list) as a compiled call starts (the list collects its graphs' codes), None at its
@@ -2694,15 +2677,10 @@ PyMethodDef g_user_fn_def = {"_get_user_fn", &user_fn, METH_O,
 // user_fn_install(orig, partial, run) -> the instance method to set on BackwardCFunction;
 // user_fn_install(None, None, None) clears (torch's own must be put back first).
 py::object user_fn_install(py::object orig, py::object partial, py::object run) {
-  auto swap = [](PyObject*& slot, py::object& value) {
-    PyObject* old = slot;
-    slot = value.is_none() ? nullptr : value.release().ptr();
-    Py_XDECREF(old);
-  };
   const bool on = !orig.is_none();
-  swap(g_uf_orig, orig);
-  swap(g_uf_partial, partial);
-  swap(g_uf_run, run);
+  set_slot(g_uf_orig, orig);
+  set_slot(g_uf_partial, partial);
+  set_slot(g_uf_run, run);
   if (!on) return py::none();
   PyObject* fn = PyCFunction_NewEx(&g_user_fn_def, nullptr, nullptr);
   if (fn == nullptr) throw py::error_already_set();
@@ -2730,19 +2708,14 @@ bool cc_install(py::object state, py::object rec, py::object raw, py::object cod
   }
   const bool was_open = g_cc_open;
   if (state.is_none()) g_cc_open = false;
-  auto swap = [](PyObject*& slot, py::object& value) {
-    PyObject* old = slot;
-    slot = value.is_none() ? nullptr : value.release().ptr();
-    Py_XDECREF(old);
-  };
-  swap(g_cc.state, state);
-  swap(g_cc.rec, rec);
-  swap(g_cc.raw, raw);
-  swap(g_cc.code_graphs, code_graphs);
-  swap(g_cc.graph_runs, graph_runs);
-  swap(g_cc.sources, sources);
-  swap(g_cc.graphs, graphs);
-  swap(g_cc.nothing, nothing);
+  set_slot(g_cc.state, state);
+  set_slot(g_cc.rec, rec);
+  set_slot(g_cc.raw, raw);
+  set_slot(g_cc.code_graphs, code_graphs);
+  set_slot(g_cc.graph_runs, graph_runs);
+  set_slot(g_cc.sources, sources);
+  set_slot(g_cc.graphs, graphs);
+  set_slot(g_cc.nothing, nothing);
   return was_open;
 }
 
