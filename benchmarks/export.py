@@ -37,7 +37,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from copytrace.tracer._events import CopyEvent
+from copytrace.schema import CopyEvent
 from copytrace.tracer._otel import (
     Chunk,
     ExportPipeline,

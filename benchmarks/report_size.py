@@ -105,7 +105,7 @@ def generate_trace(path: Path, n_events: int, seed: int = 0, pid: int = 4242) ->
 
     from opentelemetry.sdk.resources import Resource
 
-    from copytrace.tracer._events import CopyEvent
+    from copytrace.schema import CopyEvent
     from copytrace.tracer._otel import (
         Chunk,
         ExportPipeline,

@@ -421,8 +421,8 @@ def write_trace(
 
 def _to_sidecar(writer: Any, line: str, json_bytes: int) -> None:
     """Hand the spans of one flushed ``line`` to the sidecar writer, as the file sink does."""
+    from copytrace.schema import META_SPANS
     from copytrace.tracefile import _sidecar, decode_value
-    from copytrace.tracefile.schema import META_SPANS
 
     for rs in json.loads(line)["resourceSpans"]:
         for ss in rs["scopeSpans"]:

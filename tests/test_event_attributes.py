@@ -8,8 +8,8 @@ import torch
 import torch.nn as nn
 
 import copytrace
-from copytrace.tracefile import schema
-from copytrace.tracer._events import CopyEvent
+from copytrace import schema
+from copytrace.schema import CopyEvent
 from copytrace.tracer._otel import event_attributes
 
 _KEEP = object()

@@ -2,7 +2,7 @@
 
 ``.copytrace-cache/<trace file>.events/`` beside the trace file holds Parquet parts
 ``part-000000.parquet``, ``part-000001.parquet``...
-with exactly the columns of the event table (:data:`copytrace.tracefile.schema.TABLE_COLUMNS`),
+with exactly the columns of the event table (:data:`copytrace.schema.TABLE_COLUMNS`),
 the same rows in the same order as the spans of the OTLP/JSON file. The file sink hands each
 flush's spans to :class:`SidecarWriter`, which builds Arrow columns from the records of the
 whole flush (never per event) and writes a part once :data:`PART_ROWS` rows are buffered, and
@@ -31,7 +31,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from copytrace.tracefile.schema import (
+from copytrace.schema import (
     ATTRIBUTE_OF,
     CACHE_DIR,
     PREFIX,

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from copytrace.tracefile.schema import ATTRIBUTE_OF, FIELD_DEFAULTS, PREFIX
+from copytrace.schema import ATTRIBUTE_OF, FIELD_DEFAULTS, PREFIX
 
 __all__ = ["Event", "Run", "Step", "TraceData"]
 

@@ -1,7 +1,7 @@
 """Cold path: recorded events become OpenTelemetry spans, off the hot path.
 
 The span model and the attributes are documented in ``docs/trace-format.md``. The torch
-modes only append :class:`~copytrace.tracer._events.CopyEvent` records. At step boundaries
+modes only append :class:`~copytrace.schema.CopyEvent` records. At step boundaries
 (every ``flush_events`` records or ``flush_seconds``) and when tracing stops, the session
 hands the buffered records to an :class:`ExportPipeline`, whose worker thread turns them into
 spans for each *sink*:
@@ -49,8 +49,8 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
-from copytrace.tracefile import schema as _schema
-from copytrace.tracer._events import CopyEvent
+from copytrace import schema as _schema
+from copytrace.schema import CopyEvent
 
 __all__ = [
     "Chunk",
@@ -1373,7 +1373,7 @@ def export_events(
 
 
 def _version() -> str:
-    from copytrace import __version__
+    from copytrace._version import __version__
 
     return __version__
 

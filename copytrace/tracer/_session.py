@@ -17,8 +17,8 @@ import torch.optim.optimizer as _optim
 
 from copytrace import _env
 from copytrace._errors import CopytraceError
+from copytrace.schema import CopyEvent
 from copytrace.tracer import _compiled, _native, _observer, _recorder
-from copytrace.tracer._events import CopyEvent
 from copytrace.tracer._otel import (
     Chunk,
     ExportPipeline,
@@ -866,7 +866,7 @@ class Trace:
         return path
 
     def _run_attributes(self) -> dict[str, Any]:
-        from copytrace import __version__
+        from copytrace._version import __version__
 
         stats = self.stats
         observer = (self._delegate or self)._observer_path or "python"
