@@ -36,6 +36,7 @@ __all__ = [
     "PHASES",
     "PREFIX",
     "SCALAR_FIELDS",
+    "SCOPE_NAME",
     "SIDECAR_KEY_BYTES",
     "SIDECAR_KEY_RESOURCES",
     "SIDECAR_KEY_TAIL",
@@ -64,6 +65,8 @@ __all__ = [
 TRACE_GLOBS = ("*.otlp.jsonl", "*.otlp.jsonl.gz")
 #: Span and attribute name prefix.
 PREFIX = "copytrace."
+#: The instrumentation scope (name) of every span copytrace writes.
+SCOPE_NAME = "copytrace"
 #: The root span of one traced process run.
 SPAN_RUN = "copytrace.run"
 #: One training step.

@@ -9,8 +9,8 @@ import torch.nn as nn
 
 import copytrace
 from copytrace import schema
+from copytrace.export.otlp_json import event_attributes
 from copytrace.schema import CopyEvent
-from copytrace.tracer._otel import event_attributes
 
 _KEEP = object()
 
