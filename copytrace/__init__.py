@@ -18,8 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from copytrace._errors import CopytraceError, SettingError, TraceFileError
-
-__version__ = "0.1.0"
+from copytrace._version import __version__
 
 __all__ = [
     "CopyEvent",
@@ -44,7 +43,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "trace": "copytrace.tracer",
     "Trace": "copytrace.tracer",
-    "CopyEvent": "copytrace.tracer",
+    "CopyEvent": "copytrace.schema",
     "Schedule": "copytrace.tracer._session",
     "analyze": "copytrace.analysis",
     "Finding": "copytrace.analysis",

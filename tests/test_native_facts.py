@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
+from copytrace.schema import CopyEvent
 from copytrace.tracer import _callsite, _native
 from copytrace.tracer import _facts as F
-from copytrace.tracer._events import CopyEvent
 
 NATIVE = _native.load()
 pytestmark = pytest.mark.skipif(

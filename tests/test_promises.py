@@ -246,10 +246,10 @@ def test_hazards_span_names_at_most_the_span_id_cap(
 ) -> None:
     """A finding names at most ``MAX_HAZARD_SPAN_IDS`` (10,000) event spans, and counts them
     all; the run's size does not matter (no cap on the analysis)."""
-    from copytrace.tracer import _otel
+    from copytrace.export import hazard_span
 
-    assert _otel.MAX_HAZARD_SPAN_IDS == 10_000  # as docs/trace-format.md says
-    monkeypatch.setattr(_otel, "MAX_HAZARD_SPAN_IDS", 1)
+    assert hazard_span.MAX_HAZARD_SPAN_IDS == 10_000  # as docs/trace-format.md says
+    monkeypatch.setattr(hazard_span, "MAX_HAZARD_SPAN_IDS", 1)
     with copytrace.trace(tmp_path) as t:
         _ctor_twice(t)
     spans = _raw_spans(t.trace_path)

@@ -285,7 +285,7 @@ def render_page(
         plus the data: a few hundred bytes per call site and about 30 bytes per timeline event).
     """
     try:
-        from copytrace import __version__ as version
+        from copytrace._version import __version__ as version
     except ImportError:  # pragma: no cover - the package always defines it
         version = ""
     if title is None:

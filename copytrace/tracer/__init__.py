@@ -3,7 +3,7 @@
 Public names are re-exported from :mod:`copytrace`.
 """
 
-from copytrace.tracer._events import CopyEvent
+from copytrace.schema import CopyEvent
 from copytrace.tracer._session import Trace, trace
 
 __all__ = ["CopyEvent", "Trace", "trace"]

@@ -31,10 +31,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from copytrace.schema import CopyEvent
 from copytrace.tracer import _callsite, _handover, _modules, _watch
 from copytrace.tracer import _facts as _F
 from copytrace.tracer._callsite import user_frame
-from copytrace.tracer._events import CopyEvent
 from copytrace.tracer._fresh import INDEX_OPS
 
 __all__ = ["Recorder", "active_recorder"]

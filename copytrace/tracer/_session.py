@@ -17,21 +17,11 @@ import torch.optim.optimizer as _optim
 
 from copytrace import _env
 from copytrace._errors import CopytraceError
+from copytrace.export.file_sink import FileSink, trace_file_name
+from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds, epoch_offset
+from copytrace.export.sdk_sink import SdkSink, env_sampler_keeps, exporters_from_env, make_resource
+from copytrace.schema import CopyEvent
 from copytrace.tracer import _compiled, _native, _observer, _recorder
-from copytrace.tracer._events import CopyEvent
-from copytrace.tracer._otel import (
-    Chunk,
-    ExportPipeline,
-    FileSink,
-    RunEnd,
-    RunIds,
-    SdkSink,
-    env_sampler_keeps,
-    epoch_offset,
-    exporters_from_env,
-    make_resource,
-    trace_file_name,
-)
 
 __all__ = ["Schedule", "Trace", "trace"]
 
@@ -866,7 +856,7 @@ class Trace:
         return path
 
     def _run_attributes(self) -> dict[str, Any]:
-        from copytrace import __version__
+        from copytrace._version import __version__
 
         stats = self.stats
         observer = (self._delegate or self)._observer_path or "python"

@@ -40,7 +40,7 @@ from copytrace.tracer._fresh import Fresh
 from copytrace.tracer._handover import Handovers
 
 if TYPE_CHECKING:
-    from copytrace.tracer._events import CopyEvent
+    from copytrace.schema import CopyEvent
     from copytrace.tracer._recorder import Recorder
 
 __all__ = ["Watch", "BACKWARD_FUNCTIONS", "StorageIds"]
