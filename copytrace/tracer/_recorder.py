@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from copytrace.tracer import _callsite, _modules, _watch
+from copytrace.tracer import _callsite, _modules
 from copytrace.tracer import _facts as _F
 from copytrace.tracer._api_events import (  # noqa: F401
     _PROTOTYPE,
@@ -46,6 +46,7 @@ from copytrace.tracer._api_events import (  # noqa: F401
 )
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._events import CopyEvent
+from copytrace.tracer._handover import Handovers
 from copytrace.tracer._implicit import ImplicitEvents
 
 # Names other modules and tests read from here (their homes are the modules named above).
@@ -74,6 +75,7 @@ from copytrace.tracer._rules import (  # noqa: F401
     _storage_nbytes,
     _transfer,
 )
+from copytrace.tracer.watch import BACKWARD_FUNCTIONS, Watch
 
 __all__ = ["Recorder", "active_recorder"]
 
@@ -141,13 +143,13 @@ class Recorder(ApiEvents, ImplicitEvents):
         self.api_table = _api_table()
         self.aten_table = _aten_table()
         # Runtime facts for copytrace.analysis (copytrace/tracer/_watch.py).
-        self.watch = _watch.Watch(self)
+        self.watch = Watch(self, Handovers(self))
         #: the C++ observer module while it is engaged (copytrace/tracer/_native), else None
         self.native: Any = None
         #: level lean: the mode pushed while ``.data`` writes are watched (_observer.LeanWatch)
         self.lean_watch: Any = None
         self._native_state: tuple | None = None  # observer.cpp record's first argument
-        for fn in _watch.BACKWARD_FUNCTIONS:
+        for fn in BACKWARD_FUNCTIONS:
             self.api_table[fn] = "backward"
 
     # -- counters and attribution ---------------------------------------------------------
@@ -160,6 +162,20 @@ class Recorder(ApiEvents, ImplicitEvents):
         self.step_index += 1
         self.step_starts.append(_perf_ns() if now_ns is None else now_ns)
         return self.step_index
+
+    def watch_writes(self, on: bool) -> None:
+        """:class:`~copytrace.tracer.watch.WatchHost`: have every torch call checked for an
+        in-place write into a ``.data`` alias (``on``), or stop."""
+        native = self.native
+        if native is not None:
+            native.set_watch_writes(on)
+            lean = self.lean_watch
+            if lean is not None:  # level lean: a mode only while writes are watched
+                lean.watch(on)
+
+    def owner_name(self, t: torch.Tensor) -> str | None:
+        """:class:`~copytrace.tracer.watch.WatchHost`: ``Module.path.param`` of ``t``."""
+        return self.modules.owner_name(t)
 
     def module_name(self, module: torch.nn.Module) -> str:
         """Path of ``module``: ``Root.child.grandchild``, the root named by its class."""
