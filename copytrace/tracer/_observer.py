@@ -32,7 +32,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from copytrace.tracer import _patches, _recorder, _rules, _warnshim
-from copytrace.tracer._stepaside import FUNCTION_STACK, lift
+from copytrace.tracer.compiled.stepaside import FUNCTION_STACK, lift
 
 __all__ = ["NativeFunctionMode", "engage", "disengage", "aten_ops", "install_wrappers"]
 

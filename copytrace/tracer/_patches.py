@@ -57,7 +57,7 @@ def _here() -> Recorder | None:
     The patches below are process-wide, but torch's modes are thread-local: a deepcopy on
     another thread (an exporter's worker, a data loader thread) must not be recorded. Inside
     a compiled region (``compiled_depth``) they stay in place and call the original straight
-    through (dynamo skips their own frames, see ``_compiled._skip_patch_codes``).
+    through (dynamo skips their own frames, see ``compiled._aside._skip_patch_codes``).
     """
     rec = _ACTIVE
     if rec is not None and threading.get_ident() == _THREAD and not rec.compiled_depth:
