@@ -12,6 +12,7 @@ common case (``fast_event`` in ``observer.cpp``) calls nothing here.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -19,9 +20,10 @@ import torch
 
 from copytrace.tracer import _callsite, _modules
 from copytrace.tracer import _facts as _F
+from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._events import CopyEvent
 from copytrace.tracer._fresh import INDEX_OPS
-from copytrace.tracer._rules import RULES, _basic_index, _storage_nbytes, _transfer
+from copytrace.tracer._rules import IN_PYTHON, RULES, _basic_index, _storage_nbytes, _transfer
 
 if TYPE_CHECKING:
     from copytrace.tracer._recorder import Recorder
@@ -44,7 +46,7 @@ _NO_TENSOR_RESULT = ("numpy", "copy_", "data_set")  # ops whose result may be no
 _WRITES_INTO = RULES.writes_into
 _ALWAYS_ALIAS = RULES.always_alias
 _VIEW_NO_EVENT = RULES.view_is_no_event
-_IN_PYTHON = frozenset(("numpy", "deepcopy"))  # (= _rules.IN_PYTHON) not in observer.cpp's record
+_IN_PYTHON = IN_PYTHON  # ops observer.cpp's record leaves to the Python readers
 
 
 class _Pending:
@@ -247,7 +249,14 @@ class ApiEvents:
             transfer = ev.transfer = _transfer(src_device, dst_device)
             if transfer == "h2d":
                 ev.pinned = src.is_pinned()
-        self._context(ev)
+        if native is not None:  # Recorder._context, inlined: the same walk in C
+            site = native.call_site(_callsite._code_kind)
+        else:
+            site = user_frame(sys._getframe(2))
+        if site is not None:
+            ev.file, ev.line, ev.function, ev.via = site
+        ev.step = self.step_index
+        self._place(ev, sys._getframe(1))
         if grad_fn is not None and ev.phase != "backward":
             _tag_grad_fn(grad_fn, ev)
         group = self.group
