@@ -11,8 +11,9 @@ It then prints, per target, how many mutants the tests killed, and the survivors
 
 Targets:
 
-- ``recorder``: the byte, alias and graph facts of an API copy (``Recorder._record_api`` and
-  the helpers it computes them with) in ``copytrace/tracer/_recorder.py``;
+- ``recorder``: the byte, alias and graph facts of an API copy (``ApiEvents._record_api``,
+  ``_record_py``, ``_classify``) in ``copytrace/tracer/_api_events.py``;
+- ``record_rules``: the rule tables' helpers (``_transfer``...) in ``copytrace/tracer/_rules.py``;
 - ``rules``: the hazard rules that group events, ``copytrace/analysis/_rules.py``, except
   ``pageable_transfer``, whose tests need a CUDA device;
 - ``pairs``: the hazard rules that pair events and their candidate selection,
@@ -65,19 +66,14 @@ class Target:
 
 TARGETS = {
     "recorder": Target(
-        ("copytrace/tracer/_recorder.py",),
-        (
-            "Recorder._record_api",
-            "_nbytes",
-            "_storage_ptr",
-            "_storage_nbytes",
-            "_is_fake",
-            "_transfer",
-            "_device_str",
-            "_shape",
-            "_tag_grad_fn",
-        ),
+        ("copytrace/tracer/_api_events.py",)
+        ("ApiEvents._record_api", "ApiEvents._record_py", "ApiEvents._classify", "_tag_grad_fn"),
         ("tests/test_tracer_ops.py", "tests/test_cases.py", "tests/test_recorder_facts.py"),
+    ),
+    "record_rules": Target(
+        "copytrace/tracer/_rules.py",
+        ("_transfer", "_storage_nbytes", "_is_copy_op", "_basic_index"),
+        ("tests/test_rules.py", "tests/test_recorder_facts.py", "tests/test_tracer_ops.py"),
     ),
     "rules": Target(
         ("copytrace/analysis/_rules.py",),

@@ -22,6 +22,7 @@ from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds, epo
 from copytrace.export.sdk_sink import SdkSink, env_sampler_keeps, exporters_from_env, make_resource
 from copytrace.schema import CopyEvent
 from copytrace.tracer import _compiled, _native, _observer, _recorder
+from copytrace.tracer.watch import HeldEvents
 
 __all__ = ["Schedule", "Trace", "trace"]
 
@@ -111,22 +112,13 @@ def _action_name(action: Any) -> str:
     return name if name in (_NONE, _WARMUP, _RECORD, _SAVE) else _RECORD
 
 
-def _watched_event_ids(watch: Any) -> set[int]:
-    """``id()`` of the events whose facts the analysis watch may still change."""
-    if watch is None:
-        return set()
+def _watched_event_ids(watch: HeldEvents, rec: Any) -> set[int]:
+    """``id()`` of the events whose late facts the watch may still change (its contract:
+    :class:`copytrace.tracer.watch.HeldEvents`); an error is counted and holds nothing back."""
     try:
-        live = getattr(watch, "live_events", None)
-        if live is not None:
-            return {id(ev) for ev in live()}
-        ids = {id(entry[2]) for entry in getattr(watch, "snapshots", ())}
-        for alias in getattr(watch, "aliases", {}).values():
-            ids.add(id(alias.ev))
-        for table in (getattr(watch, "writes", {}), getattr(watch, "rebinds", {})):
-            for pending in table.values():
-                ids.add(id(pending.alias.ev))
-        return ids
-    except Exception:  # the watch's internals changed: export now, without its late facts
+        return {id(ev) for ev in watch.live_events()}
+    except Exception as err:
+        rec.note_error(err)
         return set()
 
 
@@ -565,8 +557,8 @@ class Trace:
                 ev.seq += base
                 if ev.parent is not None and ev.parent >= 0:
                     ev.parent += base
-        if getattr(rec, "watch", None) is not None and (events or self._held):
-            watched = _watched_event_ids(rec.watch)
+        if events or self._held:
+            watched = _watched_event_ids(rec.watch, rec)
             chunk.late = [ev for ev in self._held if id(ev) not in watched]
             self._held = [ev for ev in self._held if id(ev) in watched]
             if watched:
