@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from copytrace.schema import CopyEvent
 from copytrace.tracer import _callsite, _modules
 from copytrace.tracer import _facts as _F
 from copytrace.tracer._callsite import user_frame
-from copytrace.tracer._events import CopyEvent
 from copytrace.tracer._fresh import INDEX_OPS
 from copytrace.tracer._rules import IN_PYTHON, RULES, _basic_index, _storage_nbytes, _transfer
 
