@@ -295,7 +295,7 @@ def start_session(*, force: bool = False) -> Any:
         return None
     try:
         from copytrace import _env
-        from copytrace.tracer import Trace
+        from copytrace._trace import Trace
 
         options = _env.trace_options()
         _S.session = Trace(_S.out, **options).start()
@@ -449,7 +449,7 @@ _REPORT_PER_EVENT_S = 0.0007
 
 
 def _register_signal_hook() -> None:
-    from copytrace.tracer import _session
+    from copytrace.tracer import _process as _session
 
     if _on_signal not in _session.SIGNAL_HOOKS:
         _session.SIGNAL_HOOKS.append(_on_signal)
