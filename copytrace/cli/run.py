@@ -116,7 +116,7 @@ def _is_launcher(target: str, is_module: bool) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from copytrace import _bootstrap
+    from copytrace import launch
 
     INTERRUPTED[0] = False
     target, is_module, prog_args = _split_command(args)
@@ -140,14 +140,14 @@ def run(args: argparse.Namespace) -> int:
     _check_writable(out_dir)
     launcher = _is_launcher(target, is_module)
 
-    _bootstrap.activate(
+    launch.activate(
         output=out_dir, report=not args.no_report, root=True, quiet=True, reconfigure=True
     )
     try:
         return _run_traced(args, target, is_module, prog_args, out_dir, launcher)
     finally:
-        _bootstrap.finish()  # no-op when already finished; never raises
-        _bootstrap.reset()
+        launch.finish()  # no-op when already finished; never raises
+        launch.reset()
 
 
 def _check_writable(out_dir: Path) -> None:
@@ -180,7 +180,7 @@ def _run_traced(
     out_dir: Path,
     launcher: bool,
 ) -> int:
-    from copytrace import _bootstrap, _pyspy
+    from copytrace import _pyspy, launch
 
     spy = None
     if args.py_spy:
@@ -191,7 +191,7 @@ def _run_traced(
 
             _recorder.warm_up()
         spy = _pyspy.start(out_dir, fmt=args.py_spy_format, rate=args.py_spy_rate)
-    session = None if launcher else _bootstrap.start_session(force=True)
+    session = None if launcher else launch.start_session(force=True)
     saved_argv = sys.argv[:]
     # The program's argv stays until its trace is written: the run span records it as the
     # command (``train.py --epochs 1``, as under plain python), not copytrace's own.
@@ -200,13 +200,13 @@ def _run_traced(
         status, kept, error = _run_program(target, is_module, prog_args)
         # Stop tracing while the program's globals are alive, as COPYTRACE=1 does at exit:
         # the last step's checks (graphs kept alive, stale snapshots) must see them.
-        _bootstrap.stop_session(error)
+        launch.stop_session(error)
         del kept, error
         gc.collect()  # the program's leftovers (a DataLoader iterator...) let their workers go
         profile = spy.stop() if spy is not None else None
         if spy is not None and profile is None:
             print("copytrace: py-spy wrote no profile", file=sys.stderr)
-        result = _bootstrap.finish()
+        result = launch.finish()
     finally:
         sys.argv = saved_argv
     trace_path, stats = result["trace"], result["stats"]
