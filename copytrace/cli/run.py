@@ -180,7 +180,7 @@ def _run_traced(
     out_dir: Path,
     launcher: bool,
 ) -> int:
-    from copytrace import _pyspy, launch
+    from copytrace import launch, pyspy
 
     spy = None
     if args.py_spy:
@@ -190,7 +190,7 @@ def _run_traced(
             from copytrace.tracer import _recorder
 
             _recorder.warm_up()
-        spy = _pyspy.start(out_dir, fmt=args.py_spy_format, rate=args.py_spy_rate)
+        spy = pyspy.start(out_dir, fmt=args.py_spy_format, rate=args.py_spy_rate)
     session = None if launcher else launch.start_session(force=True)
     saved_argv = sys.argv[:]
     # The program's argv stays until its trace is written: the run span records it as the
@@ -231,7 +231,7 @@ def _run_traced(
 
 def _print_pyspy_summary(profile: Path, trace_path: Path | None, out_dir: Path) -> None:
     """One line comparing py-spy's sampled shares with the traced ones."""
-    from copytrace import _pyspy
+    from copytrace import pyspy
 
     try:
         scope: Any = os.getpid()
@@ -245,11 +245,11 @@ def _print_pyspy_summary(profile: Path, trace_path: Path | None, out_dir: Path) 
             model = build_model(event_table(where), timeline=False, hazard_events=False)
             if trace_path is None:
                 scope = [r.pid for r in model.runs if r.pid is not None] or None
-            traced = _pyspy.traced_numbers(model, scope)
+            traced = pyspy.traced_numbers(model, scope)
         except Exception:  # no trace to compare with: the sampled shares alone
             pass
-        stats = _pyspy.analyze(_pyspy.load_profile(profile), main_pid=scope)
-        print(f"copytrace: {_pyspy.summary_line(stats, traced)}", file=sys.stderr)
+        stats = pyspy.analyze(pyspy.load_profile(profile), main_pid=scope)
+        print(f"copytrace: {pyspy.summary_line(stats, traced)}", file=sys.stderr)
         print(f"copytrace: py-spy profile {profile}", file=sys.stderr)
     except Exception as err:  # the profile is still there for other tools
         print(f"copytrace: py-spy profile {profile} (not analysed: {err})", file=sys.stderr)
