@@ -6,7 +6,7 @@ seen; at ``full`` and ``api`` the observer's function mode on torch's stack. On 
 path: :class:`~copytrace.tracer._recorder.FunctionMode` and, unless ``api``,
 :class:`~copytrace.tracer._recorder.DispatchMode`. Both paths patch ``copy.deepcopy`` and
 friends (``_recorder.install_patches``) and let ``torch.compile``'d code run compiled,
-stepping aside at each compiled call (:mod:`copytrace.tracer._compiled`); where this torch
+stepping aside at each compiled call (:mod:`copytrace.tracer.compiled`); where this torch
 offers no hook for that and a Python dispatch mode is on, torch.compile is put in its
 ``force_eager`` stance instead.
 """
@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from copytrace.tracer import _compiled, _observer, _recorder
+from copytrace.tracer import _observer, _recorder
+from copytrace.tracer import compiled as _compiled
 
 __all__ = ["Engagement"]
 
