@@ -37,14 +37,17 @@ __all__ = ["load", "status", "cache_dir", "OBSERVER_CHOICES"]
 
 OBSERVER_CHOICES = _env.OBSERVERS
 _HERE = Path(__file__).parent
-#: The units, in build order; module.cpp (the entry points) last.
+#: The translation units, module.cpp (the entry points) last. torch_units.cpp includes the
+#: units that read torch's C++ types (kernels, versions, facts, record): one parse of torch's
+#: Tensor headers for the four.
 _UNITS = (
-    "kernels.cpp", "ivalue.cpp", "api_mode.cpp", "warn_shim.cpp", "versions.cpp", "lean.cpp",
-    "hotpatch.cpp", "facts.cpp", "frames.cpp", "record.cpp", "compiled.cpp", "module.cpp",
+    "torch_units.cpp", "api_mode.cpp", "warn_shim.cpp", "lean.cpp", "hotpatch.cpp",
+    "frames.cpp", "compiled.cpp", "module.cpp",
 )  # fmt: skip
 _SOURCES = tuple(_HERE / unit for unit in _UNITS)
-#: Everything the build reads: a change to any of it is a new cache key.
-_INPUTS = (_HERE / "observer.h", *_SOURCES)
+#: Everything the build reads (every unit, included or not, and the header): a change to any of
+#: it is a new cache key.
+_INPUTS = tuple(sorted((*_HERE.glob("*.cpp"), *_HERE.glob("*.h"))))
 #: CopyEvent fields the schema keeps outside its attribute table: the span's identity and times.
 _SPAN_FIELDS = ("seq", "start_ns", "end_ns", "parent")
 _lock = threading.Lock()

@@ -8,9 +8,8 @@
 // function handling disabled, so no other mode or subclass sees copytrace's bookkeeping.
 // Level lean's wrappers and hot-patched pointers (lean.cpp, hotpatch.cpp) record through the
 // same call_through_recorded.
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/python_variable.h>
-
+// Python only but for ATen's torch-function TLS header (NoTorchFunction, observer.h): a tensor's
+// autograd node is read in facts.cpp (grad_fn_sequence_nr).
 #define COPYTRACE_TORCH_TLS
 #include "observer.h"
 
@@ -73,17 +72,23 @@ inline bool copy_hook_wanted(PyObject* args) {
   return found == 1;
 }
 
+// Whether obj's type is exactly one of g_fast_types (torch.Tensor, nn.Parameter: a plain
+// tensor, as THPVariable_CheckExact reads it).
+inline bool fast_type(PyObject* obj) {
+  if (g_fast_types == nullptr) return false;
+  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(obj));
+  bool exact = false;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(g_fast_types); ++i)
+    exact = exact || PyTuple_GET_ITEM(g_fast_types, i) == type;
+  return exact;
+}
+
 inline bool fast_call(PyObject* op, PyObject* args, PyObject* kwargs) {
   if (kwargs != nullptr && kwargs != Py_None &&
       (!PyDict_Check(kwargs) || PyDict_GET_SIZE(kwargs) != 0))
     return false;
-  if (PyTuple_GET_SIZE(args) == 0 || g_fast_ops == nullptr || g_fast_types == nullptr)
-    return false;
-  PyObject* type = reinterpret_cast<PyObject*>(Py_TYPE(PyTuple_GET_ITEM(args, 0)));
-  bool exact = false;
-  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(g_fast_types); ++i)
-    exact = exact || PyTuple_GET_ITEM(g_fast_types, i) == type;
-  if (!exact) return false;
+  if (PyTuple_GET_SIZE(args) == 0 || g_fast_ops == nullptr) return false;
+  if (!fast_type(PyTuple_GET_ITEM(args, 0))) return false;
   int found = PySet_Contains(g_fast_ops, op);
   if (found < 0) PyErr_Clear();
   return found == 1;
@@ -215,7 +220,7 @@ bool fast_finish(PyObject* op, PyObject* src, PyObject* out, PyObject* ev) {
 // Record a fast call's event (result `out`, no error); false: g_fast_after must record it.
 bool fast_event(PyObject* op, PyObject* args, PyObject* out, int64_t t0, int64_t t1,
                 PyObject* names) {
-  if (g_fast_rec == nullptr || g_fast_event_ops == nullptr || !THPVariable_Check(out) ||
+  if (g_fast_rec == nullptr || g_fast_event_ops == nullptr || !fast_type(out) ||
       PySet_Contains(g_fast_event_ops, op) != 1)
     return false;
   PyObject* group = PyObject_GetAttr(g_fast_rec, g_fn->group);
@@ -284,8 +289,7 @@ PyObject* g_writes = nullptr;
 PyObject* g_rebinds = nullptr;
 
 bool fast_backward(PyObject* op, PyObject* args) {
-  if (g_fast_watch == nullptr || op != g_backward_op || PyTuple_GET_SIZE(args) == 0 ||
-      !THPVariable_Check(PyTuple_GET_ITEM(args, 0)))
+  if (g_fast_watch == nullptr || op != g_backward_op || PyTuple_GET_SIZE(args) == 0)
     return false;
   for (PyObject* name : {g_writes, g_rebinds}) {
     PyObject* pending = PyObject_GetAttr(g_fast_watch, name);
@@ -296,9 +300,10 @@ bool fast_backward(PyObject* op, PyObject* args) {
       return false;
     }
   }
-  const auto& node = THPVariable_Unpack(PyTuple_GET_ITEM(args, 0)).grad_fn();
-  if (!node) return true;
-  const long long seq = static_cast<long long>(node->sequence_nr());
+  // read only now: grad_fn() may regenerate a view's node
+  long long seq = -2;  // stays -2 for what is not a tensor
+  if (!grad_fn_sequence_nr(PyTuple_GET_ITEM(args, 0), &seq) || seq == -2) return false;
+  if (seq == -1) return true;  // no grad_fn
   const long long seen = attr_ll(g_fast_watch, g_backward_seq);
   if (seen == -1 && PyErr_Occurred()) {
     PyErr_Clear();

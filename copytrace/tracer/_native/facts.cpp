@@ -185,6 +185,17 @@ PyObject* copy_slots(PyObject*, PyObject* proto) {
   return out;
 }
 
+bool grad_fn_sequence_nr(PyObject* t, long long* seq) {
+  if (!THPVariable_Check(t)) return true;
+  try {
+    const auto& node = THPVariable_Unpack(t).grad_fn();
+    *seq = node ? static_cast<long long>(node->sequence_nr()) : -1;
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 bool facts_init(PyObject* module) {
   if (g_facts_type == nullptr) {
     g_facts_type = PyStructSequence_NewType(&g_facts_desc);

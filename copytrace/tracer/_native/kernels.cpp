@@ -21,10 +21,13 @@
 // Only _to_copy already has a BackendSelect kernel (generated; it picks the backend from the
 // dtype/layout/device arguments): ours repeats that computation (RegisterBackendSelect.cpp).
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
 #include <ATen/ops/copy_ops.h>
 #include <ATen/ops/detach_ops.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/Export.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/library.h>
 
@@ -34,13 +37,18 @@
 #include <unordered_map>
 #include <unordered_set>
 
+// An aten argument (IValue) as the Python object torch makes of it: torch::jit::toPyObject,
+// declared here rather than through torch/csrc/jit/python/pybind_utils.h, whose include tree
+// (the whole TorchScript IR) cost most of the observer's build time. The function itself is
+// libtorch_python's, so the objects are exactly torch's.
+namespace torch::jit {
+TORCH_PYTHON_API pybind11::object toPyObject(c10::IValue ivalue);
+}  // namespace torch::jit
+
 #define COPYTRACE_TORCH_TLS
 #include "observer.h"
 
 namespace copytrace {
-
-// ivalue.cpp: an aten argument as the Python object torch::jit::toPyObject makes of it
-PyObject* ivalue_to_py(const c10::IValue& value);
 
 std::atomic<bool> g_on{false};
 std::atomic<int64_t> g_internal{0};
@@ -53,6 +61,18 @@ __thread bool tls_folding = false;
 __thread TlsStack<int16_t> tls_fold = {nullptr, 0, 0};
 
 namespace {
+
+// A new reference, or null with a Python error set.
+PyObject* ivalue_to_py(const c10::IValue& value) {
+  try {
+    return torch::jit::toPyObject(value).release().ptr();
+  } catch (pybind11::error_already_set& err) {
+    err.restore();
+  } catch (const std::exception& err) {
+    PyErr_SetString(PyExc_RuntimeError, err.what());
+  }
+  return nullptr;
+}
 
 constexpr int kAlias = 1;  // detach, alias: autograd bookkeeping unless folded into an API call
 

@@ -3,18 +3,19 @@
 //
 // The units, by responsibility (module.cpp holds the one list of entry points):
 //   kernels.cpp    BackendSelect kernels of aten's copy/alias ops, op depth, folding
-//   ivalue.cpp     an aten argument (IValue) as the Python object torch would make of it
-//   api_mode.cpp   the C __torch_function__, the recorded call and its one-call fast path
+//   api_mode.cpp   the C __torch_function__, the recorded call and its one-call fast path (*)
 //   warn_shim.cpp  warnings.warn counting stacklevel as untraced            (Python only)
 //   versions.cpp   version counters of fresh copies
-//   lean.cpp       level lean's C wrappers and descriptors
-//   hotpatch.cpp   level lean's hot-patched method tables                   (Python only*)
+//   lean.cpp       level lean's C wrappers and descriptors                  (*)
+//   hotpatch.cpp   level lean's hot-patched method tables                   (*)
 //   facts.cpp      a tensor's facts in one call; copy_slots
 //   frames.cpp     call sites, frame variables                              (Python only)
 //   record.cpp     an API call's whole event in one call
-//   compiled.cpp   the compiled-call hooks
+//   compiled.cpp   the compiled-call hooks                                  (*)
 //   module.cpp     the method table and the module's init                   (Python only)
-// (*) with ATen's torch-function TLS header only, for wrappers_record.
+// (*) Python and ATen's/c10's mode TLS headers only (no Tensor type). The units that include
+//     Tensor's headers (kernels, versions, facts, record) are built as one translation unit,
+//     torch_units.cpp, which includes them: one parse of those headers instead of four.
 //
 // Cross-unit state is declared here. Thread-local counters are `__thread` plain data (no C++
 // thread_local wrapper call at each access) and everything declared here has hidden
@@ -113,8 +114,6 @@ inline PyObject* call_through(PyObject* func, PyObject* args, PyObject* kwargs) 
   return PyObject_Call(func, args, kwargs);
 }
 
-// --- ivalue.cpp (declared where used: it needs torch's IValue) --------------------------------
-
 // --- api_mode.cpp -----------------------------------------------------------------------------
 extern PyObject* g_table;  // dict: torch callable -> op name (null: no recorder connected)
 // Frames of handle_torch_function that re-entered a Python-level torch function through
@@ -173,6 +172,9 @@ enum Fact : int {
 int read_facts(PyObject* t, bool with_grad_fn, PyObject* items[FACT_COUNT]);
 PyObject* copy_slots(PyObject*, PyObject* proto);
 bool facts_init(PyObject* module);
+// A tensor's grad_fn's sequence number in *seq (-1: no grad_fn; unchanged: not a tensor);
+// false where reading it failed.
+bool grad_fn_sequence_nr(PyObject* t, long long* seq);
 
 // --- frames.cpp -------------------------------------------------------------------------------
 PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs);
