@@ -48,8 +48,6 @@ _SOURCES = tuple(_HERE / unit for unit in _UNITS)
 #: Everything the build reads (every unit, included or not, and the header): a change to any of
 #: it is a new cache key.
 _INPUTS = tuple(sorted((*_HERE.glob("*.cpp"), *_HERE.glob("*.h"))))
-#: CopyEvent fields the schema keeps outside its attribute table: the span's identity and times.
-_SPAN_FIELDS = ("seq", "start_ns", "end_ns", "parent")
 _lock = threading.Lock()
 _state: dict[str, Any] = {"module": None, "reason": None, "tried": False, "built": False}
 
@@ -145,16 +143,16 @@ def _build() -> ModuleType:
 def _event_fields() -> tuple[str, ...]:
     """The event's field names as the schema lists them (the C record checks its own against
     them): the schema's one import on the native side."""
-    from copytrace.tracefile import schema
+    from copytrace import schema
 
-    return tuple(name for name, _ in schema.EVENT_FIELDS) + _SPAN_FIELDS
+    return schema.EVENT_SLOTS
 
 
 def _setup(module: ModuleType) -> ModuleType:
     """Hand the C record its tables (``record_setup``); raises where they do not fit it."""
-    from copytrace.tracer import _recorder
+    from copytrace.tracer import _rules
 
-    module.record_setup(_event_fields(), _recorder._ALWAYS_ALIAS)
+    module.record_setup(_event_fields(), _rules.RULES.always_alias)
     return module
 
 

@@ -324,7 +324,7 @@ PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
 
 
 // record_setup(fields, always_alias): the schema's event field names (a sequence of str) and
-// the ops whose result is always an alias (_recorder._ALWAYS_ALIAS, a frozenset). ValueError
+// the ops whose result is always an alias (_rules.RULES.always_alias, a frozenset). ValueError
 // naming a field this unit writes that the schema does not have.
 PyObject* py_record_setup(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   if (!arity(nargs, 2, "record_setup(fields, always_alias)")) return nullptr;
