@@ -52,7 +52,7 @@ def test_a_late_fact_lands_on_a_held_event_only() -> None:
     w = torch.randn(4, requires_grad=True)
     with copytrace.trace(write=False) as t:
         alias = w.data
-        held = {id(ev) for ev in t._rec.watch.live_events()}
+        held = {id(ev) for ev in t.session._rec.watch.live_events()}
         alias.add_(1.0)
     (ev,) = [e for e in t.events if e.op == "data_get"]
     assert id(ev) in held
