@@ -37,22 +37,18 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from copytrace.tracer._events import CopyEvent
-from copytrace.tracer._otel import (
-    Chunk,
-    ExportPipeline,
-    FileSink,
-    RunEnd,
-    RunIds,
-    SdkSink,
-    _any_value,
-    _dumps,
-    _Encoder,
-    _request_frame,
+from copytrace.export.file_sink import FileSink
+from copytrace.export.otlp_json import (
+    Encoder,
+    any_value,
+    dumps,
     event_attributes,
-    make_resource,
     pack_lines,
+    request_frame,
 )
+from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds
+from copytrace.export.sdk_sink import SdkSink, make_resource
+from copytrace.schema import CopyEvent
 
 T0 = 1_000_000_000_000
 _FILES = [f"/home/user/projects/llm-train/src/model/{n}.py" for n in
@@ -215,9 +211,9 @@ def _full_attributes(ev: CopyEvent) -> dict[str, Any]:
 
 def _encode(variant: str, events: list[CopyEvent], steps: list[tuple[int, int, int]]) -> bytes:
     """The whole trace as OTLP/JSON lines, one way or another."""
-    enc = _Encoder()
+    enc = Encoder()
     resource = make_resource()
-    head, tail = _request_frame(resource.attributes, "copytrace", "0.1.0")
+    head, tail = request_frame(resource.attributes, "copytrace", "0.1.0")
     trace = "5b8efff798038103d269b633813fc60c"
     hexids = os.urandom(8 * (len(events) + len(steps) + 1)).hex()
     ids = iter([hexids[i : i + 16] for i in range(0, len(hexids), 16)])
@@ -448,5 +444,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    _ = (_any_value, _dumps, zlib)
+    _ = (any_value, dumps, zlib)
     raise SystemExit(main())

@@ -11,14 +11,15 @@ It then prints, per target, how many mutants the tests killed, and the survivors
 
 Targets:
 
-- ``recorder``: the byte, alias and graph facts of an API copy (``Recorder._record_api`` and
-  the helpers it computes them with) in ``copytrace/tracer/_recorder.py``;
+- ``recorder``: the byte, alias and graph facts of an API copy (``ApiEvents._record_api``,
+  ``_record_py``, ``_classify``) in ``copytrace/tracer/_api_events.py``;
+- ``record_rules``: the rule tables' helpers (``_transfer``...) in ``copytrace/tracer/_rules.py``;
 - ``rules``: the hazard rules that group events, ``copytrace/analysis/_rules.py``, except
   ``pageable_transfer``, whose tests need a CUDA device;
 - ``pairs``: the hazard rules that pair events and their candidate selection,
   ``copytrace/analysis/_pairs.py``, except ``round_trip`` (CUDA, as above);
-- ``otel``: the span export in ``copytrace/tracer/_otel.py`` (attributes, OTLP/JSON encoding,
-  SDK spans, the hazards span).
+- ``otel``: the span export in ``copytrace/export/`` (attributes, OTLP/JSON encoding, the
+  span plan, SDK spans, the hazards span).
 
 Usage::
 
@@ -53,10 +54,10 @@ NO_TESTS = {5, 33}
 
 @dataclass(frozen=True)
 class Target:
-    """One module under mutation: its functions (``name`` or ``Class.method``; empty: all
+    """Modules under mutation: their functions (``name`` or ``Class.method``; empty: all
     of them) and the test files that may kill their mutants."""
 
-    file: str
+    files: tuple[str, ...]
     functions: tuple[str, ...]
     tests: tuple[str, ...]
     #: functions left unmutated although ``functions`` is empty
@@ -65,44 +66,45 @@ class Target:
 
 TARGETS = {
     "recorder": Target(
-        "copytrace/tracer/_recorder.py",
-        (
-            "Recorder._record_api",
-            "_nbytes",
-            "_storage_ptr",
-            "_storage_nbytes",
-            "_is_fake",
-            "_transfer",
-            "_device_str",
-            "_shape",
-            "_tag_grad_fn",
-        ),
+        ("copytrace/tracer/_api_events.py",)
+        ("ApiEvents._record_api", "ApiEvents._record_py", "ApiEvents._classify", "_tag_grad_fn"),
         ("tests/test_tracer_ops.py", "tests/test_cases.py", "tests/test_recorder_facts.py"),
     ),
+    "record_rules": Target(
+        "copytrace/tracer/_rules.py",
+        ("_transfer", "_storage_nbytes", "_is_copy_op", "_basic_index"),
+        ("tests/test_rules.py", "tests/test_recorder_facts.py", "tests/test_tracer_ops.py"),
+    ),
     "rules": Target(
-        "copytrace/analysis/_rules.py",
+        ("copytrace/analysis/_rules.py",),
         (),
         ("tests/test_hazards.py", "tests/test_hazard_messages.py"),
         # its tests need a CUDA device (host<->device transfers); see README
         skip=("pageable_transfer",),
     ),
     "pairs": Target(
-        "copytrace/analysis/_pairs.py",
+        ("copytrace/analysis/_pairs.py",),
         (),
         ("tests/test_hazards.py", "tests/test_hazard_messages.py"),
         skip=("round_trip", "_round_trip_rows", "_moves"),
     ),
     "otel": Target(
-        "copytrace/tracer/_otel.py",
         (
-            "_any_value",
-            "_attributes",
+            "copytrace/export/otlp_json.py",
+            "copytrace/export/pipeline.py",
+            "copytrace/export/file_sink.py",
+            "copytrace/export/sdk_sink.py",
+            "copytrace/export/hazard_span.py",
+        ),
+        (
+            "any_value",
+            "attribute_list",
             "_span_json",
             "event_attributes",
-            "_times",
-            "_Encoder.attr",
-            "_Encoder.attrs",
-            "_Encoder.span",
+            "span_times",
+            "Encoder.attr",
+            "Encoder.attrs",
+            "Encoder.span",
             "FileSink._encode",
             "SdkSink.write",
             "ExportPipeline._plan",
@@ -125,7 +127,7 @@ TARGETS = {
 _CONFIG = """
 [tool.mutmut]
 source_paths = ["copytrace"]
-only_mutate = ["{file}"]
+only_mutate = {files}
 pytest_add_cli_args_test_selection = {tests}
 pytest_add_cli_args = ["-p", "no:cacheprovider", "-W", "ignore", "-k", "not compiled"]
 also_copy = ["docs/", "README.md", "examples/"]
@@ -205,14 +207,16 @@ def _prepare(work: Path, target: Target) -> None:
             raise SystemExit(f"benchmarks/mutation.py: update _PATCHES: {text!r} not in {file}")
         path.write_text(source.replace(text, replacement), encoding="utf-8")
     if target.functions or target.skip:
-        _only_functions(work / target.file, target.functions, target.skip)
+        for file in target.files:
+            _only_functions(work / file, target.functions, target.skip)
     for name in ("tests", "docs", "examples"):  # tests read the docs and run the examples
         shutil.copytree(ROOT / name, work / name, ignore=ignore)
     shutil.copy(ROOT / "README.md", work / "README.md")
     conftest = work / "tests" / "conftest.py"
     conftest.write_text(conftest.read_text(encoding="utf-8") + _PRELOAD, encoding="utf-8")
     project = (ROOT / "pyproject.toml").read_text(encoding="utf-8").split("[tool.mutmut]")[0]
-    config = _CONFIG.format(file=target.file, tests=json.dumps(list(target.tests)))
+    config = _CONFIG.format(files=json.dumps(list(target.files)),
+                            tests=json.dumps(list(target.tests)))  # fmt: skip
     (work / "pyproject.toml").write_text(project + config, encoding="utf-8")
 
 
@@ -225,14 +229,16 @@ def _mutmut(work: Path, names: list[str], log: Path) -> None:
 
 
 def _results(work: Path, target: Target) -> dict[str, int | None]:
-    meta = work / "mutants" / (target.file + ".meta")
-    if not meta.exists():
-        return {}
-    return json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"]
+    codes: dict[str, int | None] = {}
+    for file in target.files:
+        meta = work / "mutants" / (file + ".meta")
+        if meta.exists():
+            codes.update(json.loads(meta.read_text(encoding="utf-8"))["exit_code_by_key"])
+    return codes
 
 
 def _module_prefix(target: Target) -> str:
-    return target.file.removesuffix(".py").replace("/", ".") + "."
+    return target.files[0].removesuffix(".py").replace("/", ".") + "."
 
 
 def run_target(name: str, target: Target, args: argparse.Namespace) -> dict[str, object]:
@@ -260,7 +266,7 @@ def run_target(name: str, target: Target, args: argparse.Namespace) -> dict[str,
     scored = len(killed) + len(timeout) + len(survived)
     return {
         "target": name,
-        "file": target.file,
+        "files": list(target.files),
         "generated": len(every),
         "run": len(chosen),
         "killed": len(killed),
@@ -305,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         results.append(res)
         score = "n/a" if res["score"] is None else f"{res['score']:.0%}"
         print(
-            f"{name:9} {res['file']}: {res['run']} mutants run (of {res['generated']}), killed {res['killed']} + timeout {res['timeout']}, survived "
+            f"{name:9} {', '.join(res['files'])}: {res['run']} mutants run (of {res['generated']}), killed {res['killed']} + timeout {res['timeout']}, survived "
             f"{len(res['survived'])}, no tests {len(res['no_tests'])}, other "
             f"{len(res['other'])}: score {score} ({res['seconds']} s)",
             flush=True,

@@ -101,19 +101,12 @@ def generate_trace(path: Path, n_events: int, seed: int = 0, pid: int = 4242) ->
         seed: Random seed for the mix of events.
         pid: ``process.pid`` of the run.
     """
-    from types import SimpleNamespace
-
     from opentelemetry.sdk.resources import Resource
 
-    from copytrace.tracer._events import CopyEvent
-    from copytrace.tracer._otel import (
-        Chunk,
-        ExportPipeline,
-        FileSink,
-        RunEnd,
-        RunIds,
-        append_hazard_span,
-    )
+    from copytrace.export.file_sink import FileSink
+    from copytrace.export.hazard_span import append_hazard_span
+    from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds
+    from copytrace.schema import CopyEvent
 
     rng = random.Random(seed)
     tpls = _template_events()
@@ -158,7 +151,7 @@ def generate_trace(path: Path, n_events: int, seed: int = 0, pid: int = 4242) ->
              "copytrace.internal_detaches": 0, "copytrace.steps": n_steps,
              "copytrace.overhead_ns": n_events * 9_000}  # fmt: skip
     pipe.close(Chunk(events, steps, final=RunEnd(end, attrs)))
-    finding = SimpleNamespace(
+    finding = dict(
         code="CT-SYNC-D2H", severity="warning",
         message="device-to-host copy every step synchronises the GPU",
         fix="accumulate on the device; call .item() once per log",

@@ -18,8 +18,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from copytrace._errors import CopytraceError, SettingError, TraceFileError
-
-__version__ = "0.1.0"
+from copytrace._version import __version__
 
 __all__ = [
     "CopyEvent",
@@ -36,16 +35,16 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from copytrace._trace import Schedule, Trace, trace
     from copytrace.analysis import Finding, analyze
     from copytrace.tracefile import load_trace
-    from copytrace.tracer import CopyEvent, Trace, trace
-    from copytrace.tracer._session import Schedule
+    from copytrace.tracer import CopyEvent
 
 _LAZY = {
-    "trace": "copytrace.tracer",
-    "Trace": "copytrace.tracer",
-    "CopyEvent": "copytrace.tracer",
-    "Schedule": "copytrace.tracer._session",
+    "trace": "copytrace._trace",
+    "Trace": "copytrace._trace",
+    "CopyEvent": "copytrace.schema",
+    "Schedule": "copytrace._trace",
     "analyze": "copytrace.analysis",
     "Finding": "copytrace.analysis",
     "load_trace": "copytrace.dashboards",

@@ -39,7 +39,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from copytrace.tracer._otel import _OMITTED_DEFAULTS
+from copytrace.schema import OMITTED_DEFAULTS as _OMITTED_DEFAULTS
 
 T0 = 1_700_000_000_000_000_000
 MS = 1_000_000
@@ -405,9 +405,9 @@ def write_trace(
     path = directory / (name + ".gz" if gz else name)
     writer = None
     if sidecar:
-        from copytrace.tracefile import _sidecar
+        from copytrace.export import sidecar
 
-        writer = _sidecar.SidecarWriter(path, f"{pid:032x}", {
+        writer = sidecar.SidecarWriter(path, f"{pid:032x}", {
             "service.name": "copytrace", "process.pid": pid, "host.name": "testhost"})  # fmt: skip
     with path.open("wb") as fh:
         for i, ln in enumerate(lines):
@@ -421,8 +421,9 @@ def write_trace(
 
 def _to_sidecar(writer: Any, line: str, json_bytes: int) -> None:
     """Hand the spans of one flushed ``line`` to the sidecar writer, as the file sink does."""
-    from copytrace.tracefile import _sidecar, decode_value
-    from copytrace.tracefile.schema import META_SPANS
+    from copytrace.export import sidecar
+    from copytrace.schema import META_SPANS
+    from copytrace.tracefile import decode_value
 
     for rs in json.loads(line)["resourceSpans"]:
         for ss in rs["scopeSpans"]:
@@ -434,10 +435,10 @@ def _to_sidecar(writer: Any, line: str, json_bytes: int) -> None:
                     events = [(e["name"], int(e["timeUnixNano"]),
                                {a["key"]: decode_value(a["value"]) for a in e["attributes"]})
                               for e in sp.get("events", [])]  # fmt: skip
-                    writer.add_rows([_sidecar.meta_row(*args, attrs, events)])
+                    writer.add_rows([sidecar.meta_row(*args, attrs, events)])
                 else:
-                    writer.add(_sidecar.event_batch(args[0], [args[1]], [args[2] or ""],
-                                                    [args[3]], [args[4]], [args[5]], [attrs]))
+                    writer.add(sidecar.event_batch(args[0], [args[1]], [args[2] or ""],
+                                                   [args[3]], [args[4]], [args[5]], [attrs]))
     writer.close(json_bytes)  # a part per flush
 
 

@@ -8,9 +8,9 @@ import torch
 import torch.nn as nn
 
 import copytrace
-from copytrace.tracefile import schema
-from copytrace.tracer._events import CopyEvent
-from copytrace.tracer._otel import event_attributes
+from copytrace import schema
+from copytrace.export.otlp_json import event_attributes
+from copytrace.schema import CopyEvent
 
 _KEEP = object()
 

@@ -31,8 +31,10 @@ from copytrace import CopyEvent
 from copytrace.analysis import HAZARDS, Budget, analyze, analyze_with_totals, step_totals
 from copytrace.analysis._budget import check_budget
 from copytrace.analysis._view import runs_of
+from copytrace.export.file_sink import FileSink
+from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds
+from copytrace.export.sdk_sink import make_resource
 from copytrace.tracefile import event_table, load_trace
-from copytrace.tracer._otel import Chunk, ExportPipeline, FileSink, RunEnd, RunIds, make_resource
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from report_size import generate_trace  # noqa: E402

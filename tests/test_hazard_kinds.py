@@ -42,7 +42,7 @@ def site(name: str, function: str) -> str:
 def traced(fn: Callable[[Any], Any]) -> tuple[copytrace.Trace, list[Finding]]:
     with copytrace.trace(write=False) as t:
         fn(t)
-    assert t.stats["errors"] == 0, t._rec.last_error
+    assert t.stats["errors"] == 0, t.session._rec.last_error
     return t, analyze(t.events)
 
 
@@ -426,7 +426,7 @@ def test_dead_attached_copies_are_dropped_and_a_derived_graph_still_found() -> N
         w = torch.ones(2, requires_grad=True)
         for _ in range(1100):
             w.clone()
-        listed.append(len(program_t[0]._rec.watch.attached))
+        listed.append(len(program_t[0].session._rec.watch.attached))
         return _add_clone(total, loss)
 
     program = _logged_loss(churn_then_add)

@@ -18,7 +18,8 @@ import torch
 import torch.nn as nn
 
 import copytrace
-from copytrace.analysis._rules import format_bytes, is_hot
+from copytrace._units import format_bytes_exact
+from copytrace.analysis._rules import is_hot
 
 _SOURCE = Path(__file__).read_text(encoding="utf-8").splitlines()
 
@@ -356,7 +357,7 @@ def test_noop_conversion() -> None:
 
 
 def test_format_bytes_units() -> None:
-    assert [format_bytes(n) for n in (0, 1023, 1024, 1536 << 10, 3 << 30, 5 << 40)] == [
+    assert [format_bytes_exact(n) for n in (0, 1023, 1024, 1536 << 10, 3 << 30, 5 << 40)] == [
         "0 B",
         "1023 B",
         "1024 B (1.0 KiB)",
@@ -364,7 +365,7 @@ def test_format_bytes_units() -> None:
         "3221225472 B (3.0 GiB)",
         "5497558138880 B (5.0 TiB)",
     ]
-    assert format_bytes(1 << 50) == "1125899906842624 B (1024.0 TiB)"  # no unit beyond TiB
+    assert format_bytes_exact(1 << 50) == "1125899906842624 B (1024.0 TiB)"  # no unit beyond TiB
 
 
 def test_is_hot_threshold() -> None:

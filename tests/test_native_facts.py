@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
+from copytrace.schema import CopyEvent
 from copytrace.tracer import _callsite, _native
 from copytrace.tracer import _facts as F
-from copytrace.tracer._events import CopyEvent
 
 NATIVE = _native.load()
 pytestmark = pytest.mark.skipif(
@@ -224,11 +224,11 @@ class _Everything(frozenset):
 
 @pytest.mark.parametrize("level", ["full", "lean"])
 def test_record_sets_every_field_as_the_python_path(level: str, monkeypatch) -> None:
-    from copytrace.tracer import _recorder
+    from copytrace.tracer import _api_events
 
     native = _traced_events("auto", level)
     python = _traced_events("python", "full")
-    monkeypatch.setattr(_recorder, "_IN_PYTHON", _Everything())  # no op through record
+    monkeypatch.setattr(_api_events, "_IN_PYTHON", _Everything())  # no op through record
     readers = _traced_events("auto", level)
     # clone, detach, to, to (no-op), data_get, index, t+reshape, contiguous, copy_: 9 events,
     # every field equal (storage ids, views, versions, call sites, graph state, writes)

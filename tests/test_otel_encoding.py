@@ -15,7 +15,9 @@ from opentelemetry.trace import StatusCode
 
 import copytrace
 from copytrace import CopyEvent
-from copytrace.tracer._otel import _any_value, _Encoder, _times, epoch_offset, export_events
+from copytrace.export.otlp_json import Encoder, any_value
+from copytrace.export.pipeline import epoch_offset, span_times
+from copytrace.export.sdk_sink import export_events
 
 
 @pytest.mark.parametrize(
@@ -35,16 +37,16 @@ from copytrace.tracer._otel import _any_value, _Encoder, _times, epoch_offset, e
     ],
 )
 def test_any_value(value: object, encoded: dict) -> None:
-    assert _any_value(value) == encoded
+    assert any_value(value) == encoded
     # the file encoder writes the same value, cached or not
-    enc = _Encoder()
+    enc = Encoder()
     for _ in range(2):
         frag = json.loads(enc.attr("k", list(value) if isinstance(value, tuple) else value))
         assert frag == {"key": "k", "value": encoded if not isinstance(value, tuple) else encoded}
 
 
 def test_encoder_attrs_and_span_fields() -> None:
-    enc = _Encoder()
+    enc = Encoder()
     assert json.loads("[" + enc.attrs({"a": 1, "b": [2, 3]}) + "]") == [
         {"key": "a", "value": {"intValue": "1"}},
         {"key": "b", "value": {"arrayValue": {"values": [{"intValue": "2"}, {"intValue": "3"}]}}},
@@ -65,11 +67,11 @@ def test_encoder_attrs_and_span_fields() -> None:
 
 
 def test_event_times() -> None:
-    assert _times(CopyEvent(start_ns=5, end_ns=9), 100) == (5, 9)
-    assert _times(CopyEvent(start_ns=5, end_ns=None), 100) == (5, 100)  # open: ends at fallback
-    assert _times(CopyEvent(start_ns=5, end_ns=None), 2) == (5, 5)  # never before its start
-    assert _times(CopyEvent(start_ns=None, end_ns=None), 7) == (7, 7)
-    assert _times(CopyEvent(start_ns=9, end_ns=5), 0) == (9, 9)  # never negative
+    assert span_times(CopyEvent(start_ns=5, end_ns=9), 100) == (5, 9)
+    assert span_times(CopyEvent(start_ns=5, end_ns=None), 100) == (5, 100)  # open: ends at fallback
+    assert span_times(CopyEvent(start_ns=5, end_ns=None), 2) == (5, 5)  # never before its start
+    assert span_times(CopyEvent(start_ns=None, end_ns=None), 7) == (7, 7)
+    assert span_times(CopyEvent(start_ns=9, end_ns=5), 0) == (9, 9)  # never negative
 
 
 def test_export_events_returns_the_spans_exported() -> None:
@@ -125,11 +127,11 @@ def test_events_held_across_flushes_are_written_once_with_their_late_facts(tmp_p
 
 
 def test_unhashable_attribute_values_are_encoded_uncached() -> None:
-    enc = _Encoder()
+    enc = Encoder()
     for _ in range(2):
         assert json.loads(enc.attr("k", [[1, 2], [3]])) == {
             "key": "k",
-            "value": {"arrayValue": {"values": [_any_value([1, 2]), _any_value([3])]}},
+            "value": {"arrayValue": {"values": [any_value([1, 2]), any_value([3])]}},
         }
 
 

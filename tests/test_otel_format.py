@@ -25,8 +25,9 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
 
 import copytrace
 from copytrace.dashboards import build_model, load_trace
-from copytrace.tracer import _otel
-from copytrace.tracer._otel import MAX_LINE_BYTES, exporters_from_env
+from copytrace.export import hazard_span, sdk_sink
+from copytrace.export.otlp_json import MAX_LINE_BYTES
+from copytrace.export.sdk_sink import exporters_from_env
 
 _HEX32 = re.compile(r"[0-9a-f]{32}")
 _HEX16 = re.compile(r"[0-9a-f]{16}")
@@ -170,7 +171,7 @@ def test_compact_attributes_read_back_as_recorded(tmp_path):
         _program(t)
     events = [e for e in t.events if not e.group]
     loaded = {
-        e.start_ns - t._epoch_offset: e.attrs for e in load_trace(t.trace_path).runs[0].events
+        e.start_ns - t.session._epoch_offset: e.attrs for e in load_trace(t.trace_path).runs[0].events
     }
     for ev in events:
         a = loaded[ev.start_ns]
@@ -245,7 +246,7 @@ def test_sdk_exporter_gets_the_hazards_span_of_the_file(tmp_path):
 
 
 def test_hazards_go_to_every_exporter_in_chunks_of_the_sdk_event_limit(tmp_path, monkeypatch):
-    monkeypatch.setattr(_otel, "HAZARDS_PER_SPAN", 1)
+    monkeypatch.setattr(hazard_span, "HAZARDS_PER_SPAN", 1)
     memory = InMemorySpanExporter()
     with copytrace.trace(tmp_path, exporters=[memory]) as t:
         for _ in range(3):
@@ -348,25 +349,26 @@ def test_resource_service_name_and_torchrun_ranks(tmp_path, monkeypatch):
     )
     assert res["process.pid"] == os.getpid() and res["process.command_args"] == sys.orig_argv
     monkeypatch.setenv("OTEL_SERVICE_NAME", "trainer")
-    assert _otel.make_resource().attributes["service.name"] == "trainer"
+    assert sdk_sink.make_resource().attributes["service.name"] == "trainer"
     monkeypatch.delenv("OTEL_SERVICE_NAME")
     monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES")
-    assert _otel.make_resource().attributes["service.name"] == "copytrace"
+    assert sdk_sink.make_resource().attributes["service.name"] == "copytrace"
 
 
 def test_long_lines_are_split_under_the_collector_limit(tmp_path):
     """No line over the limit (the Collector's otlpjsonfile receiver reads 1 MiB lines)."""
-    from copytrace.tracer._otel import Chunk, ExportPipeline, FileSink, RunEnd, RunIds
+    from copytrace.export.file_sink import FileSink
+    from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds
 
     with copytrace.trace(write=False) as t:
         x = torch.ones(4)
         for _ in range(300):
             x.clone()
     sink = FileSink(tmp_path / "small.otlp.jsonl", compression=None, max_line_bytes=20_000)
-    run = RunIds(t._start_ns, t._epoch_offset, _otel.make_resource())
+    run = RunIds(t.session._start_ns, t.session._epoch_offset, sdk_sink.make_resource())
     pipe = ExportPipeline(run, [sink])
     pipe.begin()
-    pipe.close(Chunk(t.events, [(0, t._start_ns, t._end_ns)], final=RunEnd(t._end_ns, {})))
+    pipe.close(Chunk(t.events, [(0, t.session._start_ns, t.session._end_ns)], final=RunEnd(t.session._end_ns, {})))
     lines = _lines(sink.path)
     assert len(lines) > 5 and all(len(line) <= 20_000 for line in lines)
     assert len(load_trace(sink.path).runs[0].events) == 300

@@ -144,7 +144,7 @@ def test_flush_seconds_flushes_at_the_next_step_boundary(tmp_path: Path) -> None
         for _ in range(5):  # quick steps: none is 0.2 s after the last flush
             x.clone()
             t.step()
-        flushes_before_stop = t._flushes
+        flushes_before_stop = t.stats["flushes"]
     assert flushes_before_stop == 3
     (run,) = copytrace.load_trace(t.trace_path).runs
     assert run.attrs["copytrace.flushes"] == 3
@@ -246,10 +246,10 @@ def test_hazards_span_names_at_most_the_span_id_cap(
 ) -> None:
     """A finding names at most ``MAX_HAZARD_SPAN_IDS`` (10,000) event spans, and counts them
     all; the run's size does not matter (no cap on the analysis)."""
-    from copytrace.tracer import _otel
+    from copytrace.export import hazard_span
 
-    assert _otel.MAX_HAZARD_SPAN_IDS == 10_000  # as docs/trace-format.md says
-    monkeypatch.setattr(_otel, "MAX_HAZARD_SPAN_IDS", 1)
+    assert hazard_span.MAX_HAZARD_SPAN_IDS == 10_000  # as docs/trace-format.md says
+    monkeypatch.setattr(hazard_span, "MAX_HAZARD_SPAN_IDS", 1)
     with copytrace.trace(tmp_path) as t:
         _ctor_twice(t)
     spans = _raw_spans(t.trace_path)

@@ -1,9 +1,14 @@
-"""Every command the README shows works on its example.
+"""Every command the README shows works on its example, and its samples are what they show.
 
 The commands are read from README.md itself (its ``bash`` blocks, and the ``$ ...`` lines of
 its sample output), and run verbatim with bash, in order, in a directory holding a copy of
 ``examples/``. ``CHARLM_STEPS`` shortens the example's run (it changes the default of
 ``--steps``) so that the test stays fast; nothing else differs from a reader's run.
+
+The README's complete program (a ``python`` block that starts with an import, followed by its
+output) is run as ``train.py`` and must print exactly the output shown. The call sites in the
+sample output must name the lines of ``examples/train_charlm.py`` as it is today, and every
+relative link of the README and of ``docs/`` must reach a file and, with ``#``, a heading.
 """
 
 from __future__ import annotations
@@ -15,19 +20,36 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+README = ROOT / "README.md"
+#: The house limit on the newcomer's page (its depth lives in docs/).
+README_MAX_BYTES = 15_000
 #: Set-up steps the test does not repeat (the test runs inside an installed environment), and
-#: the development section's commands, which .ci/run itself runs (the suite, the linter).
+#: the development commands, which .ci/run itself runs (the suite, the linter).
 _SETUP = (
     "python3 -m venv", ". .venv/bin/activate", "pip install", "python -m pytest",
     "COPYTRACE_REQUIRE_INTEGRATION=1 python -m pytest", "ruff check",
 )  # fmt: skip
+_BLOCK = re.compile(r"^```(\w*)\n(.*?)^```\n", flags=re.M | re.S)
+
+
+def _readme() -> str:
+    return README.read_text(encoding="utf-8")
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COPYTRACE", "OTEL_"))}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    return env
 
 
 def readme_commands(text: str) -> list[str]:
     """The shell commands README.md shows, in order, each once."""
     commands: list[str] = []
-    for lang, body in re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.M | re.S):
+    for lang, body in _BLOCK.findall(text):
         for line in body.splitlines():
             if lang == "bash":
                 line = re.sub(r"\s+#.*$", "", line).strip()
@@ -43,8 +65,27 @@ def readme_commands(text: str) -> list[str]:
     return commands
 
 
+def readme_programs(text: str) -> list[tuple[str, str]]:
+    """``(program, output)`` for each ``python`` block that is a whole program (its first line
+    is an import) and is followed directly by an untagged block: the output it prints."""
+    programs = []
+    for m in _BLOCK.finditer(text):
+        lang, body = m.group(1), m.group(2)
+        if lang != "python" or not body.startswith(("import ", "from ")):
+            continue
+        nxt = _BLOCK.match(text, m.end() + 1)  # one blank line between the two blocks
+        if nxt is not None and nxt.group(1) == "":
+            programs.append((body, nxt.group(2)))
+    return programs
+
+
+def test_readme_is_a_newcomers_page():
+    size = len(README.read_bytes())
+    assert size <= README_MAX_BYTES, f"README.md is {size} bytes; move depth to docs/"
+
+
 def test_readme_commands_are_found():
-    commands = readme_commands((ROOT / "README.md").read_text(encoding="utf-8"))
+    commands = readme_commands(_readme())
     # One of each kind the README shows (derived by reading it): the set-up's traced run,
     # the hook with and without an output directory, run with arguments and with py-spy,
     # report, summary and check.
@@ -63,13 +104,11 @@ def test_readme_commands_are_found():
 
 def test_every_readme_command_works_on_the_example(tmp_path):
     shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COPYTRACE", "OTEL_"))}
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env["OMP_NUM_THREADS"] = "1"
+    env = _env(tmp_path)
     # 12 steps with the default --eval-every 100: one evaluation, at the last step, which
     # therefore holds the most copies of any step (as in the full run's last step).
     env["CHARLM_STEPS"] = "12"
-    commands = readme_commands((ROOT / "README.md").read_text(encoding="utf-8"))
+    commands = readme_commands(_readme())
     for command in commands:
         proc = subprocess.run(
             ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
@@ -81,3 +120,63 @@ def test_every_readme_command_works_on_the_example(tmp_path):
     assert (tmp_path / "report.html").is_file()
     assert (tmp_path / "copytrace-out" / "report.html").is_file()
     assert list((tmp_path / "runs" / "ct").glob("copytrace-*.otlp.jsonl.gz"))
+
+
+def test_readme_program_prints_the_output_shown(tmp_path):
+    programs = readme_programs(_readme())
+    assert len(programs) == 1  # the context manager's example
+    program, shown = programs[0]
+    (tmp_path / "train.py").write_text(program, encoding="utf-8")
+    proc = subprocess.run(
+        [sys.executable, "train.py"], cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+        text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    # The README shortens the paths of the call sites to the script's own name.
+    printed = proc.stdout.replace(f"{tmp_path}{os.sep}", "")
+    assert printed == shown
+    assert (tmp_path / "report.html").is_file()
+    assert list((tmp_path / "copytrace-out").glob("copytrace-*.otlp.jsonl.gz"))
+
+
+def test_sample_call_sites_name_the_example_as_it_is():
+    """``train_charlm.py:211 main  | best_state = ...``: line 211 of the example holds that
+    source (the summary prints the call site's line, stripped and cut to fit)."""
+    example = (ROOT / "examples" / "train_charlm.py").read_text(encoding="utf-8").splitlines()
+    sites = re.findall(r"train_charlm\.py:(\d+) \w+\s+\| (.+)$", _readme(), flags=re.M)
+    assert len(sites) >= 3
+    for line, source in sites:
+        source = source.rstrip().removesuffix("...").removesuffix("…")
+        assert example[int(line) - 1].strip().startswith(source), (line, source)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor of a Markdown heading: lower case, punctuation dropped, spaces to -."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(path: Path) -> set[str]:
+    text = _BLOCK.sub("", path.read_text(encoding="utf-8"))
+    return {_slug(h) for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+
+
+@pytest.mark.parametrize(
+    "page", [README, *sorted((ROOT / "docs").glob("*.md"))], ids=lambda p: p.name
+)
+def test_relative_links_reach_their_target(page):
+    text = _BLOCK.sub("", page.read_text(encoding="utf-8"))
+    for target in re.findall(r"\]\(([^)\s]+)\)", text):
+        if re.match(r"[a-z]+:", target):
+            continue  # an absolute URL
+        file, _, anchor = target.partition("#")
+        dest = (page.parent / file).resolve() if file else page
+        assert dest.exists(), f"{page.name}: {target}"
+        if anchor:
+            assert anchor in _anchors(dest), f"{page.name}: {target}"
+
+
+def test_readme_screenshot_is_small():
+    shot = ROOT / "docs" / "img" / "report.png"
+    assert f"]({shot.relative_to(ROOT).as_posix()})" in _readme()
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert shot.stat().st_size < 200_000

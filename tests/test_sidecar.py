@@ -23,6 +23,7 @@ from _tracegen import write_trace
 
 import copytrace
 from copytrace.cli import main
+from copytrace.export import sidecar as sidecar_writer
 from copytrace.tracefile import _sidecar
 from copytrace.tracefile._parse import Builder, iter_blocks
 from copytrace.tracefile._table import build_file_table
@@ -154,7 +155,7 @@ def test_cli_warns_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_traced_run_writes_the_sidecar_equal_to_its_json(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_sidecar, "PART_ROWS", 8)  # several parts from a short run
+    monkeypatch.setattr(sidecar_writer, "PART_ROWS", 8)  # several parts from a short run
     w = torch.randn(10, 100, requires_grad=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -19,7 +19,7 @@ from _tracegen import trace_lines, write_many
 
 import copytrace
 from copytrace.dashboards._load import decode_value
-from copytrace.tracer._otel import _OMITTED_DEFAULTS
+from copytrace.schema import OMITTED_DEFAULTS as _OMITTED_DEFAULTS
 
 
 def _value_type(value: dict[str, Any]) -> str:

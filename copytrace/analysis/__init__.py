@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from copytrace._units import format_bytes_exact
 from copytrace.analysis._budget import (
     Budget,
     StepTotal,
@@ -35,7 +36,7 @@ from copytrace.analysis._budget import (
 )
 from copytrace.analysis._columns import columns_of
 from copytrace.analysis._findings import HAZARDS, SEVERITIES, Finding, Hazard, normalize_codes
-from copytrace.analysis._rules import RULES, format_bytes, is_hot
+from copytrace.analysis._rules import RULES, is_hot
 
 __all__ = [
     "HAZARDS",
@@ -195,13 +196,12 @@ def format_findings(findings: Sequence[Finding], limit: int | None = None) -> st
         steps = f"{len(f.steps)} step{'s' if len(f.steps) != 1 else ''}"
         lines.append(f"  {f.severity:<7} {f.code}: {f.message}")
         where = "; ".join(f.call_sites[:3]) or "(unknown call site)"
-        lines.append(f"          at {where}; {format_bytes(f.bytes)}, {steps}")
+        lines.append(f"          at {where}; {format_bytes_exact(f.bytes)}, {steps}")
         lines.append(f"          fix: {f.fix}")
     if len(shown) < len(findings):
         lines.append(f"  ... and {len(findings) - len(shown)} more")
     return "\n".join(lines) + "\n"
 
 
-# Re-exported helpers for the CLI and the pytest plugin.
-format_bytes = format_bytes
+# Re-exported helper for the CLI and the pytest plugin.
 is_hot = is_hot

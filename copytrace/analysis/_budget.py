@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from copytrace._units import format_bytes_exact
 from copytrace.analysis._findings import SEVERITIES, Finding, normalize_codes
-from copytrace.analysis._rules import format_bytes
 from copytrace.analysis._view import Ev
 
 __all__ = ["Budget", "StepTotal", "step_totals", "check_budget", "parse_bytes"]
@@ -185,10 +185,10 @@ def check_budget(
         if not over:
             continue
         worst = max(over, key=lambda t: (getattr(t, attr), -t.step))
-        shown = format_bytes(limit) if attr == "bytes" else str(limit)
+        shown = format_bytes_exact(limit) if attr == "bytes" else str(limit)
         lines.append(
             f"{what} per step over {flag} {shown} in {len(over)} of {len(per_step)} step(s) "
-            f"with copies; worst {_label(worst, many)}: {format_bytes(worst.bytes)} in "
+            f"with copies; worst {_label(worst, many)}: {format_bytes_exact(worst.bytes)} in "
             f"{_copies(worst.copies)}, top call sites: {worst.top_sites()}"
         )
     if budget.max_bytes is not None or budget.max_copies is not None:
@@ -202,14 +202,14 @@ def check_budget(
                 row[1] += c
         if budget.max_bytes is not None and whole.bytes > budget.max_bytes:
             lines.append(
-                f"bytes allocated {format_bytes(whole.bytes)} over max-bytes "
-                f"{format_bytes(budget.max_bytes)} ({_copies(whole.copies)}), top call sites: "
+                f"bytes allocated {format_bytes_exact(whole.bytes)} over max-bytes "
+                f"{format_bytes_exact(budget.max_bytes)} ({_copies(whole.copies)}), top call sites: "
                 f"{whole.top_sites()}"
             )
         if budget.max_copies is not None and whole.copies > budget.max_copies:
             lines.append(
                 f"copies {whole.copies} over max-copies {budget.max_copies} "
-                f"({format_bytes(whole.bytes)}), top call sites: {whole.top_sites()}"
+                f"({format_bytes_exact(whole.bytes)}), top call sites: {whole.top_sites()}"
             )
     forbidden = set(normalize_codes(budget.forbid))
     for f in findings:

@@ -369,7 +369,7 @@ def _event_order(parts: list[Any], run: str) -> np.ndarray:
 
 def _run_order(table: Any) -> list[str]:
     """Runs (trace ids) by start (the run span's, else the earliest span's), then trace id."""
-    from copytrace.tracefile.schema import SPAN_RUN
+    from copytrace.schema import SPAN_RUN
 
     if any(len(p.runs) != 1 for p in table.parts):  # a file of several processes: rare
         from copytrace.analysis._table_view import _run_order as by_rows

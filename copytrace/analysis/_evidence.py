@@ -1,4 +1,4 @@
-"""What the hazard rules share: size formatting, the hot-loop test, and the evidence of one
+"""What the hazard rules share: the hot-loop test, and the evidence of one
 finding (:class:`Acc` over event views, :class:`Group` over rows of a
 :class:`~copytrace.analysis._columns.RunColumns`)."""
 
@@ -12,7 +12,7 @@ import numpy as np
 from copytrace.analysis._findings import HAZARDS, Finding
 from copytrace.analysis._view import Ev
 
-__all__ = ["Acc", "Group", "format_bytes", "is_hot"]
+__all__ = ["Acc", "Group", "is_hot"]
 
 #: Conversions whose no-op form is reported (``copytrace.op`` values).
 CONVERSION_OPS = frozenset((
@@ -23,18 +23,6 @@ CONVERSION_OPS = frozenset((
 HOT_MIN_STEPS = 3
 #: ... and in at least this share of the steps between its first and last one.
 HOT_DENSITY = 0.5
-
-
-def format_bytes(n: int) -> str:
-    """``4000`` -> ``4000 B``; ``123456`` -> ``123456 B (120.6 KiB)``."""
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB", "TiB"):
-        value /= 1024
-        if value < 1024 or unit == "TiB":
-            return f"{n} B ({value:.1f} {unit})"
-    return f"{n} B"  # pragma: no cover
 
 
 def is_hot(steps: Iterable[int]) -> bool:

@@ -14,7 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from copytrace.analysis._evidence import OWN_RULE, Acc, format_bytes, is_copy, plural, what
+from copytrace._units import format_bytes_exact
+from copytrace.analysis._evidence import OWN_RULE, Acc, is_copy, plural, what
 from copytrace.analysis._evidence import accs as _accs
 from copytrace.analysis._findings import Finding
 from copytrace.analysis._view import Ev
@@ -70,7 +71,7 @@ def aliasing_snapshot(events: list[Ev]) -> list[Finding]:
                     f"`state_dict()` returned {plural(acc.count, 'tensor')} that share storage "
                     "with the live model, and they were changed in place (e.g. by "
                     "`optimizer.step()`) while they were kept: the snapshot no longer holds "
-                    f"the values it was taken with ({format_bytes(acc.bytes)})",
+                    f"the values it was taken with ({format_bytes_exact(acc.bytes)})",
                     "Copy the values: `{k: v.detach().clone() for k, v in "
                     "model.state_dict().items()}` (or `copy.deepcopy(model.state_dict())`).",
                 )
@@ -81,7 +82,7 @@ def aliasing_snapshot(events: list[Ev]) -> list[Finding]:
             acc.finding(
                 "aliasing-snapshot",
                 f"`load_state_dict(other.state_dict())` left {plural(acc.count, 'tensor')} "
-                f"({holder} state, {format_bytes(acc.bytes)}) aliased to the live source: "
+                f"({holder} state, {format_bytes_exact(acc.bytes)}) aliased to the live source: "
                 "`state_dict()` returns references and the load kept them (a no-op `.to`, or "
                 "`assign=True`), and an in-place update of the source (e.g. its `step()`) "
                 "then changed what the other holder sees",
@@ -129,7 +130,7 @@ def redundant_copy(events: list[Ev]) -> list[Finding]:
                 "redundant-copy",
                 f"the same unchanged source ({what(first)}) was copied again within a step: "
                 f"{plural(extra, 'extra copy')} ({first.op}), "
-                f"{format_bytes(acc.bytes)} allocated for data already copied",
+                f"{format_bytes_exact(acc.bytes)} allocated for data already copied",
                 "Make the copy once per step and reuse it.",
             )
         )
@@ -158,7 +159,7 @@ def redundant_copy(events: list[Ev]) -> list[Finding]:
             acc.finding(
                 "redundant-copy",
                 f"a copy of a fresh copy on one line ({ops}): the intermediate result is "
-                f"copied again and dropped, {format_bytes(acc.bytes)} allocated for nothing",
+                f"copied again and dropped, {format_bytes_exact(acc.bytes)} allocated for nothing",
                 "Fold the chain into one call, e.g. a single `t.to(device, dtype)` or one "
                 "`clone()`.",
             )
@@ -202,7 +203,7 @@ def round_trip(events: list[Ev]) -> list[Finding]:
                 "round-trip",
                 f"{way}: `{a.op}` moved {what(a)} to {a.dst_device} and `{b.op}` moved the "
                 f"unchanged result straight back to {b.dst_device} "
-                f"({plural(acc.count // 2, 'round trip')}, {format_bytes(acc.bytes)} moved back)",
+                f"({plural(acc.count // 2, 'round trip')}, {format_bytes_exact(acc.bytes)} moved back)",
                 "Keep using the tensor on the side it came from instead of copying the "
                 "unchanged data back.",
             )
@@ -243,7 +244,7 @@ def clone_detach_order(events: list[Ev]) -> list[Finding]:
         acc.finding(
             "clone-detach-order",
             f"`clone().detach()` ({plural(acc.count // 2, 'time')}, "
-            f"{format_bytes(acc.bytes)}): the clone is recorded by autograd (CloneBackward0) "
+            f"{format_bytes_exact(acc.bytes)}): the clone is recorded by autograd (CloneBackward0) "
             "and then cut off again",
             "Write `t.detach().clone()`: the copy is then made outside autograd.",
         )

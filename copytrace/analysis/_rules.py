@@ -17,10 +17,10 @@ from typing import Any
 
 import numpy as np
 
+from copytrace._units import format_bytes_exact
 from copytrace.analysis._evidence import (
     CONVERSION_OPS,
     Group,
-    format_bytes,
     is_hot,
     plural,
     what,
@@ -28,7 +28,7 @@ from copytrace.analysis._evidence import (
 from copytrace.analysis._findings import Finding
 from copytrace.analysis._pairs import PAIR_RULES
 
-__all__ = ["RULES", "format_bytes", "is_hot"]
+__all__ = ["RULES", "is_hot"]
 
 
 def _sites(*sites: Any) -> list[str]:
@@ -71,7 +71,7 @@ def graph_retaining_copy(rc: Any) -> list[Finding]:
                 f"{'its step' if g.count == 1 else 'their steps'} with the autograd graph, "
                 "itself or through a tensor computed from it (a running total), and no "
                 "backward ran through that graph: "
-                f"{format_bytes(g.bytes)} of saved tensors kept alive",
+                f"{format_bytes_exact(g.bytes)} of saved tensors kept alive",
                 "Keep `t.detach()` (or `t.item()` for a number) instead, also when adding it "
                 "to a total, or make the copy under `torch.no_grad()`.",
             )
@@ -101,7 +101,7 @@ def lost_inplace_write(rc: Any) -> list[Finding]:
                 f"an in-place write went into the fresh copy that advanced indexing "
                 f"(`{form}`, {what(e)}) returned, and the copy was then dropped unused: "
                 f"the write never reached the indexed tensor "
-                f"({plural(g.count, 'time')}, {format_bytes(g.bytes)} written and lost)",
+                f"({plural(g.count, 'time')}, {format_bytes_exact(g.bytes)} written and lost)",
                 "Write through index assignment, which writes into the tensor itself: "
                 "`x[idx] = value`, `x[idx] *= 2`, `x.index_fill_(0, idx, 0)` or "
                 "`x.index_copy_(0, idx, src)`; for `nn.init`, initialise a new tensor and "
@@ -128,7 +128,7 @@ def pageable_transfer(rc: Any) -> list[Finding]:
             g.finding(
                 "pageable-transfer",
                 f"{plural(g.count, 'host-to-device copy')} from pageable (unpinned) memory "
-                f"without non_blocking, in {len(g.steps)} steps ({format_bytes(g.bytes)}): "
+                f"without non_blocking, in {len(g.steps)} steps ({format_bytes_exact(g.bytes)}): "
                 "each one blocks the host until the copy is done",
                 "Pin the host tensor (`DataLoader(pin_memory=True)` or `t.pin_memory()`) and "
                 "pass `non_blocking=True`.",
@@ -169,7 +169,7 @@ def deepcopy_in_loop(rc: Any) -> list[Finding]:
             g.finding(
                 "deepcopy-in-loop",
                 f"copy.deepcopy of {kind} ran {plural(g.count, 'time')} in {len(steps)} "
-                f"steps ({min(steps)}-{max(steps)}), {format_bytes(g.bytes)} allocated",
+                f"steps ({min(steps)}-{max(steps)}), {format_bytes_exact(g.bytes)} allocated",
                 fix,
             )
         )
@@ -188,7 +188,7 @@ def tensor_ctor_copy(rc: Any) -> list[Finding]:
             g.finding(
                 "tensor-ctor-copy",
                 f"`{call}` of an existing tensor copies it{graph} "
-                f"({plural(g.count, 'time')}, {format_bytes(g.bytes)}); torch warns "
+                f"({plural(g.count, 'time')}, {format_bytes_exact(g.bytes)}); torch warns "
                 "against this form",
                 "Use `t.detach().clone()` when a copy is needed, or `torch.as_tensor(t)` / "
                 "`t.to(dtype)` when it is not.",

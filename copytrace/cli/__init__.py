@@ -21,7 +21,7 @@ __all__ = ["main", "console_main"]
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every subcommand registered."""
-    from copytrace import __version__
+    from copytrace._version import __version__
     from copytrace.cli import check, doctor, export, report, run, summary
 
     parser = argparse.ArgumentParser(

@@ -48,11 +48,11 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         CopytraceError: For an unknown hazard code or severity.
     """
     from copytrace._errors import CopytraceError
+    from copytrace._units import format_bytes_exact
     from copytrace.analysis import (
         Budget,
         analyze_with_totals,
         check,
-        format_bytes,
         format_findings,
         normalize_codes,
         severity_codes,
@@ -103,7 +103,7 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
     verdict = "FAILED" if violations else "OK"
     print(
         f"copytrace check: {verdict}: {len(violations)} violation(s); "
-        f"{len(findings)} finding(s); worst step {format_bytes(worst_bytes)}, "
+        f"{len(findings)} finding(s); worst step {format_bytes_exact(worst_bytes)}, "
         f"{worst_copies} copies",
         file=out,
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from copytrace.dashboards import _display
 from copytrace.dashboards._model import (
     MAX_TIMELINE_POINTS,
     HazardRow,
@@ -45,6 +46,8 @@ __all__ = [
     "sample_events",
     "write_report",
 ]
+
+_display.register()  # a loaded trace's notebook display (the reader never imports this room)
 
 
 def __getattr__(name: str) -> Any:

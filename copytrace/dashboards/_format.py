@@ -1,4 +1,7 @@
-"""Formatting and call-site helpers shared by the report model, the page and the CLI."""
+"""Formatting and call-site helpers shared by the report model, the page and the CLI.
+
+``format_bytes`` and ``format_ns`` are :mod:`copytrace._units`' (re-exported here).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +11,7 @@ import os
 from collections.abc import Iterable
 from typing import Any
 
+from copytrace._units import format_bytes, format_ns
 from copytrace.dashboards._rows import UNKNOWN_SITE
 
 __all__ = [
@@ -138,42 +142,3 @@ def source_line(site: str, not_after_ns: int | None = None) -> str:
     except (OSError, UnicodeDecodeError, MemoryError):  # pragma: no cover - odd files
         return ""
     return text if len(text) <= 200 else text[:197] + "..."
-
-
-def format_bytes(n: int | float) -> str:
-    """Format a byte count for people, e.g. ``31000`` -> ``30.3 KiB``.
-
-    Args:
-        n: Bytes.
-
-    Returns:
-        The value in B, KiB, MiB, GiB or TiB (powers of 1024).
-    """
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def format_ns(ns: int | float | None) -> str:
-    """Format a duration for people, e.g. ``11600000`` -> ``11.60 ms``.
-
-    Args:
-        ns: Duration in ns, or None.
-
-    Returns:
-        The value in ns, us, ms or s; ``-`` for None.
-    """
-    if ns is None:
-        return "-"
-    value = float(ns)
-    if abs(value) < 1e3:
-        return f"{int(value)} ns"
-    if abs(value) < 1e6:
-        return f"{value / 1e3:.1f} us"
-    if abs(value) < 1e9:
-        return f"{value / 1e6:.2f} ms"
-    return f"{value / 1e9:.3f} s"
-

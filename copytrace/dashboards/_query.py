@@ -27,14 +27,14 @@ from typing import Any
 
 import duckdb
 
-from copytrace.tracefile import META_SPANS, Event, EventTable
-from copytrace.tracefile.schema import (
+from copytrace.schema import (
     SPAN_COMPILED,
     SPAN_COMPILED_GRAPH,
     SPAN_HAZARDS,
     SPAN_RUN,
     SPAN_STEP,
 )
+from copytrace.tracefile import META_SPANS, Event, EventTable
 
 __all__ = ["MEMORY_LIMIT", "Query", "RunMeta", "StepSpan", "UNKNOWN_SITE"]
 

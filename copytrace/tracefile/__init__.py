@@ -1,10 +1,10 @@
 """The copytrace trace format: its names, its reader and its columnar event table.
 
 The tracer writes OTLP/JSON-lines files (``docs/trace-format.md``); everything that reads
-them (reports, ``copytrace summary``/``check``, hazard analysis) reads them through here:
+them (reports, ``copytrace summary``/``check``, hazard analysis) reads them through here,
+with the span names, attribute keys and defaults of :mod:`copytrace.schema` (shared with the
+writer):
 
-- :mod:`copytrace.tracefile.schema`: span names, attribute keys and the defaults an absent
-  attribute stands for, shared with the writer;
 - :func:`load_trace`: the spans as Python objects whose events have the field names of
   :class:`copytrace.CopyEvent`;
 - :func:`event_table`: every event as one row of a pyarrow table (columns named as the
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from copytrace.schema import META_SPANS, TRACE_GLOBS
 from copytrace.tracefile._reader import Event, Run, Step, TraceData, decode_value, load_trace
-from copytrace.tracefile.schema import META_SPANS, TRACE_GLOBS
 
 __all__ = [
     "META_SPANS",

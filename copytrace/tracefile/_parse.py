@@ -21,21 +21,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pj
 
-from copytrace.tracefile import _reader
-from copytrace.tracefile.schema import (
+from copytrace.schema import (
     ATTRIBUTE_OF,
     META_SPANS,
     PREFIX,
     TABLE_VERSION,
     event_schema,
 )
+from copytrace.tracefile import _reader
 
 __all__ = ["EVENT_SCHEMA", "META_SPANS", "TABLE_VERSION", "Builder", "iter_blocks", "row_of_raw"]
 
 _BLOCK_BYTES = 32 << 20
 
 _STR, _INT, _BOOL = pa.string(), pa.int64(), pa.bool_()
-#: The table's schema (:data:`copytrace.tracefile.schema.TABLE_COLUMNS`).
+#: The table's schema (:data:`copytrace.schema.TABLE_COLUMNS`).
 EVENT_SCHEMA = event_schema()
 _TYPE_OF = {name: EVENT_SCHEMA.field(name).type for name in ATTRIBUTE_OF}
 

@@ -19,8 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from copytrace._errors import TraceFileError
-from copytrace.tracefile._spans import Event, Run, Step, TraceData
-from copytrace.tracefile.schema import (
+from copytrace.schema import (
     EVENT_HAZARD,
     PREFIX,
     SPAN_COMPILED,
@@ -30,6 +29,7 @@ from copytrace.tracefile.schema import (
     SPAN_STEP,
     TRACE_GLOBS,
 )
+from copytrace.tracefile._spans import Event, Run, Step, TraceData
 
 __all__ = ["Event", "Run", "Step", "TraceData", "decode_value", "load_trace", "TRACE_GLOBS"]
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from copytrace.tracefile.schema import ATTRIBUTE_OF, FIELD_DEFAULTS, PREFIX
+from copytrace.schema import ATTRIBUTE_OF, FIELD_DEFAULTS, PREFIX
 
 __all__ = ["Event", "Run", "Step", "TraceData"]
 
@@ -152,6 +152,10 @@ class Run:
 class TraceData:
     """Everything read from one trace file or directory.
 
+    In a notebook it shows its summary: :mod:`copytrace.dashboards` gives it
+    ``_repr_html_`` / ``_repr_markdown_`` when imported (``copytrace.load_trace`` imports it),
+    so that this reader never imports the dashboards.
+
     Attributes:
         runs: One entry per traced process run, sorted by start time.
         files: The trace files read, sorted.
@@ -168,19 +172,3 @@ class TraceData:
     def events(self) -> list[Event]:
         """All event and group spans of all runs."""
         return [ev for run in self.runs for ev in run.events]
-
-    def _repr_html_(self) -> str:  # the summary, as rich output in a notebook
-        from copytrace.dashboards._model import build_model
-        from copytrace.dashboards._notebook import summary_html
-
-        return summary_html(build_model(self, analyze=True), _where(self.files))
-
-    def _repr_markdown_(self) -> str:
-        from copytrace.dashboards._model import build_model
-        from copytrace.dashboards._notebook import summary_markdown
-
-        return summary_markdown(build_model(self, analyze=True), _where(self.files))
-
-
-def _where(files: list[Path]) -> str:
-    return str(files[0]) if len(files) == 1 else f"{len(files)} trace files"

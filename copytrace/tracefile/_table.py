@@ -15,7 +15,7 @@ When the folder is not writable the cache goes to the user's cache folder.
 Columns (``docs/trace-format.md`` documents them): ``run`` (the OTLP trace id), ``span_id``,
 ``parent_id``, ``name``, ``start_ns``, ``end_ns`` (ns since the epoch), then one column per
 :class:`copytrace.CopyEvent` field (``op``, ``bytes_allocated``, ``file``, ``line``, ``step``...;
-absent attributes take the defaults of :data:`copytrace.tracefile.schema.FIELD_DEFAULTS`), and
+absent attributes take the defaults of :data:`copytrace.schema.FIELD_DEFAULTS`), and
 ``attrs_json`` / ``events_json``: the full attributes and span events as JSON text, set only
 on spans that are not copy events (run, step, hazards, compiled regions).
 """
@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from copytrace._errors import TraceFileError
+from copytrace.schema import CACHE_DIR, SPAN_HAZARDS, SPAN_RUN, SPAN_STEP
 from copytrace.tracefile import _reader, _sidecar
 from copytrace.tracefile._parse import (
     EVENT_SCHEMA,
@@ -44,7 +45,6 @@ from copytrace.tracefile._parse import (
     iter_blocks,
     row_of_raw,
 )
-from copytrace.tracefile.schema import CACHE_DIR, SPAN_HAZARDS, SPAN_RUN, SPAN_STEP
 
 __all__ = [
     "CACHE_DIR",

@@ -44,7 +44,7 @@ import torch
 from copytrace.tracer._callsite import user_frame
 
 if TYPE_CHECKING:
-    from copytrace.tracer._events import CopyEvent
+    from copytrace.schema import CopyEvent
 
 __all__ = ["Fresh", "INDEX_OPS", "is_inplace"]
 

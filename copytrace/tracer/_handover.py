@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from copytrace.schema import CopyEvent
 from copytrace.tracer._callsite import user_frame
-from copytrace.tracer._events import CopyEvent
 
 if TYPE_CHECKING:
     from copytrace.tracer._recorder import Recorder

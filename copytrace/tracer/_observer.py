@@ -7,7 +7,7 @@ Two parts, both in C, both optional:
   costs one dict lookup and runs from C, so warnings torch raises keep the caller's frame; a
   copy or alias call is recorded by :meth:`Recorder.api_before`/:meth:`Recorder.api_after`.
 * The aten level (``level="full"``): boxed kernels on the BackendSelect key for the copy and
-  alias ops of :func:`copytrace.tracer._recorder._aten_table`. They fold the aten ops an API
+  alias ops of :func:`copytrace.tracer._rules.aten_table`. They fold the aten ops an API
   call ran into its event, count autograd's own detaches, and hand implicit copies to
   :func:`_implicit`.
 
@@ -31,8 +31,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from copytrace.tracer import _recorder, _warnshim
-from copytrace.tracer._stepaside import FUNCTION_STACK, lift
+from copytrace.tracer import _patches, _recorder, _rules, _warnshim
+from copytrace.tracer.compiled.stepaside import FUNCTION_STACK, lift
 
 __all__ = ["NativeFunctionMode", "engage", "disengage", "aten_ops", "install_wrappers"]
 
@@ -42,7 +42,7 @@ _current_node = torch._C._current_autograd_node
 
 
 class NativeFunctionMode(TorchFunctionMode):
-    """copytrace's API-level mode with its handler in C (``observer.cpp``)."""
+    """copytrace's API-level mode with its handler in C (``_native/api_mode.cpp``)."""
 
     def __init__(self, native: Any) -> None:
         super().__init__()
@@ -56,13 +56,13 @@ def aten_ops() -> list[tuple[str, str, int, str]]:
     """``(qualified name, overload, kind, display name)`` of every aten copy and alias op
     overload the observer registers a kernel for."""
     ops = []
-    for op, kind in _recorder._aten_table().items():
+    for op, kind in _rules.aten_table().items():
         schema = op._schema
         name, overload = str(schema.name), schema.overload_name
         full = f"{name}.{overload}" if overload else name
         try:
             if not torch._C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd"):
-                ops.append((name, overload, kind, _recorder._aten_name(op)))
+                ops.append((name, overload, kind, _rules.aten_name(op)))
         except RuntimeError:  # a TorchScript-only overload (aten::copy.Dict_str ...)
             continue
     return ops
@@ -70,12 +70,12 @@ def aten_ops() -> list[tuple[str, str, int, str]]:
 
 def _implicit(name: str, kind: int, args: tuple, kwargs: dict, out: Any, start: int, end: int):
     """The observer's callback for an implicit copy (with the GIL, torch function off)."""
-    rec = _recorder._ACTIVE
+    rec = _patches._ACTIVE
     if rec is None:
         return
-    if threading.get_ident() != _recorder._THREAD and _graph_task_id() < 0:
+    if threading.get_ident() != _patches._THREAD and _graph_task_id() < 0:
         return
-    if getattr(rec, "compiled_depth", 0):
+    if rec.compiled_depth:
         return  # inside a compiled region: its copies are listed from its graph instead
     node = _current_node()
     if node is not None and type(node).__name__ == "CompiledFunctionBackward":
@@ -96,10 +96,12 @@ def engage(rec: Any, native: Any, full: bool) -> NativeFunctionMode:
     rec.native = native
     watch = rec.watch
     native.set_api_hooks(rec.api_table, rec.api_before, rec.api_after, watch.before_api)
-    fast = frozenset(op for op in rec.api_table.values()) - _recorder._BEFORE_OPS
+    fast = frozenset(op for op in rec.api_table.values()) - _rules.BEFORE_OPS
     native.set_fast_api(fast, (torch.Tensor, torch.nn.Parameter), rec.api_fast)
-    native.set_fast_events(rec, watch.copies, rec.api_tail, fast - _recorder._NOT_C_EVENT_OPS)
+    native.set_fast_events(rec, watch.copies, rec.api_tail, fast - _rules.NOT_C_EVENT_OPS)
     native.set_watch_writes(bool(watch.aliases))
+    if hasattr(native, "set_record_rules"):  # observer.cpp's record reads the rules as data
+        native.set_record_rules(_rules.RULES)
     _warnshim.install(native)
     copies = watch.copies  # in-place writes into fresh copies (_fresh.py)
     copies.version_of, copies.version_final = native.version_of, native.version_final
@@ -182,8 +184,8 @@ def _hot_keys(table: dict[Any, str]) -> list[Any]:
 def install_wrappers(rec: Any, native: Any, mode: NativeFunctionMode) -> int:
     """Level ``lean``: have copytrace's C code record the API table's callables and
     ``Tensor.data``. Where torch implements them in C, by hot-patching torch's own function
-    pointers (``hot_install`` in ``observer.cpp``: the objects stay torch's, and a method bound
-    or a function imported before tracing is recorded too); the Python-level callables
+    pointers (``hot_install``, ``_native/hotpatch.cpp``: the objects stay torch's, and a method
+    bound or a function imported before tracing is recorded too); the Python-level callables
     (``Tensor.__deepcopy__``, ``Tensor.backward``) and the slot wrapper ``Tensor.__getitem__``
     (what ``x[i]`` reaches through the type slot) by C wrappers put in place of the attributes,
     installed and removed with copytrace's other patches (``_recorder.install_patches``).
@@ -278,12 +280,12 @@ class LeanWatch:
 
     def watch(self, on: bool) -> None:
         self.aliases = on
-        if threading.get_ident() == _recorder._THREAD:
+        if threading.get_ident() == _patches._THREAD:
             self.settle()
 
     def watch_index(self, on: bool) -> None:
         self.indexes = on
-        if threading.get_ident() == _recorder._THREAD:
+        if threading.get_ident() == _patches._THREAD:
             self.settle()
 
     def settle(self, final: bool = False) -> None:
@@ -315,7 +317,7 @@ class LeanWatch:
 
 def remove_wrappers(rec: Any, native: Any) -> None:
     """Undo :func:`install_wrappers` (the patches themselves go with ``remove_patches``)."""
-    lean = getattr(rec, "lean_watch", None)
+    lean = rec.lean_watch
     if lean is not None:
         rec.watch.copies.on_index = None
         lean.remove()

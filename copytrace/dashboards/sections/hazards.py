@@ -14,7 +14,7 @@ from copytrace.dashboards._format import as_str, opt_int
 from copytrace.dashboards._pack import Strings
 from copytrace.dashboards._query import Query
 from copytrace.dashboards._rows import HazardRow
-from copytrace.tracefile.schema import HAZARD_ATTRS
+from copytrace.schema import HAZARD_ATTRS
 
 __all__ = ["payload_hazards",
     "analysis_findings", "attach_events", "from_finding", "from_trace", "hazard_rows",

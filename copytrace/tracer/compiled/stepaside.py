@@ -1,6 +1,6 @@
 """Taking copytrace out of dynamo's sight for a compiled call, and putting it back exactly.
 
-Helpers of :mod:`copytrace.tracer._compiled`: a mode taken off torch's (thread-local) mode
+Helpers of :mod:`copytrace.tracer.compiled`: a mode taken off torch's (thread-local) mode
 stacks wherever it is, the others left in order; copytrace's hooks taken out of torch's global
 hook dicts and put back in their order.
 """

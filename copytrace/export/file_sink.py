@@ -1,0 +1,349 @@
+"""The trace file: OTLP/JSON lines written in whole lines, plain or gzip, and the file sink.
+
+:class:`FileSink` is the pipeline's sink for the trace file: one ``ExportTraceServiceRequest``
+per line and at most :data:`~copytrace.export.otlp_json.MAX_LINE_BYTES` per line,
+gzip-compressed by default, encoded straight from the events
+(:class:`~copytrace.export.otlp_json.Encoder`) without SDK span objects; each flush's rows
+also go to the columnar sidecar (:mod:`copytrace.export.sidecar`).
+:class:`OtlpJsonFileExporter` writes the same format from any ``TracerProvider``.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import IO, Any
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from copytrace._version import __version__
+from copytrace.export.hazard_span import append_hazard_span
+from copytrace.export.otlp_json import (
+    MAX_LINE_BYTES,
+    Encoder,
+    encode_span_lines,
+    event_attributes,
+    iter_lines,
+    request_frame,
+)
+from copytrace.export.pipeline import Chunk, PlanItem, RunIds, span_times
+from copytrace.schema import SCOPE_NAME, CopyEvent
+
+__all__ = ["FileSink", "OtlpJsonFileExporter", "TraceFile", "trace_file_name"]
+
+
+class TraceFile:
+    """An OTLP/JSON-lines file, plain or gzip, written in whole lines.
+
+    Args:
+        path: the file (created with its parent directory when first written; an existing
+            file is replaced).
+        compression: ``"gzip"`` or ``None``.
+        level: gzip compression level (1 = fastest ... 9 = smallest).
+
+    After each :meth:`flush` every line written so far is readable, also if the process is
+    killed right after: a gzip file ends its gzip member at each flush and starts a new one
+    at the next write (readers of concatenated gzip, ``zcat`` and the Collector read the
+    members as one stream), so the file can also be read from any flush point on
+    (:attr:`size`), which the columnar sidecar relies on.
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], compression: str | None = "gzip", level: int = 6
+    ) -> None:
+        self.path = Path(path)
+        self.compression = compression
+        self.level = level
+        self._raw: IO[bytes] | None = None
+        self._gz: gzip.GzipFile | None = None
+        self.lines = 0
+        self.bytes_uncompressed = 0
+        #: Bytes in the file after the last :meth:`flush` or :meth:`close`.
+        self.size = 0
+        self._closed = False
+
+    def _open(self) -> IO[bytes]:
+        if self._raw is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._raw = open(self.path, "wb")  # noqa: SIM115 - closed by close()
+        if self.compression == "gzip":
+            self._gz = gzip.GzipFile(
+                filename="", mode="wb", fileobj=self._raw, compresslevel=self.level, mtime=0
+            )
+            return self._gz
+        return self._raw
+
+    def write_lines(self, lines: Sequence[str]) -> None:
+        if not lines or self._closed:
+            return
+        fh = self._gz or (self._raw if self.compression != "gzip" else None) or self._open()
+        data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
+        fh.write(data)
+        self.lines += len(lines)
+        self.bytes_uncompressed += len(data)
+
+    def flush(self) -> None:
+        if self._gz is not None:
+            self._gz.close()  # ends the member; the raw file stays open
+            self._gz = None
+        if self._raw is not None:
+            self._raw.flush()
+            self.size = self._raw.tell()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            if self._gz is not None:
+                self._gz.close()
+        finally:
+            if self._raw is not None:
+                self.size = self._raw.tell()
+                self._raw.close()
+
+    def abandon(self) -> None:
+        """In a forked child: never write to (or close into) the parent's file again."""
+        self._closed = True
+        raw = self._raw
+        if raw is None:
+            return
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, raw.fileno())  # the child's copy of the descriptor only
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+
+
+class OtlpJsonFileExporter(SpanExporter):
+    """An SDK span exporter that writes OTLP/JSON lines (for any ``TracerProvider``).
+
+    Args:
+        path: the file to write (replaced if present).
+        compression: ``None`` (default) or ``"gzip"``.
+
+    Each export is written as whole lines of at most :data:`MAX_LINE_BYTES` and flushed, so a
+    process killed mid-run leaves every earlier batch readable.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], compression: str | None = None) -> None:
+        self.path = Path(path)
+        self._file = TraceFile(self.path, compression)
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        if not spans:
+            return SpanExportResult.SUCCESS
+        try:
+            self._file.write_lines(encode_span_lines(spans))
+            self._file.flush()
+        except OSError as err:
+            print(f"copytrace: cannot write {self.path}: {err}", file=sys.stderr)
+            return SpanExportResult.FAILURE
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        self._file.close()
+
+    def force_flush(self, timeout_millis: int = 30000) -> bool:
+        self._file.flush()
+        return True
+
+
+# --- file name ----------------------------------------------------------------------------------
+def trace_file_name(pid: int | None = None, compression: str | None = None) -> str:
+    """``copytrace-<host>-<pid>[-rank<N>].otlp.jsonl[.gz]`` for this process."""
+    pid = os.getpid() if pid is None else pid
+    rank = os.environ.get("RANK")
+    suffix = f"-rank{rank}" if rank is not None and rank.isdigit() else ""
+    host = socket.gethostname() or "host"
+    ext = ".otlp.jsonl.gz" if compression == "gzip" else ".otlp.jsonl"
+    return f"copytrace-{host}-{pid}{suffix}{ext}"
+
+
+
+# --- the file sink: events -> OTLP/JSON text, no SDK objects ----------------------------------------
+class _SidecarRows:
+    """One flush's spans for the columnar sidecar, in file order: runs of copy events (span
+    ids, parents, names, times, span attributes), the other spans as ``meta_row`` arguments."""
+
+    __slots__ = ("segments", "ids", "parents", "names", "starts", "ends", "attrs")
+
+    def __init__(self) -> None:
+        self.segments: list[tuple[str, Any]] = []
+        self._new()
+
+    def _new(self) -> None:
+        self.ids: list[str] = []
+        self.parents: list[str] = []
+        self.names: list[str] = []
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.attrs: list[dict[str, Any]] = []
+
+    def event(self, sid: str, parent: str, name: str, start: int, end: int, attrs: Any) -> None:
+        self.ids.append(sid)
+        self.parents.append(parent)
+        self.names.append(name)
+        self.starts.append(start)
+        self.ends.append(end)
+        self.attrs.append(attrs)
+
+    def meta(self, *args: Any) -> None:
+        self.done()
+        if self.segments and self.segments[-1][0] == "meta":
+            self.segments[-1][1].append(args)
+        else:
+            self.segments.append(("meta", [args]))
+
+    def done(self) -> None:
+        if self.ids:
+            self.segments.append(("events", (self.ids, self.parents, self.names, self.starts,
+                                             self.ends, self.attrs)))  # fmt: skip
+            self._new()
+
+
+class FileSink:
+    """Writes the trace file (see :class:`TraceFile`); spans encoded straight from events.
+    A :class:`~copytrace.export.pipeline.Sink`.
+
+    Args:
+        path: the trace file.
+        compression: ``"gzip"`` or ``None``.
+        level: gzip level.
+        max_line_bytes: longest request line.
+        sidecar: also write the columnar sidecar (:mod:`copytrace.export.sidecar`): the
+            event table's rows of each flush, built from the flush's span attributes.
+            Default: unless ``COPYTRACE_SIDECAR=0``.
+    """
+
+    #: The hazards hook reads the finished trace file.
+    closes_before_hazards = True
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        compression: str | None = "gzip",
+        level: int = 6,
+        max_line_bytes: int = MAX_LINE_BYTES,
+        sidecar: bool | None = None,
+    ) -> None:
+        self.file = TraceFile(path, compression, level)
+        self._max = max_line_bytes
+        self._enc = Encoder()
+        self._run: RunIds | None = None
+        self._frame = ("", "")
+        self._sidecar: Any = None
+        if sidecar is None:
+            sidecar = os.environ.get("COPYTRACE_SIDECAR", "1").strip() != "0"
+        self._want_sidecar = sidecar
+        self.sidecar_seconds = 0.0
+        self.spans = 0
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
+
+    def begin(self, run: RunIds) -> None:
+        self._run = run
+        self._frame = request_frame(run.resource.attributes, SCOPE_NAME, __version__)
+
+    def write(self, items: Iterable[PlanItem], chunk: Chunk, keep: Callable[[], set[str]]) -> None:
+        write = self.file.write_lines
+        rows = _SidecarRows() if self._want_sidecar else None
+        for line in iter_lines(*self._frame, self._encode(items, chunk, rows), self._max):
+            write((line,))
+        self.file.flush()
+        if rows is not None:
+            self._to_sidecar(rows)
+
+    def _to_sidecar(self, rows: _SidecarRows | None, final: bool = False) -> None:
+        """Hand a flush's rows to the sidecar writer (after the JSON lines are flushed);
+        any trouble stops the sidecar (readers then parse the JSON), never the trace file."""
+        t0 = time.perf_counter()
+        try:
+            from copytrace.export import sidecar as sc
+
+            side = self._sidecar
+            if side is None:
+                assert self._run is not None
+                side = self._sidecar = sc.SidecarWriter(
+                    self.file.path, self._run.trace_hex, dict(self._run.resource.attributes)
+                )
+            if rows is not None:
+                rows.done()
+                trace = self._run.trace_hex if self._run is not None else ""
+                for kind, seg in rows.segments:
+                    if kind == "events":
+                        side.add(sc.event_batch(trace, *seg))
+                    else:
+                        side.add_rows([sc.meta_row(*args) for args in seg])
+            if final:
+                side.close(self.file.size)
+            else:
+                side.commit(self.file.size)
+        except Exception as err:
+            self._want_sidecar = False
+            print(f"copytrace: columnar sidecar of {self.file.path.name} stopped "
+                  f"({type(err).__name__}: {err}); the trace file is complete", file=sys.stderr)
+        self.sidecar_seconds += time.perf_counter() - t0
+
+    def _encode(
+        self, items: Sequence[PlanItem], chunk: Chunk, rows: _SidecarRows | None = None
+    ) -> Iterator[str]:
+        run = self._run
+        assert run is not None
+        enc, trace, off = self._enc, run.trace_hex, run.offset
+        for span_id, parent, ev, step in items:
+            self.spans += 1
+            if ev is not None and type(ev) is not CopyEvent:  # a compiled-region record
+                args = (trace, span_id, parent, ev.span_name, ev.start_ns + off, ev.end_ns + off,
+                        ev.span_attributes(), [(n, t + off, a) for n, t, a in ev.span_events()])
+                if rows is not None:
+                    rows.meta(*args)
+                yield enc.span(*args[:7], None, args[7])
+            elif ev is not None:
+                start, end = span_times(ev, run.start_ns)
+                attrs = event_attributes(ev)
+                if rows is not None:
+                    rows.event(span_id, parent, "copytrace." + ev.op, start + off, end + off, attrs)
+                yield enc.span(trace, span_id, parent, "copytrace." + ev.op, start + off,
+                               end + off, attrs, ev.error)  # fmt: skip
+            elif step is not None:
+                args = (trace, span_id, parent, "copytrace.step", step[1] + off, step[2] + off,
+                        {"copytrace.step": step[0]})
+                if rows is not None:
+                    rows.meta(*args)
+                yield enc.span(*args)
+        final = chunk.final
+        if final is not None:
+            self.spans += 1
+            args = (trace, run.span_hex, None, "copytrace.run", run.start_ns + off,
+                    final.end_ns + off, final.attributes)
+            if rows is not None:
+                rows.meta(*args)
+            yield enc.span(*args, final.error)
+
+    def close(self) -> None:
+        self.file.close()
+        if self._want_sidecar and self.file.size:
+            self._to_sidecar(None, final=True)
+
+    def write_hazards(
+        self, findings: Sequence[Mapping[str, Any]], span_id: str, end_ns: int
+    ) -> None:
+        """Append the run's ``copytrace.hazards`` span to the closed file."""
+        assert self._run is not None
+        append_hazard_span(self.path, self.file.compression, self._run, end_ns, findings,
+                           span_id=span_id)  # fmt: skip
+
+    def abandon(self) -> None:
+        self._want_sidecar = False
+        self.file.abandon()

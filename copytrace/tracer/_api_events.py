@@ -1,0 +1,339 @@
+"""API-level events: the user's call (``Tensor.clone``, ``.data``, ``.to``...) as one event.
+
+:class:`ApiEvents` is the part of :class:`copytrace.tracer._recorder.Recorder` that records
+the calls in its API table. A call is begun by :meth:`ApiEvents.api_before` and recorded by
+:meth:`ApiEvents.api_after` (or :meth:`ApiEvents.api_fast`, for the C observer's calls with no
+``api_before``). The event is decided by the rules of :mod:`copytrace.tracer._rules`: in one
+call of the C++ observer's ``record`` for plain tensors, else by :meth:`ApiEvents._record_py`
+with the Python readers of :mod:`copytrace.tracer._facts`. Both set the same fields in the
+same order of storage ids (``tests/test_native_facts.py`` compares them). The C path's
+common case (``fast_event`` in ``observer.cpp``) calls nothing here.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from copytrace.schema import CopyEvent
+from copytrace.tracer import _callsite, _modules
+from copytrace.tracer import _facts as _F
+from copytrace.tracer._callsite import user_frame
+from copytrace.tracer._fresh import INDEX_OPS
+from copytrace.tracer._rules import IN_PYTHON, RULES, _basic_index, _storage_nbytes, _transfer
+
+if TYPE_CHECKING:
+    from copytrace.tracer._recorder import Recorder
+
+__all__ = ["ApiEvents"]
+
+_perf_ns = time.perf_counter_ns
+_NoTorchFunction = torch._C.DisableTorchFunction
+_Tensor = torch.Tensor
+_py_facts = _F.py_facts
+_THREAD_NAMES: dict[int, str] = {}  # thread ident -> name (names are read once per thread)
+# Every field at its default: the C++ observer copies it for each new event (copy_slots).
+_PROTOTYPE = CopyEvent()
+_TAG = "copytrace"  # key in grad_fn.metadata: (module path, "file:line") of the forward call
+_NO_KWARGS: dict[str, Any] = {}
+# Ops whose event's result is their first argument: dst.copy_(src) writes into dst;
+# dst.data = src rebinds dst to src's storage; swap_tensors(dst, src) exchanges payloads.
+_DST_FIRST = frozenset(("copy_", "data_set", "swap_tensors"))
+_NO_TENSOR_RESULT = ("numpy", "copy_", "data_set")  # ops whose result may be no tensor
+_WRITES_INTO = RULES.writes_into
+_ALWAYS_ALIAS = RULES.always_alias
+_VIEW_NO_EVENT = RULES.view_is_no_event
+_IN_PYTHON = IN_PYTHON  # ops observer.cpp's record leaves to the Python readers
+
+
+class _Pending:
+    """An API call in progress: the aten ops it caused are appended to ``aten``."""
+
+    __slots__ = ("aten",)
+
+    def __init__(self) -> None:
+        self.aten: list[str] = []
+
+
+class ApiEvents:
+    """The API-level events of :class:`~copytrace.tracer._recorder.Recorder` (a mixin: every
+    attribute read here is the recorder's)."""
+
+    def api_before(self: Recorder, op: str, func: Any, args: tuple, kwargs: dict | None) -> Any:
+        """Start recording the user's API call ``op``; ``None`` means: run it unrecorded.
+
+        Called by the C handler (``_native/observer.cpp``) or :meth:`api_call` before
+        ``func(*args, **kwargs)`` runs; the token goes to :meth:`api_after`."""
+        if op == "backward":
+            self.watch.check_backward(func, args, kwargs or {})
+            return None
+        if op == "deepcopy" and len(args) > 1 and args[1] is not None and id(args[0]) in args[1]:
+            return None  # memo hit: deepcopy returns an earlier copy
+        if op == "index" and _basic_index(args):
+            return None  # x[i], x[a:b]: a view (the C handler lets these through itself)
+        if kwargs and op in INDEX_OPS and kwargs.get("out") is not None:
+            return None  # gathers into an existing tensor: no fresh copy
+        # detach_() clears requires_grad in place: read the input's state before the call.
+        src_rg = args[0].requires_grad if op == "detach_" and args else None
+        pending = _Pending()
+        token = (op, args, kwargs or {}, self.active, src_rg, pending)
+        self.active = pending
+        return token
+
+    def api_after(
+        self: Recorder, token: Any, result: Any, error: Any, start: int, end: int, aten: tuple = ()
+    ) -> None:
+        """Record the call begun by :meth:`api_before`. ``error``: the exception's type, or
+        ``None``; ``aten``: the aten copy ops it ran (from the C++ observer). Never raises."""
+        op, args, kwargs, outer, src_rg, pending = token
+        self.active = outer
+        if pending.aten:  # folded by the Python dispatch mode
+            aten = (*pending.aten, *aten)
+        try:
+            name = error.__name__ if error is not None else None
+            self._record_api(op, args, kwargs, result, aten, start, end, name, src_rg)
+        except Exception as err:
+            self.note_error(err)
+        self.overhead_ns += _perf_ns() - end
+
+    def api_fast(
+        self: Recorder, op: str, args: tuple, result: Any, error: Any, start: int, end: int,
+        aten: tuple,
+    ) -> None:  # fmt: skip
+        """Record a call the C observer ran without :meth:`api_before` (no keyword arguments, a
+        plain tensor first, an op in :data:`FAST_OPS`; ``observer.cpp``, ``fast_call``): as
+        :meth:`api_after` records it. Never raises."""
+        try:
+            name = error.__name__ if error is not None else None
+            self._record_api(op, args, _NO_KWARGS, result, aten, start, end, name)
+        except Exception as err:
+            self.note_error(err)
+        self.overhead_ns += _perf_ns() - end
+
+    def api_call(self: Recorder, op: str, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Run ``func(*args, **kwargs)`` as the user's API call ``op`` and record it (the
+        Python function mode's path and copytrace's own patches)."""
+        # copytrace's own reads (.requires_grad, .grad_fn, storages) must reach no mode and
+        # no subclass's __torch_function__: torch function handling is off around them.
+        with _NoTorchFunction():
+            token = self.api_before(op, func, args, kwargs)
+        if token is None:
+            return func(*args, **kwargs)
+        native = self.native
+        if native is not None:
+            native.begin_fold()
+        start = _perf_ns()
+        try:
+            result = func(*args, **kwargs)
+        except BaseException as err:
+            end = _perf_ns()
+            with _NoTorchFunction():
+                self.api_after(token, None, type(err), start, end, _end_fold(native))
+            raise
+        end = _perf_ns()
+        with _NoTorchFunction():
+            self.api_after(token, result, None, start, end, _end_fold(native))
+        return result
+
+    def api_tail(
+        self: Recorder, op: str, src: Any, out: Any, ev: CopyEvent, grad_fn: Any, where: Any
+    ) -> None:
+        """The rest of an event observer.cpp's ``record`` made (``where``: True when its phase,
+        module and thread are set, else the frame to place it from): tag ``grad_fn``, start
+        the watches, keep the event. Called by :meth:`_record_api` and by observer.cpp's fast
+        events for what they do not finish in C."""
+        if where is not True:
+            self._place(ev, where)
+        if grad_fn is not None and ev.phase != "backward":
+            _tag_grad_fn(grad_fn, ev)
+        try:  # the rest of Watch.event: an error there still keeps the event
+            self.watch.follow(ev, op, src, out, grad_fn)
+        except Exception as err:
+            self.note_error(err)
+        self._append(ev)
+
+    def _record_api(
+        self: Recorder, op: str, args: tuple, kwargs: dict, result: Any, aten: tuple,
+        start: int, end: int, error: str | None, src_requires_grad: bool | None = None,
+    ) -> None:  # fmt: skip
+        """Record API call ``op`` (``error``: the exception's type name, or None): in one call
+        of the C++ observer's ``record`` where it reads the tensors, else :meth:`_record_py`."""
+        if op in _DST_FIRST:
+            if len(args) < 2:
+                return
+            dst, src = args[0], args[1]
+            if not isinstance(dst, _Tensor) or not isinstance(src, _Tensor):
+                return
+            out = dst
+        else:
+            src = args[0] if args else None
+            if not isinstance(src, _Tensor):
+                return  # torch.tensor([1, 2]), torch.clone(x=...) etc.: no tensor input
+            out = result
+        if error is None and op not in _NO_TENSOR_RESULT and not isinstance(out, _Tensor):
+            return  # t.type() with no argument returns a string
+        native = self.native
+        if native is not None and error is None and self.group is None and op not in _IN_PYTHON:
+            # the common case in one C call (observer.cpp, record): same fields, same ids
+            state = self._native_state
+            if state is None:
+                state = self._native_state = (
+                    _PROTOTYPE, self.watch.ids, _callsite._code_kind, _modules.CALL_IMPL,
+                    _THREAD_NAMES,
+                )  # fmt: skip
+            found = native.record(
+                state, op, src, out, src_requires_grad, len(self.events) + self.dropped,
+                start, end, aten, self.step_index, self.in_optimizer,
+            )  # fmt: skip
+            if found is False:  # no event (an integer index's view)
+                return
+            if found is not None:  # tensor facts, call site, step and storage ids set
+                ev, grad_fn, where = found
+                if kwargs:
+                    ev.non_blocking = bool(kwargs.get("non_blocking", False))
+                self.api_tail(op, src, out, ev, grad_fn, where)
+                return
+            # None: not a plain tensor, the Python readers below
+        self._record_py(op, src, out, kwargs, aten, start, end, error, src_requires_grad)
+
+    def _record_py(
+        self: Recorder, op: str, src: Any, out: Any, kwargs: dict, aten: tuple, start: int,
+        end: int, error: str | None, src_requires_grad: bool | None,
+    ) -> None:  # fmt: skip
+        """:meth:`_record_api` with the Python readers (no observer, a tensor it does not
+        read, numpy, deepcopy, a failed call or a call inside a deepcopy group)."""
+        native = self.native
+        fs = native.facts(src, False) if native is not None else None  # _facts.facts, inlined
+        if fs is None:
+            fs = _py_facts(src)
+        if native is not None:
+            ev = native.copy_slots(_PROTOTYPE)  # every field at its default
+            ev.op = op
+            ev.aten = aten
+            ev.error = error
+        else:
+            ev = CopyEvent(op=op, aten=aten, error=error)
+        ev.seq = len(self.events) + self.dropped
+        ev.start_ns = start
+        ev.end_ns = end
+        ev.src_dtype = src_dtype = fs[1]  # _facts.DTYPE
+        ev.src_device = src_device = fs[2]  # _facts.DEVICE
+        src_rg = fs[3] if src_requires_grad is None else src_requires_grad  # REQUIRES_GRAD
+        ev.src_requires_grad = src_rg
+        if kwargs:
+            ev.non_blocking = bool(kwargs.get("non_blocking", False))
+        fo = grad_fn = None
+        if error is not None or op == "numpy":
+            # Failed call, or an ndarray view of the tensor's memory (an alias).
+            ev.shape = fs[0]  # _facts.SHAPE
+            ev.dtype = src_dtype
+            ev.dst_device = dst_device = src_device
+            ev.bytes_logical = fs[9]  # _facts.LOGICAL_BYTES
+            alias = ev.alias = op == "numpy" and error is None
+            ev.requires_grad = False
+            if src_rg and alias:
+                ev.graph = "detached"
+        else:
+            fo = native.facts(out, True) if native is not None else None
+            if fo is None:
+                fo = _py_facts(out, True)
+            dst_device = fo[2]  # _facts.DEVICE
+            grad_fn = fo[5]  # _facts.GRAD_FN
+            alias = self._classify(ev, op, src, out, fs, fo, src_rg)
+        if alias and op in _VIEW_NO_EVENT:
+            return  # a zero-dim integer index selects a view: not a copy
+        if src_device is not dst_device:  # interned names: equal names are one object
+            transfer = ev.transfer = _transfer(src_device, dst_device)
+            if transfer == "h2d":
+                ev.pinned = src.is_pinned()
+        if native is not None:  # Recorder._context, inlined: the same walk in C
+            site = native.call_site(_callsite._code_kind)
+        else:
+            site = user_frame(sys._getframe(2))
+        if site is not None:
+            ev.file, ev.line, ev.function, ev.via = site
+        ev.step = self.step_index
+        self._place(ev, sys._getframe(1))
+        if grad_fn is not None and ev.phase != "backward":
+            _tag_grad_fn(grad_fn, ev)
+        group = self.group
+        if group is not None and error is None:
+            group.bytes += ev.bytes_allocated
+            group.tensors += 1
+        try:  # Watch.event, inlined: an error there still keeps the event
+            self.watch._event(ev, op, src, out, fs, fo)
+        except Exception as err:
+            self.note_error(err)
+        if len(self.events) < self.max_events:  # _append, inlined
+            self.events.append(ev)
+        else:
+            self.dropped += 1
+
+    def _classify(
+        self: Recorder, ev: CopyEvent, op: str, src: Any, out: Any, fs: tuple, fo: tuple,
+        src_rg: Any,
+    ) -> bool:  # fmt: skip
+        """Set the result's facts on ``ev`` (``fs``, ``fo``: the facts of ``src``, ``out``)
+        and class it by :data:`~copytrace.tracer._rules.RULES`: no-op, alias, or a copy with
+        the bytes it allocated; and its graph. Returns whether the result is an alias."""
+        (shape, dtype, dst_device, rg, is_leaf, grad_fn, grad_fn_name, storage,
+         storage_bytes, logical, _, _, _, fake) = fo  # fmt: skip
+        ev.shape = shape
+        ev.dtype = dtype
+        ev.dst_device = dst_device
+        ev.bytes_logical = logical
+        ev.requires_grad = rg
+        ev.grad_fn = grad_fn_name
+        ev.is_leaf = is_leaf
+        noop = False
+        if op in _WRITES_INTO:
+            alias = False  # written into an existing tensor: 0 bytes allocated
+        elif out is src:
+            noop = ev.noop = alias = ev.alias = True
+        elif op in _ALWAYS_ALIAS:
+            alias = ev.alias = True
+        else:
+            src_storage = fs[7]  # _facts.STORAGE; same_storage(), inlined:
+            alias = ev.alias = (
+                storage is not None
+                and src_storage is not None
+                and (storage is src_storage or storage._cdata == src_storage._cdata)
+            )
+            if not alias and fake:
+                ev.fake = True  # a copy of no real memory: logical bytes only
+            elif not alias:
+                nbytes = storage_bytes
+                group = self.group
+                if op == "deepcopy":
+                    grad = getattr(out, "grad", None) if is_leaf else None
+                    if grad is not None:
+                        nbytes += _storage_nbytes(grad)
+                if group is not None and storage is not None:
+                    ptr = storage._cdata
+                    if ptr in group.storages:
+                        nbytes = 0  # storage shared inside the copied object: copied once
+                    else:
+                        group.storages.add(ptr)
+                ev.bytes_allocated = nbytes
+        if grad_fn is not None or (noop and rg):
+            ev.graph = "attached"
+        elif src_rg:
+            ev.graph = "detached"
+        return alias
+
+
+def _end_fold(native: Any) -> tuple:
+    return native.end_fold() if native is not None else ()
+
+
+def _tag_grad_fn(grad_fn: Any, ev: CopyEvent) -> None:
+    """Tag the copy's grad_fn so that the copy its backward makes names this forward call."""
+    if ev.file is None:
+        return
+    try:
+        grad_fn.metadata[_TAG] = (ev.module, f"{ev.file}:{ev.line}")
+    except Exception:  # nodes without metadata (custom C++ functions)
+        pass

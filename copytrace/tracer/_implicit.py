@@ -1,0 +1,155 @@
+"""aten-level events: copies no API call explains, and ``torch.from_numpy``.
+
+:class:`ImplicitEvents` is the part of :class:`copytrace.tracer._recorder.Recorder` that the
+dispatch level calls: the Python ``DispatchMode`` (:mod:`copytrace.tracer._modes`) or the C++
+observer's kernels (through :func:`copytrace.tracer._observer._implicit`). An aten copy op
+(``aten::clone``, ``aten::_to_copy``, ``aten::copy_``...) that runs with no API call in
+progress is an ``implicit`` copy: made inside a composite, by autograd in backward, by autocast
+or by an optimizer. Dispatch-level tensors carry no autograd metadata, so the graph facts of
+these events stay unknown (``"none"``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from copytrace.schema import CopyEvent
+from copytrace.tracer import _facts as _F
+from copytrace.tracer._api_events import _PROTOTYPE
+from copytrace.tracer._rules import _COPY_INTO, _transfer
+
+if TYPE_CHECKING:
+    from copytrace.tracer._recorder import Recorder
+
+__all__ = ["ImplicitEvents"]
+
+_Tensor = torch.Tensor
+_current_node = torch._C._current_autograd_node
+_sequence_nr = torch._C._autograd._get_sequence_nr
+_facts = _F.facts
+_dtype_name = _F.dtype_name
+_device_str = _F.device_str
+_shape = _F.shape
+_nbytes = _F.nbytes
+
+
+class ImplicitEvents:
+    """The aten-level events of :class:`~copytrace.tracer._recorder.Recorder` (a mixin: every
+    attribute read here is the recorder's)."""
+
+    def implicit(
+        self: Recorder, name: str, kind: int, args: tuple, kwargs: dict, out: Any, start: int, end: int
+    ) -> None:
+        """Record an aten copy that no API call explains.
+
+        Args:
+            name: the aten op, as ``aten::clone`` (overload appended when not the default).
+            kind: ``_COPY`` (a new tensor) or ``_COPY_INTO`` (written into an existing one).
+            args, kwargs: the op's arguments; out: its result.
+            start, end: host ``perf_counter_ns`` around the op.
+        """
+        node = _current_node()
+        if node is not None and type(node).__name__ == "CompiledFunctionBackward":
+            self.compiled_backward_skipped += 1  # a compiled graph's backward: not op by op
+            return None
+        tensors = [a for a in args if isinstance(a, _Tensor)]
+        if kind == _COPY_INTO:
+            # copy_(dst, src), index_copy_(dst, dim, index, source), foo_copy(..., out=dst)
+            if not tensors and args and isinstance(args[0], (list, tuple)):
+                return self._implicit_foreach(name, args, start, end)
+            dst = kwargs.get("out") if kwargs else None
+            if not isinstance(dst, _Tensor):
+                dst = tensors[0] if tensors else None
+            src = tensors[-1] if len(tensors) > 1 else dst
+            if name.startswith("aten::_copy_from") and len(tensors) > 1:
+                src, dst = tensors[0], tensors[1]  # _copy_from(self=src, dst)
+            allocated = 0
+        else:
+            dst = out if isinstance(out, _Tensor) else None
+            src = tensors[0] if tensors else None
+            allocated = -1  # the new storage's bytes, from its facts below
+        if src is None or dst is None:
+            return None
+        native = self.native
+        fs = _facts(native, src)
+        fd = fs if dst is src else _facts(native, dst)
+        if native is not None:
+            ev = native.copy_slots(_PROTOTYPE)
+            ev.op = "implicit"
+            ev.aten = (name,)
+        else:
+            ev = CopyEvent(op="implicit", aten=(name,))
+        ev.seq = len(self.events) + self.dropped
+        ev.start_ns = start
+        ev.end_ns = end
+        ev.bytes_allocated = fd[_F.STORAGE_BYTES] if allocated < 0 else allocated
+        ev.src_dtype = fs[_F.DTYPE]
+        ev.src_device = fs[_F.DEVICE]
+        ev.src_requires_grad = fs[_F.REQUIRES_GRAD]
+        ev.shape = fd[_F.SHAPE]
+        ev.dtype = fd[_F.DTYPE]
+        ev.dst_device = fd[_F.DEVICE]
+        ev.transfer = _transfer(ev.src_device, ev.dst_device)
+        ev.bytes_logical = fd[_F.LOGICAL_BYTES]
+        ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
+        # Dispatch-level tensors carry no autograd metadata: graph facts stay unknown ("none").
+        self._context(ev)
+        if ev.module is not None and ev.phase != "backward" and _made_node(tensors):
+            # autograd made this copy's node just before the copy ran (the next sequence
+            # number is the node's + 1): a backward copy of that node names this module
+            self.modules.note_node(_sequence_nr() - 1, ev.module)
+        self.watch.event(ev, "implicit", src, dst, fs, fd)
+        if kind == _COPY_INTO and ev.dst_version is not None:
+            # Seen below the ADInplaceOrView kernel, which bumps the written tensor's version
+            # counter once the op returns (a write-back `x[:, 0] = f(x[:, 0])`): record the
+            # version the tensor has afterwards, as for an API-level copy_.
+            ev.dst_version += 1
+        self._append(ev)
+        return None
+
+    def _implicit_foreach(self: Recorder, name: str, args: tuple, start: int, end: int) -> None:
+        """``_foreach_copy_(dsts, srcs)``: one event for the whole list (0 bytes allocated)."""
+        dsts = [t for t in args[0] if isinstance(t, _Tensor)]
+        srcs = args[1] if len(args) > 1 and isinstance(args[1], (list, tuple)) else dsts
+        if not dsts:
+            return
+        first, src = dsts[0], srcs[0] if srcs else dsts[0]
+        ev = CopyEvent(op="implicit", aten=(name,))
+        ev.seq = len(self.events) + self.dropped
+        ev.start_ns = start
+        ev.end_ns = end
+        ev.tensors = len(dsts)
+        ev.bytes_logical = sum(_nbytes(t) for t in dsts)
+        ev.shape = _shape(first)
+        ev.dtype = _dtype_name(first.dtype)
+        ev.src_dtype = _dtype_name(src.dtype)
+        ev.src_device = _device_str(src.device)
+        ev.dst_device = _device_str(first.device)
+        ev.transfer = _transfer(ev.src_device, ev.dst_device)
+        self._context(ev)
+        self._append(ev)
+
+    def from_numpy(self: Recorder, out: torch.Tensor, start: int, end: int) -> None:
+        """Record ``torch.from_numpy(array)``: a tensor over the array's memory (an alias)."""
+        ev = CopyEvent(op="from_numpy", aten=(), alias=True)
+        ev.seq = len(self.events) + self.dropped
+        ev.start_ns = start
+        ev.end_ns = end
+        ev.shape = _shape(out)
+        ev.dtype = ev.src_dtype = _dtype_name(out.dtype)
+        ev.src_device = ev.dst_device = "cpu"
+        ev.bytes_logical = _nbytes(out)
+        self._context(ev)
+        self._append(ev)
+
+
+def _made_node(tensors: list) -> bool:
+    """Whether autograd recorded the op on ``tensors`` (grad mode on, an input needs grad)."""
+    if not torch.is_grad_enabled():
+        return False
+    for t in tensors:
+        if t.requires_grad:
+            return True
+    return False

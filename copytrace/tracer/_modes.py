@@ -1,0 +1,138 @@
+"""copytrace's two torch modes (the Python path): a TorchFunctionMode and a TorchDispatchMode.
+
+* :class:`FunctionMode` sees the user's API call: one dict lookup per torch call (the API
+  table, :func:`copytrace.tracer._rules.api_table`), and for a copy or alias call
+  :meth:`Recorder.api_call <copytrace.tracer._api_events.ApiEvents.api_call>`.
+* :class:`DispatchMode` sees aten ops: a copy op inside an API call is folded into that call's
+  event; one with no API call around it is an implicit copy
+  (:mod:`copytrace.tracer._implicit`); a bare ``aten::detach``/``aten::alias`` is autograd's
+  own bookkeeping, counted in ``Recorder.internal_detaches``.
+
+Where the C++ observer is built, its C handler and kernels replace both (see
+:mod:`copytrace.tracer._observer`). Neither mode is re-entered by its own handler: torch pops a
+mode from its stack while the mode's handler runs.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from copytrace.tracer._rules import _ALIAS, _BASIC_INDEX, _GETITEM, _aten_name, _basic_index
+
+if TYPE_CHECKING:
+    from copytrace.tracer._recorder import Recorder
+
+__all__ = ["FunctionMode", "DispatchMode", "warm_up"]
+
+_perf_ns = time.perf_counter_ns
+_NoTorchFunction = torch._C.DisableTorchFunction
+
+
+class FunctionMode(TorchFunctionMode):
+    """API-level interception: one dict lookup per torch call, a record for copy/alias calls."""
+
+    def __init__(self, rec: Recorder) -> None:
+        super().__init__()
+        self._rec = rec
+        self._table = rec.api_table
+        self._copies = rec.watch.copies  # in-place writes into fresh copies (_fresh.py)
+        self._fresh = self._copies.fresh  # both dicts live as long as the watch
+        self._written = self._copies.written
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        try:
+            op = self._table.get(func)
+        except TypeError:  # an unhashable callable
+            op = None
+        fresh = self._fresh
+        if fresh and args and (id(args[0]) in fresh or self._written):
+            self._copies.call(func, args, kwargs)  # a write into (or use of) a fresh copy
+        if op is None or self._rec.active is not None:
+            return func(*args, **kwargs)
+        if func is _GETITEM and (type(args[1]) in _BASIC_INDEX or _basic_index(args)):
+            return func(*args, **kwargs)  # x[i], x[a:b]: a view, no event
+        return self._rec.api_call(op, func, args, kwargs)
+
+
+class DispatchMode(TorchDispatchMode):
+    """aten-level interception: folds copies into the API call in progress, or records them
+    as implicit copies; counts autograd's own detaches."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # torch wraps every mode's handler in torch._disable_dynamo (two extra Python calls
+        # per aten op). warm_up() instead tells dynamo to skip the handler's code object,
+        # which keeps compiled code from tracing it at no per-op cost.
+        return False
+
+    def __init__(self, rec: Recorder) -> None:
+        super().__init__()
+        self._rec = rec
+        self._table = rec.aten_table
+        self._watch = rec.watch
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        if self._watch.aliases:  # only while a `.data` alias of a grad tensor is alive
+            with _NoTorchFunction():
+                self._watch.before_op(func, args, kwargs)
+        kind = self._table.get(func)
+        if kind is None:
+            return func(*args, **kwargs)
+        rec = self._rec
+        pending = rec.active
+        if pending is not None:
+            pending.aten.append(_aten_name(func))
+            return func(*args, **kwargs)
+        if kind == _ALIAS:
+            rec.internal_detaches += 1
+            return func(*args, **kwargs)
+        start = _perf_ns()
+        out = func(*args, **kwargs)
+        end = _perf_ns()
+        try:
+            with _NoTorchFunction():
+                rec.implicit(_aten_name(func), kind, args, kwargs, out, start, end)
+        except Exception as err:
+            rec.note_error(err)
+        rec.overhead_ns += _perf_ns() - end
+        return out
+
+
+class _NullDispatch(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+_WARM = [False]
+
+
+def warm_up() -> None:
+    """Pay torch's one-time cost of the first op under a dispatch mode (it imports
+    ``torch._dynamo``, ~1 s) before tracing starts, so it is not timed as a user copy; and
+    keep dynamo out of the dispatch handler (see ``DispatchMode._should_skip_dynamo``)."""
+    if _WARM[0]:
+        return
+    _WARM[0] = True
+    with _NullDispatch():
+        torch.empty(1).clone()
+    raw = DispatchMode.__dict__["__torch_dispatch__"]
+    try:
+        from torch._dynamo.eval_frame import (
+            FrameAction,
+            FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+
+        # SKIP the handler's frame and, recursively, every frame it calls (the recorder).
+        set_code_exec_strategy(raw.__code__, FrameExecStrategy(FrameAction.SKIP, FrameAction.SKIP))
+    except Exception:  # a torch without this private API: fall back to torch's own wrapper
+        DispatchMode.__torch_dispatch__ = torch._disable_dynamo(raw, recursive=True)

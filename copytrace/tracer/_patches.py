@@ -1,0 +1,179 @@
+"""The running trace's recorder, and the patches installed while a trace is active.
+
+Some copies reach neither torch mode as one call: ``copy.deepcopy`` of an object that holds
+tensors (one group event over its tensor copies), ``copy.copy`` of a tensor (an alias through
+``__reduce_ex__``), ``torch.from_numpy`` (only an ``aten::lift_fresh``),
+``torch.utils.swap_tensors`` and ``nn.Parameter.__deepcopy__`` (its ``__torch_function__`` is
+disabled). copytrace replaces those functions while it traces (:func:`install_patches`) and
+puts the originals back (:func:`remove_patches`). The patches are process-wide but record only
+on the traced thread, outside compiled regions (:func:`_here`).
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from copytrace.tracer import _handover
+
+if TYPE_CHECKING:
+    from copytrace.tracer._recorder import Recorder
+
+__all__ = [
+    "active_recorder", "set_active", "install_patches", "remove_patches", "PATCH_FUNCTIONS",
+    "EXTRA_PATCHES", "MISSING",
+]  # fmt: skip
+
+_perf_ns = time.perf_counter_ns
+_NoTorchFunction = torch._C.DisableTorchFunction
+_Tensor = torch.Tensor
+
+_ACTIVE: Recorder | None = None
+
+
+def active_recorder() -> Recorder | None:
+    """The recorder of the running trace, or ``None``."""
+    return _ACTIVE
+
+
+def set_active(rec: Recorder | None) -> None:
+    global _ACTIVE, _THREAD
+    if rec is None and _ACTIVE is not None:
+        _ACTIVE.watch.finish()  # last retention/snapshot checks, before the export
+    _ACTIVE = rec
+    _THREAD = threading.get_ident() if rec is not None else None
+
+
+_THREAD: int | None = None
+
+
+def _here() -> Recorder | None:
+    """The active recorder when called on the traced thread, else None.
+
+    The patches below are process-wide, but torch's modes are thread-local: a deepcopy on
+    another thread (an exporter's worker, a data loader thread) must not be recorded. Inside
+    a compiled region (``compiled_depth``) they stay in place and call the original straight
+    through (dynamo skips their own frames, see ``compiled._aside._skip_patch_codes``).
+    """
+    rec = _ACTIVE
+    if rec is not None and threading.get_ident() == _THREAD and not rec.compiled_depth:
+        return rec
+    return None  # or inside a compiled region, where the patches stand aside
+
+
+# --- patches installed while a trace is active ----------------------------------------------
+_ORIG_DEEPCOPY = copy.deepcopy
+_ORIG_COPY = copy.copy
+_ORIG_SWAP = torch.utils.swap_tensors
+_ORIG_FROM_NUMPY = torch.from_numpy
+_ORIG_PARAM_DEEPCOPY = torch.nn.Parameter.__deepcopy__
+
+
+def _traced_deepcopy(x, memo=None, _nil=[]):  # noqa: B006 - same signature as copy.deepcopy
+    rec = _here()
+    if rec is None or rec.group is not None or rec.active is not None:
+        return _ORIG_DEEPCOPY(x, memo, _nil)
+    if isinstance(x, _Tensor):
+        # Recorded here rather than at Tensor.__deepcopy__: a mode above copytrace's (torch's
+        # FakeCopyMode) may answer __deepcopy__ without calling down to copytrace.
+        return rec.api_call("deepcopy", _ORIG_DEEPCOPY, (x, memo, _nil), {})
+    return rec.deepcopy_group(_ORIG_DEEPCOPY, x, memo, _nil)
+
+
+def _traced_copy(x):
+    # Tensor has no __copy__: copy.copy rebuilds a new tensor on the same storage through
+    # __reduce_ex__ (an alias), which neither mode sees as one call.
+    rec = _here()
+    if rec is None or rec.active is not None or not isinstance(x, _Tensor):
+        return _ORIG_COPY(x)
+    return rec.api_call("copy", _ORIG_COPY, (x,), {})
+
+
+def _traced_from_numpy(array):
+    # torch.from_numpy reaches neither mode as itself (only an aten::lift_fresh): record it
+    # as an alias of the array's memory.
+    rec = _here()
+    if rec is None or rec.active is not None:
+        return _ORIG_FROM_NUMPY(array)
+    start = _perf_ns()
+    out = _ORIG_FROM_NUMPY(array)
+    end = _perf_ns()
+    try:
+        with _NoTorchFunction():
+            rec.from_numpy(out, start, end)
+    except Exception as err:
+        rec.note_error(err)
+    return out
+
+
+def _traced_swap_tensors(t1, t2):
+    # nn.Module._apply's swap path (torch.__future__.set_swap_module_params_on_conversion)
+    # rebinds parameters with torch.utils.swap_tensors, which neither mode sees.
+    rec = _here()
+    if rec is None or rec.active is not None:
+        return _ORIG_SWAP(t1, t2)
+    return rec.api_call("swap_tensors", _ORIG_SWAP, (t1, t2), {})
+
+
+def _traced_param_deepcopy(self, memo):
+    # nn.Parameter.__deepcopy__ never reaches the function mode (its __torch_function__ is
+    # disabled); it shows as `.data` + `clone`. Record it as one deepcopy of the parameter.
+    rec = _here()
+    if rec is None or rec.active is not None:
+        return _ORIG_PARAM_DEEPCOPY(self, memo)
+    return rec.api_call("deepcopy", _ORIG_PARAM_DEEPCOPY, (self, memo), {})
+
+
+#: the Python functions patched in (their frames are skipped by dynamo)
+PATCH_FUNCTIONS = (
+    _traced_deepcopy, _traced_copy, _traced_from_numpy, _traced_swap_tensors,
+    _traced_param_deepcopy,
+)  # fmt: skip
+
+#: ``(owner, attribute, original, replacement)`` patched with the others (level ``lean``: the
+#: API's C wrappers, see ``_observer.install_wrappers``); ``MISSING``: not in the owner's dict
+EXTRA_PATCHES: list[tuple[Any, str, Any, Any]] = []
+MISSING = object()
+
+
+def install_patches(stepping_aside: bool = False) -> None:
+    """Install copytrace's patches (``stepping_aside``: back after a compiled call, where the
+    ``torch.Tensor`` ones stayed)."""
+    for owner, name, _, new in EXTRA_PATCHES:
+        if not (stepping_aside and owner is _Tensor):
+            setattr(owner, name, new)
+    copy.deepcopy = _traced_deepcopy
+    copy.copy = _traced_copy
+    torch.utils.swap_tensors = _traced_swap_tensors
+    torch.from_numpy = _traced_from_numpy
+    torch.nn.Parameter.__deepcopy__ = _traced_param_deepcopy
+    _handover.install(_here)
+
+
+def remove_patches(stepping_aside: bool = False) -> None:
+    """Remove copytrace's patches (``stepping_aside``: for a compiled call, which sees
+    ``torch.Tensor``'s own methods through the wrappers' descriptors and whose wrappers stand
+    aside by themselves; changing ``torch.Tensor``'s attributes costs a type-cache flush each)."""
+    for owner, name, orig, new in EXTRA_PATCHES:
+        if stepping_aside and owner is _Tensor:
+            continue
+        if owner.__dict__.get(name) is new:
+            if orig is MISSING:
+                delattr(owner, name)
+            else:
+                setattr(owner, name, orig)
+    if copy.deepcopy is _traced_deepcopy:
+        copy.deepcopy = _ORIG_DEEPCOPY
+    if copy.copy is _traced_copy:
+        copy.copy = _ORIG_COPY
+    if torch.utils.swap_tensors is _traced_swap_tensors:
+        torch.utils.swap_tensors = _ORIG_SWAP
+    if torch.from_numpy is _traced_from_numpy:
+        torch.from_numpy = _ORIG_FROM_NUMPY
+    if torch.nn.Parameter.__dict__.get("__deepcopy__") is _traced_param_deepcopy:
+        torch.nn.Parameter.__deepcopy__ = _ORIG_PARAM_DEEPCOPY
+    _handover.remove()

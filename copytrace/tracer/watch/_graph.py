@@ -1,0 +1,163 @@
+"""Autograd graph reads for the watch: walking nodes, their saved tensors and storages, a
+node's life token, a storage's use count.
+
+Reads metadata only (``SavedTensor.data`` runs no saved-tensor hook and checks no version;
+hooked entries are skipped); bounded by ``_MAX_NODES`` nodes per walk. Sources (torch 2.13):
+``torch/csrc/autograd/python_cpp_function.cpp`` (``_raw_saved_*``, ``next_functions``,
+``metadata``), ``torch/csrc/autograd/python_saved_variable_hooks.cpp``.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+import torch
+
+_Tensor = torch.Tensor
+_MAX_NODES = 200_000  # nodes walked at most from one set of roots
+
+_LIFE = "copytrace.life"  # key in grad_fn.metadata: a token that lives as long as the node
+
+
+class _Life:
+    """Put into a grad_fn's metadata: a weak reference to it tells whether the node (which
+    cannot be weakly referenced itself) is still alive, without keeping it alive."""
+
+    __slots__ = ("__weakref__",)
+
+
+def _life_token(grad_fn: Any) -> tuple[Any, int]:
+    """``(weakref to a token in grad_fn.metadata, grad_fn's sequence nr)``, or (None, -1)."""
+    if grad_fn is None:
+        return None, -1
+    try:
+        token = _Life()
+        grad_fn.metadata[_LIFE] = token
+        return weakref.ref(token), grad_fn._sequence_nr()
+    except Exception:  # nodes without metadata (custom C++ functions)
+        return None, -1
+
+
+def _live_graph_roots() -> list[Any]:
+    """grad_fn of every live tensor that has one (type() only: isinstance() would run
+    ``__class__`` of lazy proxies found on the heap)."""
+    import gc
+
+    roots = []
+    for obj in gc.get_objects():
+        if issubclass(type(obj), _Tensor):
+            try:
+                grad_fn = obj.grad_fn
+            except Exception:
+                continue
+            if grad_fn is not None:
+                roots.append(grad_fn)
+    return roots
+
+
+def _use_count(storage: Any) -> int:
+    """References to the storage (tensors on it, and its Python object); -1 if unknown."""
+    try:
+        return torch._C._storage_Use_Count(storage._cdata)
+    except Exception:  # a torch without this private API: never followed past the alias
+        return -1
+
+
+def _backward_roots(func: Any, args: tuple, kwargs: dict) -> list[Any]:
+    if func is _Tensor.backward:
+        tensors = args[0] if args else kwargs.get("self")
+    elif func is torch.autograd.grad:
+        tensors = args[0] if args else kwargs.get("outputs")
+    else:
+        tensors = args[0] if args else kwargs.get("tensors")
+    if isinstance(tensors, _Tensor):
+        tensors = (tensors,)
+    roots = []
+    for t in tensors or ():
+        grad_fn = getattr(t, "grad_fn", None)
+        if grad_fn is not None:
+            roots.append(grad_fn)
+    return roots
+
+
+def _walk(roots: list[Any], seen: set[int] | None = None, keep: list[Any] | None = None):
+    """Yield each autograd node reachable from ``roots`` once (bounded)."""
+    seen = set() if seen is None else seen
+    keep = [] if keep is None else keep
+    stack = []
+    for root in roots:
+        if id(root) not in seen:
+            seen.add(id(root))
+            keep.append(root)
+            stack.append(root)
+    count = 0
+    while stack and count < _MAX_NODES:
+        node = stack.pop()
+        count += 1
+        yield node
+        for nxt, _ in node.next_functions:
+            if nxt is not None and id(nxt) not in seen:
+                seen.add(id(nxt))
+                keep.append(nxt)
+                stack.append(nxt)
+
+
+_SAVED_NAMES: dict[type, tuple[str, ...]] = {}
+
+
+def _saved_tensors(node: Any):
+    """Yield ``(name, tensor)`` for each saved tensor of ``node`` still held, without running
+    saved-tensor hooks (hooked entries are skipped) and without version checks."""
+    names = _SAVED_NAMES.get(type(node))
+    if names is None:
+        names = _SAVED_NAMES[type(node)] = tuple(
+            n for n in dir(node) if n.startswith("_raw_saved_")
+        )
+    for attr in names:
+        try:
+            raw = getattr(node, attr)
+        except Exception:  # freed (after backward) or not applicable
+            continue
+        name = attr[len("_raw_saved_") :]
+        many = isinstance(raw, (list, tuple))
+        for i, saved in enumerate(raw if many else (raw,)):
+            if saved is None or getattr(saved, "unpack_hook", None) is not None:
+                continue
+            data = saved.data
+            if isinstance(data, _Tensor):
+                yield (f"{name}[{i}]" if many else name), data
+
+
+def _unpacked(node: Any, name: str) -> Any:
+    """The saved tensor as autograd unpacks it (the original object for a saved leaf); None
+    when unpacking would run a saved-tensor hook."""
+    base, _, index = name.partition("[")
+    try:
+        raw = getattr(node, "_raw_saved_" + base)
+        items = raw if isinstance(raw, (list, tuple)) else (raw,)
+        if any(getattr(r, "unpack_hook", None) is not None for r in items if r is not None):
+            return None
+        if hasattr(node, "_saved_" + base):
+            value = getattr(node, "_saved_" + base)
+        else:  # a custom autograd.Function: ctx.saved_tensors
+            value = node.saved_tensors
+        return value[int(index.rstrip("]"))] if index else value
+    except Exception:  # freed, or modified in place (autograd's own check refuses)
+        return None
+
+
+def _saved_storages(root: Any, seen: set[int], keep: list[Any], leaves: set[int]) -> dict[int, Any]:
+    """Storages saved by the graph under ``root`` (nodes not in ``seen``) and not yet freed,
+    by id; adds the storages of leaves that require grad (AccumulateGrad) to ``leaves``."""
+    saved: dict[int, Any] = {}
+    for node in _walk([root], seen, keep):
+        variable = getattr(node, "variable", None)
+        if isinstance(variable, _Tensor):  # AccumulateGrad: a parameter, alive anyway
+            leaves.add(id(variable.untyped_storage()))
+            keep.append(variable.untyped_storage())
+            continue
+        for _, tensor in _saved_tensors(node):
+            storage = tensor.untyped_storage()
+            saved[id(storage)] = storage
+    return saved

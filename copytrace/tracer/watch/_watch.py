@@ -1,0 +1,191 @@
+"""The watch: storage facts for every event, and the watches that annotate events later.
+
+:class:`Watch` is called by the recorder for every recorded event (:meth:`Watch.event`, or
+:meth:`Watch.follow` after the C++ observer's ``record`` set the storage facts) and at step
+boundaries. It talks to the recorder only through :class:`~copytrace.tracer.watch.WatchHost`.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from copytrace.tracer import _facts as _F
+from copytrace.tracer._fresh import INDEX_OPS as _INDEX_OPS
+from copytrace.tracer._fresh import Fresh
+from copytrace.tracer.watch._graph import _life_token, _use_count
+from copytrace.tracer.watch._ids import StorageIds
+from copytrace.tracer.watch._retained import _PRUNE_ATTACHED, Retention
+from copytrace.tracer.watch._writes import AliasWrites, _Alias, _Pending
+
+if TYPE_CHECKING:
+    from copytrace.schema import CopyEvent
+    from copytrace.tracer._handover import Handovers
+    from copytrace.tracer.watch import WatchHost
+
+__all__ = ["Watch", "BACKWARD_FUNCTIONS"]
+
+_Tensor = torch.Tensor
+
+#: Entry points of a backward pass as the function mode sees them (``Tensor.backward`` calls
+#: ``torch.autograd.backward`` with the mode popped, so one backward is seen once).
+BACKWARD_FUNCTIONS = (_Tensor.backward, torch.autograd.backward, torch.autograd.grad)
+
+# Caps that keep the cold-path work bounded on huge graphs and long programs.
+_MAX_ATTACHED = 100_000
+_MAX_SNAPSHOTS = 100_000
+#: Results that are not a fresh copy the program goes on using: copy_ writes into its dst,
+#: deepcopy results are independent state, implicit copies are internal to torch.
+_NOT_FRESH = frozenset(("copy_", "deepcopy", "implicit", "data_set", "swap_tensors"))
+_WATCHED_OPS = frozenset(("data_get", "data_set", "detach"))  # see Watch._special
+_UNREAD = object()  # Watch.follow: the result's grad_fn is not read yet
+
+class Watch(AliasWrites, Retention):
+    """Runtime facts for :mod:`copytrace.analysis`; one per recorder.
+
+    Args:
+        host: what the watch needs of its recorder (errors counted, writes watched, names).
+        handovers: the recorder's ``state_dict()`` handovers (:mod:`copytrace.tracer._handover`),
+            checked at step boundaries with the other watches.
+    """
+
+    def __init__(self, host: WatchHost, handovers: Handovers) -> None:
+        self.host = host
+        self.ids = StorageIds()
+        #: id(alias tensor) -> entry; the dispatch mode checks writes only while non-empty.
+        self.aliases: dict[int, _Alias] = {}
+        self.writes: dict[int, _Pending] = {}  # id(storage) -> pending write
+        self.rebinds: dict[int, _Pending] = {}  # id(tensor) -> pending `.data =` rebinding
+        # this step's attached copies: (result, event, life token of its grad_fn, its seq nr)
+        self.attached: list[tuple[weakref.ref, CopyEvent, Any, int]] = []
+        self._attached_prune = _PRUNE_ATTACHED  # list length at which dead entries are dropped
+        self._backward_seq = -1  # newest backward root of this step (autograd sequence nr)
+        self._scan_skip = 0  # steps left before the next search for live derived tensors
+        self._scan_backoff = 1
+        # state_dict() aliases: (alias, version, event, storage, source, storage use count
+        # without the alias); followed by the storage once the alias is gone
+        self.snapshots: list[tuple[Any, ...]] = []
+        self._written: dict[Any, tuple[tuple[int, str], ...]] = {}
+        self.copies = Fresh(host.note_error)  # in-place writes into fresh copies
+        self.handovers = handovers  # state_dict() handovers between live holders
+
+    def live_events(self) -> list[CopyEvent]:
+        """Events whose late facts (:data:`~copytrace.tracer.watch.LATE_FIELDS`) a later check
+        may still change: the session holds them back from the export (``HeldEvents``)."""
+        # copy() first: weakref callbacks (an alias dying during a GC) may change the dict
+        events = [entry.ev for entry in self.aliases.copy().values()]
+        for table in (self.writes, self.rebinds):
+            events.extend(p.alias.ev for p in table.values())
+        events.extend(entry[1] for entry in self.attached)
+        events.extend(entry[2] for entry in self.snapshots)
+        events.extend(self.copies.events())
+        events.extend(self.handovers.events())
+        return events
+
+    # -- every event ----------------------------------------------------------------------
+    def event(
+        self, ev: CopyEvent, op: str, src: Any, out: Any, fs: tuple | None = None,
+        fo: tuple | None = None,
+    ) -> None:  # fmt: skip
+        """Add storage facts to ``ev`` and start the watches it calls for. ``fs``, ``fo``: the
+        facts (``copytrace.tracer._facts``) of ``src`` and ``out`` when already read. Never
+        raises."""
+        try:
+            self._event(ev, op, src, out, fs, fo)
+        except Exception as err:
+            self.host.note_error(err)
+
+    def _event(
+        self, ev: CopyEvent, op: str, src: Any, out: Any, fs: tuple | None, fo: tuple | None
+    ) -> None:
+        ids = self.ids
+        if fs is None:
+            fs = _F.py_facts(src)
+        known = ids._ids  # StorageIds.of_storage's hit, inlined (a new storage calls it)
+        storage = fs[7]  # _facts.STORAGE
+        entry = known.get(id(storage))
+        if entry is not None and entry[0]() is storage:
+            sid = entry[1]
+        else:
+            sid = ids.of_storage(storage)
+        ev.src_storage = sid
+        offset = fs[10]  # _facts.OFFSET: None for nested tensors (no single view)
+        if sid is not None and offset is not None:
+            ev.src_offset = offset
+            ev.src_stride = fs[11]  # _facts.STRIDE
+            ev.src_version = fs[12]  # _facts.VERSION
+        if ev.error is not None:
+            return
+        if isinstance(out, _Tensor):
+            if out is src:
+                ev.dst_storage = sid
+                ev.dst_version = fs[12] if fo is None else fo[12]
+            else:
+                if fo is None:
+                    fo = _F.py_facts(out)
+                storage = fo[7]
+                entry = known.get(id(storage))
+                if entry is not None and entry[0]() is storage:
+                    ev.dst_storage = entry[1]
+                else:
+                    ev.dst_storage = ids.of_storage(storage)
+                ev.dst_version = fo[12]
+        else:
+            if ev.alias:
+                ev.dst_storage = sid  # numpy(): an ndarray on the same memory
+            return
+        self.follow(ev, op, src, out, _UNREAD if fo is None else fo[5])  # _facts.GRAD_FN
+
+    def follow(self, ev: CopyEvent, op: str, src: Any, out: Any, grad_fn: Any = None) -> None:
+        """Start the watches event ``ev`` (its storage facts set) calls for: ``.data`` and
+        ``state_dict()`` aliases, attached copies, fresh copies. ``grad_fn``: the result's,
+        as already read (``_UNREAD``: read it here if needed)."""
+        if op in _WATCHED_OPS and (op != "detach" or ev.via is not None):
+            self._special(ev, op, src, out)  # (a detach only from state_dict())
+        if ev.alias:
+            return
+        attached = self.attached
+        if ev.graph == "attached" and len(attached) < _MAX_ATTACHED:
+            if grad_fn is _UNREAD:
+                grad_fn = out.grad_fn
+            attached.append((weakref.ref(out), ev, *_life_token(grad_fn)))
+            if len(attached) >= self._attached_prune:
+                self._prune_attached()
+        if out is not src and op not in _NOT_FRESH and (ev.bytes_allocated > 0 or op in _INDEX_OPS):
+            self.copies.watch(out, ev, op in _INDEX_OPS)
+
+    def _special(self, ev: CopyEvent, op: str, src: Any, out: Any) -> None:
+        """``.data`` reads and writes, ``state_dict()`` snapshots: start their watches."""
+        if op == "data_get":
+            if ev.src_requires_grad and out is not src:
+                self._watch_alias(out, src, ev)
+        elif op == "data_set":
+            self._watch_rebind(out, ev)
+        elif op == "detach" and _from_state_dict(ev):
+            ev.snapshot = True
+            if len(self.snapshots) < _MAX_SNAPSHOTS:
+                storage = out.untyped_storage()
+                self.snapshots.append((
+                    weakref.ref(out), _F.version(out), ev, weakref.ref(storage),
+                    weakref.ref(src), _use_count(storage) - 1,
+                ))  # fmt: skip
+                del storage
+
+    def finish(self) -> None:
+        """Last checks when tracing stops; then drop every watch."""
+        self.step_end(final=True)
+        self.aliases.clear()
+        self.writes.clear()
+        self.rebinds.clear()
+        self.snapshots.clear()
+        self.copies.finish()  # final in-place write counts of the copies still alive
+        self.handovers.clear()
+
+
+def _from_state_dict(ev: CopyEvent) -> bool:
+    """Whether a ``detach`` event was made by ``Module._save_to_state_dict``."""
+    via = ev.via
+    return isinstance(via, str) and via.endswith("_save_to_state_dict")
+
