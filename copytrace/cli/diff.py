@@ -2,7 +2,6 @@
 
 BASE and NEW are trace files or directories (``--base-run N`` / ``--new-run N`` pick a run
 of a directory holding several). With one directory only, its last two runs are compared.
-``--ranks`` compares the ranks (processes) of one run with its first rank instead.
 """
 
 from __future__ import annotations
@@ -10,7 +9,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Any, TextIO
 
 __all__ = ["register", "handle", "load_side"]
@@ -69,11 +67,6 @@ def _write(args: argparse.Namespace, d: Any, out: TextIO) -> None:
         out.write(format_markdown(d))
     else:
         out.write(format_terminal(d))
-    if args.output:
-        from copytrace.dashboards.diff import write_diff_html
-
-        path = write_diff_html(d, Path(args.output))
-        print(f"copytrace: diff written to {path}", file=sys.stderr)
 
 
 def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -90,10 +83,6 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
 
     out = out or sys.stdout
     err = err or sys.stderr
-    if args.ranks:
-        from copytrace.cli._diff_ranks import handle_ranks
-
-        return handle_ranks(args, out, err)
     if args.new is None:
         base = load_side(args.base, args.base_run, err, second_last=True)
         new = load_side(args.base, args.new_run, err)
@@ -139,19 +128,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "--markdown", action="store_true", help="print Markdown (for a pull-request comment)"
     )
     parser.add_argument(
-        "-o", "--output", metavar="HTML", default=None, help="also write the diff as an HTML page"
-    )
-    parser.add_argument(
         "--warmup-steps",
         type=_count,
         metavar="N",
         default=1,
         help="steps left out of the copy-time test (default 1)",
-    )
-    parser.add_argument(
-        "--ranks",
-        action="store_true",
-        help="compare the ranks of one run (BASE) with its first rank",
     )
     parser.set_defaults(handler=handle)
     return parser

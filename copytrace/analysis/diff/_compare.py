@@ -14,7 +14,7 @@ from typing import Any
 
 from copytrace.analysis.diff._match import match_sites
 from copytrace.analysis.diff._profile import KeyStats, RunProfile, SiteKey
-from copytrace.analysis.diff._source import parse_site
+from copytrace.analysis.diff._source import defined_functions, parse_site
 from copytrace.analysis.diff._stats import TimeTest, compare_times, steady_samples
 
 __all__ = ["Diff", "Item", "compare", "number"]
@@ -42,7 +42,8 @@ class Item:
     """One call site (or module, or op) of the comparison.
 
     Attributes:
-        status: ``added``, ``removed``, ``changed`` or ``same``.
+        status: ``added``, ``removed``, ``changed`` (an exact count or byte figure differs),
+            ``time`` (only its copy time changed, by the rank test) or ``same``.
         base_key, new_key: Its key in each run (None where absent).
         base, new: Its totals in each run (zeros where absent).
         code: Its source line ('' if unknown).
@@ -123,15 +124,15 @@ def _item(
         item.status = "added"
     elif new_key is None:
         item.status = "removed"
-    elif any(n_ != b_ for k, (b_, n_) in item.per_step.items() if k != "time_per_step_ns") or (
-        item.time.significant
-    ):
+    elif any(n_ != b_ for k, (b_, n_) in item.per_step.items() if k != "time_per_step_ns"):
         item.status = "changed"
+    elif item.time.significant:
+        item.status = "time"
     return item
 
 
 def _order(items: list[Item]) -> list[Item]:
-    rank = {"added": 0, "changed": 0, "removed": 0, "same": 1}
+    rank = {"added": 0, "changed": 0, "removed": 0, "time": 1, "same": 2}
     return sorted(items, key=lambda i: (
         rank[i.status], -abs(i.delta("bytes_per_step")), -abs(i.delta("copies_per_step")),
         -abs(i.delta("time_per_step_ns")), str(i.key)))  # fmt: skip
@@ -180,7 +181,8 @@ def compare(base: RunProfile, new: RunProfile, warmup: int = 1) -> Diff:
     Returns:
         The :class:`Diff`.
     """
-    pairs = match_sites(base.sites, new.sites, base.sources, new.sources)
+    defs = defined_functions([k[0] for k in new.sites], new.start_ns)
+    pairs = match_sites(base.sites, new.sites, base.sources, new.sources, defs)
     matched_new = set(pairs.values())
     items = [_item(b, pairs.get(b), base, new, "sites", warmup) for b in base.sites]
     items += [_item(None, n, base, new, "sites", warmup) for n in new.sites

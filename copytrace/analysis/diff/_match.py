@@ -7,7 +7,8 @@ matched, in passes, each on what the earlier passes left:
 1. same file, same function, same normalised source text (:func:`._source.normalize`):
    the k-th such site in BASE (by line) with the k-th in NEW, so a duplicated line matches
    its original and the copy shows as added;
-2. same file and text, any function (a renamed function), again in line order;
+2. same file and text, any function (a renamed function: one that NEW's file no longer
+   defines, when that file can be read), again in line order;
 3. same file, function and line (the fallback when a text is unknown or ambiguous:
    a file edited after BASE was traced, with no snapshot of its lines, or a line edited
    where it stood);
@@ -90,12 +91,15 @@ def match_sites(
     new: Iterable[Site],
     base_text: dict[Site, str],
     new_text: dict[Site, str],
+    new_defs: dict[str, set[str]] | None = None,
 ) -> dict[Site, Site]:
     """BASE site -> NEW site for the sites that are the same code (see the module doc).
 
     Args:
         base, new: The call sites of each run.
         base_text, new_text: Their source lines where known.
+        new_defs: Per NEW file, the functions it defines, where known: a BASE function
+            still defined in NEW was not renamed, so pass 2 leaves its sites alone.
 
     Returns:
         The pairs; a BASE site not in it was removed, a NEW site not among its values added.
@@ -106,10 +110,12 @@ def match_sites(
     nt = {s: normalize(t) for s, t in new_text.items() if t.strip()}
     pairs: dict[Site, Site] = {}
     f = fmap.get  # a BASE file in NEW's terms
+    defs = new_defs or {}
+    kept = lambda s: s[2] in defs.get(f(s[0]) or "", ())  # noqa: E731 - not renamed
     passes: list[tuple[Callable[[Site], object | None], Callable[[Site], object | None]]] = [
         (lambda s: (f(s[0]), s[2], bt[s]) if f(s[0]) and s in bt else None,
          lambda s: (s[0], s[2], nt[s]) if s in nt else None),
-        (lambda s: (f(s[0]), bt[s]) if f(s[0]) and s in bt else None,
+        (lambda s: (f(s[0]), bt[s]) if f(s[0]) and s in bt and not kept(s) else None,
          lambda s: (s[0], nt[s]) if s in nt else None),
         (lambda s: (f(s[0]), s[2], s[1]) if f(s[0]) else None,
          lambda s: (s[0], s[2], s[1])),

@@ -25,7 +25,7 @@ def _site_fields(key: Any) -> dict[str, Any]:
 
 def _item_json(i: Item) -> dict[str, Any]:
     out: dict[str, Any] = _site_fields(i.key)
-    if i.status == "changed" and i.base_key[1] != i.new_key[1]:
+    if i.status in ("changed", "time", "same") and i.base_key[1] != i.new_key[1]:
         out["base_line"] = i.base_key[1]
     out["code"] = i.code
     for name in ("copies_per_step", "bytes_per_step", "time_per_step_ns", "aliases_per_step",
@@ -64,6 +64,7 @@ def to_json(d: Diff) -> dict[str, Any]:
         "added": [_item_json(i) for i in d.of("added")],
         "removed": [_item_json(i) for i in d.of("removed")],
         "changed": [_item_json(i) for i in d.of("changed")],
+        "time_changed": [_item_json(i) for i in d.of("time")],
         "unchanged": len(d.of("same")),
         "modules": _keyed_json(d.modules, "module"),
         "ops": _keyed_json(d.ops, "op"),
@@ -107,8 +108,12 @@ def _time_cell(i: Item) -> str:
     if t is None or t.p_value is None:
         return "n/a" if i.status == "same" else f"{_signed(i.delta('time_per_step_ns'), _ns)} ?"
     shift = Fraction(t.shift_ns).limit_denominator(1000)
-    mark = "*" if t.significant else "~"
-    return f"{_signed(shift, _ns)}{mark}"
+    if not t.significant:
+        return f"{_signed(shift, _ns)}~"
+    if t.low_ns is None or t.high_ns is None:
+        return f"{_signed(shift, _ns)}*"
+    lo, hi = (Fraction(v).limit_denominator(1000) for v in (t.low_ns, t.high_ns))
+    return f"{_signed(shift, _ns)}* [{_signed(lo, _ns)}, {_signed(hi, _ns)}]"
 
 
 def _site_label(key: Any, names: dict[str, str]) -> str:
@@ -125,7 +130,7 @@ def _rows(d: Diff, names: dict[str, str]) -> list[list[str]]:
             continue
         c, b = i.per_step["copies_per_step"], i.per_step["bytes_per_step"]
         where = _site_label(i.key, names)
-        if i.status == "changed" and i.base_key[1] != i.new_key[1]:
+        if i.status in ("changed", "time") and i.base_key[1] != i.new_key[1]:
             where += f" (was :{i.base_key[1]})"
         rows.append([i.status, where, f"{_signed(c[1] - c[0], _count)} ({_count(c[0])} -> "
                      f"{_count(c[1])})", f"{_signed(b[1] - b[0], _bytes)} ({_bytes(b[0])} -> "
@@ -168,8 +173,8 @@ def format_terminal(d: Diff) -> str:
         for r in [head, *rows]:
             lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
         lines.append(f"({len(d.of('same'))} call site(s) unchanged; time: * changed, ~ within "
-                     f"noise (Mann-Whitney U over steps after the first {d.warmup}), ? too few "
-                     "steps to tell)")  # fmt: skip
+                     f"noise (Mann-Whitney U over steps after the first {d.warmup}; [95% interval]), ? "
+                     "too few steps to tell)")  # fmt: skip
     else:
         lines.append(f"no call site changed ({len(d.of('same'))} unchanged)")
     hz = _hazard_lines(d, names)

@@ -22,7 +22,7 @@ from typing import Any
 
 from copytrace.schema import CACHE_DIR
 
-__all__ = ["normalize", "parse_site", "read_sources", "snapshot_sources"]
+__all__ = ["defined_functions", "normalize", "parse_site", "read_sources", "snapshot_sources"]
 
 _VERSION = 1
 _SITE = re.compile(r"^(.*):(\d+)(?: (\S+))?$")
@@ -47,6 +47,23 @@ def normalize(text: str) -> str:
     except (tokenize.TokenError, IndentationError, SyntaxError):
         return " ".join(text.split("#", 1)[0].split())
     return " ".join(toks)
+
+
+_DEF = re.compile(r"^\s*(?:async\s+)?def\s+(\w+)", re.MULTILINE)
+
+
+def defined_functions(files: list[str], not_after_ns: int) -> dict[str, set[str]]:
+    """The names of the functions each of ``files`` defines (``def name``), for the files
+    unmodified since ``not_after_ns`` (the others are left out: unknown)."""
+    out = {}
+    for file in set(files):
+        try:
+            if not file or os.stat(file).st_mtime_ns > not_after_ns:
+                continue
+            out[file] = set(_DEF.findall(Path(file).read_text(encoding="utf-8")))
+        except (OSError, UnicodeDecodeError):
+            continue
+    return out
 
 
 def _snapshot_path(trace_file: Path) -> Path:
