@@ -8,9 +8,11 @@ alias nor a no-op and whose call did not raise; deepcopy group spans are left ou
 tensors are events of their own). **Bytes** are ``bytes_allocated`` of the copies (new
 storage); ``bytes_logical`` is kept beside. **Copy time** is the copies' span durations (ns).
 
-A run's **steps** are the step numbers of its ``copytrace.step`` spans and of its events, up
-to the last step that holds an event (the empty tail after the last ``optimizer.step()`` is
-not a step of work); per-step values are the run's totals divided by that count.
+A run's **steps** are the steps that ended with a step call (``optimizer.step()`` or
+``t.step()``): every ``copytrace.step`` span but the last, which is the tail after the last
+call (a run of 20 optimizer steps has 20). Per-step values are the run's totals (set-up and
+tail included) divided by that count; a run without step spans has one step per step number
+of its events.
 """
 
 from __future__ import annotations
@@ -65,7 +67,7 @@ class RunProfile:
 
     Attributes:
         label: What the run was read from (path, and run number when chosen).
-        steps: The run's step numbers (see the module doc), sorted.
+        steps: The step numbers of the run's steps (see the module doc), sorted.
         sites: Per call site.
         modules: Per module path (``""``: outside any module).
         ops: Per op.
@@ -214,9 +216,10 @@ def profile_table(table: Any, label: str, trace_ids: list[str] | None = None) ->
         if start:
             starts.append(start)
     prof.start_ns = min(starts, default=0)
-    worked = [s for s in event_steps if s >= 0]
-    last = max(worked, default=-1)
-    prof.steps = sorted(s for s in (span_steps | set(worked)) if s <= last)
+    if len(span_steps) >= 2:  # each step span but the last ended with a step() call
+        prof.steps = sorted(span_steps)[:-1]
+    else:
+        prof.steps = sorted(s for s in event_steps if s >= 0)
     return prof
 
 
