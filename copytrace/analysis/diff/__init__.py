@@ -14,7 +14,8 @@ Typical use::
 - :mod:`._source`: the source line of each site, kept beside the trace;
 - :mod:`._match`: call sites matched across edits (moved, renamed, duplicated lines);
 - :mod:`._stats`: copy time compared with a rank test over the steps;
-- :mod:`._compare`, :mod:`._output`, :mod:`._gate`: the comparison, its forms, the gate.
+- :mod:`._compare`, :mod:`._output`, :mod:`._gate`: the comparison, its forms, the gate;
+- :mod:`._baseline`: a profile as a small JSON file (the pytest plugin's baselines).
 
 ``docs/diff.md`` documents the JSON form and the gate.
 """
@@ -23,6 +24,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from copytrace.analysis.diff._baseline import (
+    profile_from_json,
+    profile_to_json,
+    read_baseline,
+    write_baseline,
+)
 from copytrace.analysis.diff._compare import Diff, Item, compare, number, triple
 from copytrace.analysis.diff._gate import Increase, gate, parse_increase
 from copytrace.analysis.diff._match import match_sites
@@ -33,7 +40,13 @@ from copytrace.analysis.diff._output import (
     short_paths,
     to_json,
 )
-from copytrace.analysis.diff._profile import KeyStats, RunProfile, add_hazards, profile_table
+from copytrace.analysis.diff._profile import (
+    KeyStats,
+    RunProfile,
+    add_hazards,
+    profile_events,
+    profile_table,
+)
 from copytrace.analysis.diff._source import normalize, parse_site, read_sources, snapshot_sources
 from copytrace.analysis.diff._stats import ALPHA, TimeTest, compare_times
 
@@ -41,7 +54,8 @@ __all__ = [
     "ALPHA", "FORMAT_VERSION", "Diff", "Increase", "Item", "KeyStats", "RunProfile", "TimeTest",
     "add_hazards", "compare", "compare_times", "format_markdown", "format_terminal", "gate",
     "load_run", "match_sites", "normalize", "number", "parse_increase", "parse_site",
-    "profile_table", "read_sources", "short_paths", "snapshot_sources", "to_json", "triple",
+    "profile_events", "profile_from_json", "profile_table", "profile_to_json", "read_baseline",
+    "read_sources", "write_baseline", "short_paths", "snapshot_sources", "to_json", "triple",
 ]  # fmt: skip
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 from copytrace.schema import META_SPANS, SPAN_STEP
 
-__all__ = ["METRICS", "KeyStats", "RunProfile", "SiteKey", "profile_table"]
+__all__ = ["METRICS", "KeyStats", "RunProfile", "SiteKey", "profile_events", "profile_table"]
 
 #: The summed metrics of a key, in output order.
 METRICS = ("copies", "aliases", "noops", "bytes", "bytes_logical", "time_ns")
@@ -114,10 +114,15 @@ def _merge(into: KeyStats, s: KeyStats) -> None:
 
 def _event_rows(part: Any, trace_ids: list[str] | None) -> Any:
     """The event rows of one file as a pyarrow table with the derived columns."""
+    return _derive(part.read([c for c in _COLUMNS if c != "run"] + ["run"]), trace_ids)
+
+
+def _derive(tab: Any, trace_ids: list[str] | None) -> Any:
+    """Event rows (columns :data:`_COLUMNS`) -> the summed columns, meta spans and deepcopy
+    group spans left out."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    tab = part.read([c for c in _COLUMNS if c != "run"] + ["run"])
     keep = pc.invert(pc.is_in(tab.column("name"), pa.array(sorted(META_SPANS))))
     keep = pc.and_(keep, pc.invert(pc.fill_null(tab.column("group"), False)))
     if trace_ids is not None:
@@ -220,6 +225,35 @@ def profile_table(table: Any, label: str, trace_ids: list[str] | None = None) ->
         prof.steps = sorted(span_steps)[:-1]
     else:
         prof.steps = sorted(s for s in event_steps if s >= 0)
+    return prof
+
+
+def profile_events(events: list[Any], label: str, start_ns: int = 0) -> RunProfile:
+    """Aggregate recorded events (:class:`copytrace.CopyEvent`, e.g. ``t.events``) into a
+    :class:`RunProfile`, counted as :func:`profile_table` counts a trace file's events.
+
+    In memory there are no step spans: the steps are the step numbers of the events (one
+    step for events all made in step 0).
+
+    Args:
+        events: The events.
+        label: Names the run in the output.
+        start_ns: When the run started, ns since the epoch (for :func:`read_sources`).
+    """
+    import pyarrow as pa
+
+    cols = {c: [None if c in ("run", "name") else getattr(e, c, None) for e in events]
+            for c in _COLUMNS}  # fmt: skip
+    types = {"line": pa.int64(), "step": pa.int64(), "bytes_allocated": pa.int64(),
+             "bytes_logical": pa.int64(), "start_ns": pa.int64(), "end_ns": pa.int64(),
+             "alias": pa.bool_(), "noop": pa.bool_(), "group": pa.bool_()}  # fmt: skip
+    tab = pa.table({c: pa.array(v, type=types.get(c, pa.string())) for c, v in cols.items()})
+    tab = tab.set_column(tab.schema.get_field_index("name"), "name",
+                         pa.array([""] * len(events), type=pa.string()))  # fmt: skip
+    prof = RunProfile(label, start_ns=start_ns)
+    steps: set[int] = set()
+    _add_part(prof, _derive(tab, None), steps)
+    prof.steps = sorted(s for s in steps if s >= 0)
     return prof
 
 
