@@ -60,13 +60,27 @@ def load_side(path: str, run: int | None, err: TextIO, *, second_last: bool = Fa
 def _write(args: argparse.Namespace, d: Any, out: TextIO) -> None:
     from copytrace.analysis.diff import format_markdown, format_terminal, to_json
 
-    if args.json:
+    if args.output:
+        _write_page(args, d, out)
+    elif args.json:
         json.dump(to_json(d), out, indent=2)
         out.write("\n")
     elif args.markdown:
         out.write(format_markdown(d))
     else:
         out.write(format_terminal(d))
+
+
+def _write_page(args: argparse.Namespace, d: Any, out: TextIO) -> None:
+    from copytrace._errors import CopytraceError
+    from copytrace.dashboards._diff_page import write_diff_page
+
+    try:
+        written = write_diff_page(d, args.output, offline=not args.cdn)
+    except OSError as err:
+        raise CopytraceError(f"cannot write {args.output}: {err.strerror or err}") from err
+    counts = ", ".join(f"{len(d.of(s))} {s}" for s in ("added", "removed", "changed"))
+    out.write(f"copytrace: diff written to {written} ({counts} call site(s))\n")
 
 
 def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
@@ -127,6 +141,11 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     form.add_argument(
         "--markdown", action="store_true", help="print Markdown (for a pull-request comment)"
     )
+    form.add_argument("-o", "--output", metavar="OUT.html", default=None,
+                      help="write the two runs side by side as an HTML page")  # fmt: skip
+    parser.add_argument("--cdn", action="store_true",
+                        help="with -o: load plotly.js from the plotly CDN instead of inlining "
+                        "it")  # fmt: skip
     parser.add_argument(
         "--warmup-steps",
         type=_count,

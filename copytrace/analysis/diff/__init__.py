@@ -37,6 +37,7 @@ from copytrace.analysis.diff._output import (
     FORMAT_VERSION,
     format_markdown,
     format_terminal,
+    item_json,
     short_paths,
     to_json,
 )
@@ -53,6 +54,7 @@ from copytrace.analysis.diff._stats import ALPHA, TimeTest, compare_times
 __all__ = [
     "ALPHA", "FORMAT_VERSION", "Diff", "Increase", "Item", "KeyStats", "RunProfile", "TimeTest",
     "add_hazards", "compare", "compare_times", "format_markdown", "format_terminal", "gate",
+    "item_json",
     "load_run", "match_sites", "normalize", "number", "parse_increase", "parse_site",
     "profile_events", "profile_from_json", "profile_table", "profile_to_json", "read_baseline",
     "read_sources", "write_baseline", "short_paths", "snapshot_sources", "to_json", "triple",

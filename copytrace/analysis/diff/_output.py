@@ -12,7 +12,8 @@ from copytrace._units import format_bytes, format_ns
 from copytrace.analysis.diff._compare import Diff, Item, number, triple
 from copytrace.analysis.diff._source import parse_site
 
-__all__ = ["FORMAT_VERSION", "format_markdown", "format_terminal", "short_paths", "to_json"]
+__all__ = ["FORMAT_VERSION", "format_markdown", "format_terminal", "item_json", "short_paths",
+           "to_json"]  # fmt: skip
 
 #: ``version`` of the JSON form.
 FORMAT_VERSION = 1
@@ -23,7 +24,8 @@ def _site_fields(key: Any) -> dict[str, Any]:
     return {"file": file, "line": line, "function": function}
 
 
-def _item_json(i: Item) -> dict[str, Any]:
+def item_json(i: Item) -> dict[str, Any]:
+    """One call-site item as the JSON form's ``ITEM`` (see ``docs/diff.md``)."""
     out: dict[str, Any] = _site_fields(i.key)
     if i.status in ("changed", "time", "same") and i.base_key[1] != i.new_key[1]:
         out["base_line"] = i.base_key[1]
@@ -61,10 +63,10 @@ def to_json(d: Diff) -> dict[str, Any]:
         "base": {"label": d.base.label, "steps": d.base.n_steps},
         "new": {"label": d.new.label, "steps": d.new.n_steps},
         "totals": {f: triple(*v) for f, v in totals.items()},
-        "added": [_item_json(i) for i in d.of("added")],
-        "removed": [_item_json(i) for i in d.of("removed")],
-        "changed": [_item_json(i) for i in d.of("changed")],
-        "time_changed": [_item_json(i) for i in d.of("time")],
+        "added": [item_json(i) for i in d.of("added")],
+        "removed": [item_json(i) for i in d.of("removed")],
+        "changed": [item_json(i) for i in d.of("changed")],
+        "time_changed": [item_json(i) for i in d.of("time")],
         "unchanged": len(d.of("same")),
         "modules": _keyed_json(d.modules, "module"),
         "ops": _keyed_json(d.ops, "op"),

@@ -76,6 +76,8 @@ class RunProfile:
         start_ns: The run's start, ns since the epoch (0 if unknown).
         sources: Source line per call site, when known (see :mod:`._source`).
         files: The trace files read.
+        per_step: The run's totals per step number (every step number of its events,
+            set-up and tail included; :attr:`steps` says which are steps).
     """
 
     label: str
@@ -87,6 +89,7 @@ class RunProfile:
     start_ns: int = 0
     sources: dict[SiteKey, str] = field(default_factory=dict)
     files: list[Path] = field(default_factory=list)
+    per_step: dict[int, KeyStats] = field(default_factory=dict)
 
     @property
     def n_steps(self) -> int:
@@ -177,6 +180,7 @@ def _add_part(prof: RunProfile, rows: Any, event_steps: set[int]) -> None:
     _add_groups(prof.sites, _grouped(rows, ["file", "line", "function", "step"]), site)
     _add_groups(prof.modules, _grouped(rows, ["module", "step"]), lambda g: g["module"])
     _add_groups(prof.ops, _grouped(rows, ["op", "step"]), lambda g: g["op"])
+    _add_groups(prof.per_step, _grouped(rows, ["step"]), lambda g: g["step"])
     copies = rows.filter(pc.equal(rows.column("copies"), 1))
     for g in _grouped(copies, ["file", "line", "function", "op", "transfer"]):
         s = prof.sites[site(g)]
