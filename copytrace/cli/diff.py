@@ -1,7 +1,8 @@
 """Compare two runs: the call sites, modules and ops that copy more or less per step.
 
 BASE and NEW are trace files or directories (``--base-run N`` / ``--new-run N`` pick a run
-of a directory holding several). With one directory only, its last two runs are compared.
+of a directory holding several). With one directory only, its last two runs are compared;
+with ``--ranks``, the ranks (processes) of its run.
 """
 
 from __future__ import annotations
@@ -83,6 +84,38 @@ def _write_page(args: argparse.Namespace, d: Any, out: TextIO) -> None:
     out.write(f"copytrace: diff written to {written} ({counts} call site(s))\n")
 
 
+def _rank_name(res: dict[str, Any], index: int) -> tuple[int, str]:
+    for key in ("copytrace.rank", "rank", "process.rank"):
+        value = res.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value, str(value)
+    pid = res.get("process.pid")
+    return 1 << 30 | index, f"pid {pid}" if pid else f"process {index + 1}"
+
+
+def _ranks(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """``--ranks``: the processes of one run of BASE side by side."""
+    from copytrace.analysis.diff import compare_ranks, format_ranks, load_run, ranks_json
+    from copytrace.cli._common import select_runs, warn_unreadable
+    from copytrace.tracefile import event_table
+
+    table = event_table(args.base)
+    table = select_runs(table, argparse.Namespace(run=args.base_run, all=False), args.base, err)
+    warn_unreadable(table, args.base, err)
+    resources = table.resources
+    named = sorted((_rank_name(resources.get(t, {}), i), t)
+                   for i, t in enumerate(sorted({r for p in table.parts for r in p.runs})))  # fmt: skip
+    ranks = [(name, tid, load_run(table, f"rank {name}", [tid], hazards=False))
+             for (_, name), tid in named]  # fmt: skip
+    rd = compare_ranks(args.base, ranks, warmup=args.warmup_steps)
+    if args.json:
+        json.dump(ranks_json(rd), out, indent=2)
+        out.write("\n")
+    else:
+        out.write(format_ranks(rd))
+    return 0
+
+
 def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:
     """Compare the runs and print the comparison.
 
@@ -97,6 +130,14 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
 
     out = out or sys.stdout
     err = err or sys.stderr
+    if args.ranks:
+        from copytrace._errors import CopytraceError
+
+        for bad, what in ((args.new, "NEW"), (args.output, "-o"), (args.markdown, "--markdown"),
+                          (args.new_run, "--new-run")):  # fmt: skip
+            if bad:
+                raise CopytraceError(f"--ranks compares the ranks of one run: no {what}")
+        return _ranks(args, out, err)
     if args.new is None:
         base = load_side(args.base, args.base_run, err, second_last=True)
         new = load_side(args.base, args.new_run, err)
@@ -146,6 +187,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--cdn", action="store_true",
                         help="with -o: load plotly.js from the plotly CDN instead of inlining "
                         "it")  # fmt: skip
+    parser.add_argument("--ranks", action="store_true",
+                        help="the ranks (processes) of one run of BASE side by side: per-step "
+                        "copies, bytes and copy time per rank, the slowest rank and the "
+                        "imbalance (max/median)")  # fmt: skip
     parser.add_argument(
         "--warmup-steps",
         type=_count,

@@ -15,7 +15,8 @@ Typical use::
 - :mod:`._match`: call sites matched across edits (moved, renamed, duplicated lines);
 - :mod:`._stats`: copy time compared with a rank test over the steps;
 - :mod:`._compare`, :mod:`._output`, :mod:`._gate`: the comparison, its forms, the gate;
-- :mod:`._baseline`: a profile as a small JSON file (the pytest plugin's baselines).
+- :mod:`._baseline`: a profile as a small JSON file (the pytest plugin's baselines);
+- :mod:`._ranks`: the ranks of one run side by side (``copytrace diff RUN --ranks``).
 
 ``docs/diff.md`` documents the JSON form and the gate.
 """
@@ -48,16 +49,17 @@ from copytrace.analysis.diff._profile import (
     profile_events,
     profile_table,
 )
+from copytrace.analysis.diff._ranks import RankDiff, compare_ranks, format_ranks, ranks_json
 from copytrace.analysis.diff._source import normalize, parse_site, read_sources, snapshot_sources
 from copytrace.analysis.diff._stats import ALPHA, TimeTest, compare_times
 
 __all__ = [
-    "ALPHA", "FORMAT_VERSION", "Diff", "Increase", "Item", "KeyStats", "RunProfile", "TimeTest",
-    "add_hazards", "compare", "compare_times", "format_markdown", "format_terminal", "gate",
-    "item_json",
-    "load_run", "match_sites", "normalize", "number", "parse_increase", "parse_site",
-    "profile_events", "profile_from_json", "profile_table", "profile_to_json", "read_baseline",
-    "read_sources", "write_baseline", "short_paths", "snapshot_sources", "to_json", "triple",
+    "ALPHA", "Diff", "FORMAT_VERSION", "Increase", "Item", "KeyStats", "RankDiff", "RunProfile",
+    "TimeTest", "add_hazards", "compare", "compare_ranks", "compare_times", "format_markdown",
+    "format_ranks", "format_terminal", "gate", "item_json", "load_run", "match_sites", "normalize",
+    "number", "parse_increase", "parse_site", "profile_events", "profile_from_json",
+    "profile_table", "profile_to_json", "ranks_json", "read_baseline", "read_sources",
+    "short_paths", "snapshot_sources", "to_json", "triple", "write_baseline",
 ]  # fmt: skip
 
 
