@@ -21,6 +21,14 @@ a list or a comma-separated string, ``"all"``), ``fail_on`` (``"error"``, ``"war
 a limit or shows a forbidden hazard; the message names the call sites and the fix. A test
 that fails by itself is reported as it is, without a budget check.
 
+Baselines instead of guessed budgets: ``pytest --copytrace-baseline DIR
+--copytrace-baseline-update`` records each marked test's copies into ``DIR`` (one small JSON
+file per test, paths relative to the rootdir: commit it); ``pytest --copytrace-baseline DIR``
+then compares each marked test with its baseline (``copytrace.analysis.diff``: the
+comparison and the gate of ``copytrace check --baseline``) and fails a test whose copies or
+bytes per step grew beyond ``--copytrace-max-increase`` (default ``0%``), or that shows a
+hazard code its baseline did not, naming each call site that grew by ``file:line``.
+
 This module imports neither torch nor copytrace's tracer until a marked test or the
 fixture runs, so installing copytrace costs other test suites nothing.
 """
@@ -28,6 +36,9 @@ fixture runs, so installing copytrace costs other test suites nothing.
 from __future__ import annotations
 
 import os
+import re
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,7 +52,19 @@ _LIMITS = (
 )  # fmt: skip
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("copytrace", "copytrace: tensor copies of marked tests")
+    group.addoption("--copytrace-baseline", metavar="DIR", default=None,
+                    help="compare each @pytest.mark.copytrace test with its baseline in DIR")
+    group.addoption("--copytrace-baseline-update", action="store_true", default=False,
+                    help="record the marked tests' baselines into --copytrace-baseline DIR")
+    group.addoption("--copytrace-max-increase", metavar="LIMIT", default="0%",
+                    help="growth over the baseline allowed per step: a share (10%%) or a "
+                    "size (64KiB); default 0%%")  # fmt: skip
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    _baseline_settings(config)
     config.addinivalue_line(
         "markers",
         f"{MARKER}(max_bytes=None, max_copies=None, max_bytes_per_step=None, "
@@ -49,6 +72,91 @@ def pytest_configure(config: pytest.Config) -> None:
         "copytrace; fail the test when its tensor copies exceed the budget or a forbidden "
         "hazard is found (see docs/hazards.md)",
     )
+
+
+_SETTINGS = pytest.StashKey[Any]()
+
+
+class _Baselines:
+    """The ``--copytrace-baseline`` settings and what the session did with them."""
+
+    def __init__(self, directory: Path, update: bool, limit: Any) -> None:
+        self.directory = directory
+        self.update = update
+        self.limit = limit
+        self.written = 0
+        self.missing: list[str] = []
+
+    def path(self, nodeid: str) -> Path:
+        return self.directory / (re.sub(r"[^\w.\[\]-]+", "-", nodeid).strip("-") + ".json")
+
+
+def _baseline_settings(config: pytest.Config) -> None:
+    where = config.getoption("copytrace_baseline", None)
+    update = config.getoption("copytrace_baseline_update", False)
+    if where is None:
+        if update:
+            raise pytest.UsageError("--copytrace-baseline-update needs --copytrace-baseline DIR")
+        return
+    from copytrace.analysis.diff import parse_increase
+
+    try:
+        limit = parse_increase(config.getoption("copytrace_max_increase"))
+    except ValueError as err:
+        raise pytest.UsageError(f"--copytrace-max-increase: {err}") from None
+    directory = Path(config.invocation_params.dir, where)
+    config.stash[_SETTINGS] = _Baselines(directory, update, limit)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    b = config.stash.get(_SETTINGS, None)
+    if b is None:
+        return
+    if b.update:
+        terminalreporter.write_line(f"copytrace: wrote {b.written} baseline(s) to {b.directory}")
+    elif b.missing:
+        terminalreporter.write_line(
+            f"copytrace: {len(b.missing)} marked test(s) have no baseline in {b.directory} "
+            "(record with --copytrace-baseline-update): " + ", ".join(b.missing[:5])
+        )
+
+
+def _baseline_verdict(
+    b: _Baselines, events: list[Any], start_ns: int, where: str, root: str
+) -> str:
+    """Record the test's baseline, or the failure message of its comparison with it."""
+    from copytrace.analysis import analyze
+    from copytrace.analysis.diff import (
+        add_hazards,
+        compare,
+        gate,
+        profile_events,
+        read_baseline,
+        read_sources,
+        write_baseline,
+    )  # fmt: skip
+
+    new = profile_events(events, where, start_ns)
+    add_hazards(new, analyze(events))
+    new.sources = read_sources([], list(new.sites), start_ns, save=False)
+    path = b.path(where)
+    if b.update:
+        write_baseline(path, new, where, root)
+        b.written += 1
+        return ""
+    try:
+        base = read_baseline(path, root)
+    except ValueError as err:
+        raise pytest.UsageError(f"copytrace baseline: {err}") from None
+    if base is None:
+        b.missing.append(where)
+        return ""
+    lines = gate(compare(base, new), b.limit)
+    if not lines:
+        return ""
+    body = "\n".join("  " + _short_all(line, root) for line in lines)
+    return (f"copytrace baseline exceeded in {where} (baseline {path}):\n{body}\n"
+            "  accept with --copytrace-baseline-update")  # fmt: skip
 
 
 def _short(site: str, root: str | None) -> str:
@@ -111,6 +219,8 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
         )
     import copytrace
 
+    baselines = item.config.stash.get(_SETTINGS, None)
+    start_ns = time.time_ns()
     t = copytrace.trace(write=False)
     active = t.start()
     first = len(active.events)
@@ -118,7 +228,11 @@ def pytest_runtest_call(item: pytest.Item) -> Any:
         result = yield
     finally:
         t.stop()
-    message = _verdict(active.events[first:], dict(marker.kwargs), item.nodeid, _root(item.config))
+    events, root = active.events[first:], _root(item.config)
+    messages = [_verdict(events, dict(marker.kwargs), item.nodeid, root)]
+    if baselines is not None:
+        messages.append(_baseline_verdict(baselines, events, start_ns, item.nodeid, root))
+    message = "\n".join(m for m in messages if m)
     if message:
         pytest.fail(message, pytrace=False)
     return result

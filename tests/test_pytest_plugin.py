@@ -9,6 +9,7 @@ blocked (``-p no:copytrace``), so the tests behave the same whether or not the p
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -209,3 +210,63 @@ def test_entry_point_is_declared() -> None:
     module = importlib.import_module(target)
     assert hasattr(module, "pytest_runtest_call") and hasattr(module, "copy_budget")
     assert "torch" not in module.__dict__  # importing the plugin costs other suites nothing
+
+
+BASELINE_TEST = """
+@pytest.mark.copytrace
+def test_step():
+    x = torch.arange(16.0)  # 64 B
+    y = x.clone()
+    assert y.sum() == 120
+"""
+
+
+def test_baseline_record_fail_update_pass(pytester: pytest.Pytester) -> None:
+    """The baseline flow twice over: record, compare, a copy added fails naming its line,
+    update, compare again."""
+    base = ("--copytrace-baseline", "baseline")
+    result = run(pytester, BASELINE_TEST, *base, "--copytrace-baseline-update")
+    result.assert_outcomes(passed=1)
+    assert any("copytrace: wrote 1 baseline(s) to" in line for line in result.outlines)
+    (stored,) = (pytester.path / "baseline").glob("*.json")
+    data = json.loads(stored.read_text())
+    # one site, recorded relative to the rootdir: the clone of 16 float32 (64 B)
+    assert data["test"] == "test_budget.py::test_step"
+    assert [(s["file"], s["code"], s["copies"], s["bytes"]) for s in data["sites"]] == [
+        ("test_budget.py", "y = x.clone()", 1, 64)]  # fmt: skip
+    run(pytester, BASELINE_TEST, *base).assert_outcomes(passed=1)
+    # a comment line on top moves every line (matched by text); a second copy is added
+    grown = "# moved\n" + BASELINE_TEST.replace(
+        "    y = x.clone()\n", "    y = x.clone()\n    z = x.double()  # 128 B\n")  # fmt: skip
+    result = run(pytester, grown, *base)
+    result.assert_outcomes(failed=1)
+    text = failure_text(result)
+    assert f"copytrace baseline exceeded in test_budget.py::test_step (baseline {stored}):" in text
+    # per step (one step): copies 1 -> 2, bytes 64 -> 64 + 128 = 192
+    assert "  copies per step grew from 1 to 2 (+1), over --max-increase 0%" in text
+    assert "  bytes per step grew from 64 B to 192 B (+128 B), over --max-increase 0%" in text
+    site = at(pytester, "z = x.double()", "test_step")
+    assert f"  {site}: added, +1 copies, +128 B per step: z = x.double()  # 128 B" in text
+    assert "y = x.clone()" not in text  # the moved clone is matched, not added
+    # a 200% allowance: 192 <= 64 * 3 passes; 199% does not
+    run(pytester, grown, *base, "--copytrace-max-increase", "200%").assert_outcomes(passed=1)
+    run(pytester, grown, *base, "--copytrace-max-increase", "199%").assert_outcomes(failed=1)
+    run(pytester, grown, *base, "--copytrace-baseline-update").assert_outcomes(passed=1)
+    assert [s["bytes"] for s in json.loads(stored.read_text())["sites"]] == [64, 128]
+    run(pytester, grown, *base).assert_outcomes(passed=1)
+
+
+def test_baseline_missing_and_bad_options(pytester: pytest.Pytester) -> None:
+    result = run(pytester, BASELINE_TEST, "--copytrace-baseline", "nowhere")
+    result.assert_outcomes(passed=1)
+    assert any("copytrace: 1 marked test(s) have no baseline in" in line
+               and line.endswith("test_budget.py::test_step") for line in result.outlines)  # fmt: skip
+    result = run(pytester, BASELINE_TEST, "--copytrace-baseline-update")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--copytrace-baseline-update needs --copytrace-baseline DIR" in "\n".join(
+        result.errlines)  # fmt: skip
+    result = run(pytester, BASELINE_TEST, "--copytrace-baseline", "b",
+                 "--copytrace-max-increase", "ten")  # fmt: skip
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--copytrace-max-increase: not a percentage or a size: 'ten'" in "\n".join(
+        result.errlines)  # fmt: skip

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from copytrace.cli._common import add_trace_command, select_runs, warn_unreadable
 
@@ -43,9 +43,13 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
     Returns:
         0 within budget, :data:`EXIT_VIOLATION` (1) otherwise.
 
+    With ``--baseline BASE`` the run is also compared with BASE (``copytrace diff``) and
+    fails when its per-step copies or bytes grew beyond ``--max-increase`` or a new hazard
+    code appeared (:func:`copytrace.analysis.diff.gate`).
+
     Raises:
-        TraceFileError: If the trace path is missing, empty or unreadable.
-        CopytraceError: For an unknown hazard code or severity.
+        TraceFileError: If a trace path is missing, empty or unreadable.
+        CopytraceError: For an unknown hazard code or severity, or a bad ``--max-increase``.
     """
     from copytrace._errors import CopytraceError
     from copytrace._units import format_bytes_exact
@@ -67,6 +71,7 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
             forbid += [c for c in severity_codes(args.fail_on) if c not in forbid]
     except ValueError as e:
         raise CopytraceError(str(e)) from None
+    limit = _increase(args)
     path = Path(args.path)
     trace = select_runs(event_table(path), args, path, err)
     warn_unreadable(trace, path, err)
@@ -94,6 +99,8 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
                 f"trace is partial: {len(unfinished)} process(es) never finished their trace "
                 "(killed or still running); --allow-partial to check what was read"
             )
+    if args.baseline is not None:
+        violations += _against_baseline(args, trace, limit, err)
     if args.findings:
         out.write(format_findings(findings))
     for line in violations:
@@ -108,6 +115,34 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         file=out,
     )
     return EXIT_VIOLATION if violations else 0
+
+
+def _increase(args: argparse.Namespace) -> Any:
+    """``--max-increase`` parsed (checked before any trace is read).
+
+    Raises:
+        CopytraceError: For a value that is neither a share nor a size, or one given
+            without ``--baseline``.
+    """
+    from copytrace._errors import CopytraceError
+    from copytrace.analysis.diff import parse_increase
+
+    if args.max_increase is not None and args.baseline is None:
+        raise CopytraceError("--max-increase needs --baseline BASE")
+    try:
+        return parse_increase(args.max_increase or "0%")
+    except ValueError as e:
+        raise CopytraceError(f"--max-increase: {e}") from None
+
+
+def _against_baseline(args: argparse.Namespace, trace: Any, limit: Any, err: TextIO) -> list[str]:
+    """The gate's lines for the run checked against ``--baseline`` (see ``docs/diff.md``)."""
+    from copytrace.analysis.diff import compare, gate, load_run
+    from copytrace.cli.diff import load_side
+
+    base = load_side(args.baseline, args.baseline_run, err)
+    new = load_run(trace, str(args.path))
+    return [f"baseline {args.baseline}: {line}" for line in gate(compare(base, new), limit)]
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -174,6 +209,25 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         metavar="N",
         default=0,
         help="leave steps 0..N-1 out of the per-step limits (default 0)",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="BASE",
+        default=None,
+        help="also fail when copies or bytes per step grew beyond --max-increase against the "
+        "run in BASE (a trace file or directory), or a hazard code BASE did not show appeared; "
+        "one line per call site that grew (docs/diff.md)",
+    )
+    parser.add_argument(
+        "--baseline-run", type=_count, metavar="N", default=None,
+        help="run N of BASE (default: its latest)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--max-increase",
+        metavar="LIMIT",
+        default=None,
+        help="with --baseline: allowed growth per step, a share (10%%: copies and bytes) or a "
+        "size (64KiB: bytes); default 0%%",
     )
     parser.add_argument("--findings", action="store_true", help="also print every hazard found")
     parser.add_argument(

@@ -210,6 +210,8 @@ def _run_traced(
     finally:
         sys.argv = saved_argv
     trace_path, stats = result["trace"], result["stats"]
+    if trace_path is not None:
+        _keep_sources(trace_path)
     if session is not None:
         if trace_path is None:
             print("copytrace: no trace written", file=sys.stderr)
@@ -227,6 +229,17 @@ def _run_traced(
     if session is not None and trace_path is None and status == 0:
         return 1
     return status
+
+
+def _keep_sources(trace_path: Path) -> None:
+    """Keep the source line of each call site beside the trace while the files still hold
+    them, so that ``copytrace diff`` matches call sites after the program is edited."""
+    from copytrace.analysis.diff import snapshot_sources
+
+    try:
+        snapshot_sources(trace_path)
+    except Exception as err:  # never fail a finished run for it
+        print(f"copytrace: could not keep the call sites' source lines: {err}", file=sys.stderr)
 
 
 def _print_pyspy_summary(profile: Path, trace_path: Path | None, out_dir: Path) -> None:
