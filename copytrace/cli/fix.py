@@ -68,7 +68,8 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         raise CopytraceError(str(e)) from None
     out.write(format_diff(plan))
     out.write(format_unfixed(plan))
-    print(f"copytrace fix: {len(plan.fixes)} patch(es) in {len(plan.files)} file(s); "
+    patches = len({(f.rel, f.line, f.finding.code) for f in plan.fixes})
+    print(f"copytrace fix: {patches} patch(es) in {len(plan.files)} file(s); "
           f"{len(plan.unfixed)} finding(s) without a safe fix", file=err)  # fmt: skip
     status = 0
     if args.verify and plan.fixes:

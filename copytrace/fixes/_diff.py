@@ -66,8 +66,8 @@ def format_diff(plan: Any) -> str:
             owner[(at or after or [len(hunks) - 1])[0]].append(f)
         for i, (_, _, body) in enumerate(hunks):
             reasons = owner[i] or [f for f in fixes if f.line > hunks[i][0]][:1] or fixes[:1]
-            for f in reasons:
-                out.append(f"# copytrace fix: {f.reason()}\n")
+            for reason in dict.fromkeys(f.reason() for f in reasons):  # a line's twins once
+                out.append(f"# copytrace fix: {reason}\n")
             out.append(f"--- a/{rel}\n+++ b/{rel}\n{body}")
     return "".join(out)
 

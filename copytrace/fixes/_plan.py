@@ -185,21 +185,30 @@ def _remap(old: str, new: str, lines: list[int]) -> list[int | None]:
 def _fix_file(targets: list[Target], plan: Plan) -> None:
     """Make the fixes of one file, bottom line first, each on the previous one's text."""
     path = targets[0].path
+    twin: dict[int, list[Target]] = {}
     with open(path, encoding="utf-8", newline="") as fh:  # keep \r\n line ends as they are
         original = text = fh.read()
-    todo = sorted(targets, key=lambda t: -t.line)
+    todo = []
+    first: dict[tuple[str, int], Target] = {}
+    for t in sorted(targets, key=lambda t: -t.line):
+        if (t.code, t.line) in first:  # the same line again (another step, parameter...)
+            twin.setdefault(id(first[(t.code, t.line)]), []).append(t)
+        else:
+            first[(t.code, t.line)] = t
+            todo.append(t)
     current = {id(t): t.line for t in todo}
     for t in todo:
         line = current[id(t)]
         if line is None:
-            plan.unfixed.append(Unfixed(t.finding, "its line was changed by another fix"))
+            plan.unfixed += [Unfixed(u.finding, "its line was changed by another fix")
+                             for u in (t, *twin.get(id(t), ()))]  # fmt: skip
             continue
         rule = FIXES[t.code]
         try:
             edit = rule.rewrite(Target(t.finding, t.path, t.rel, line, t.events, t.site_events),
                                 Source(text))  # fmt: skip
         except Refuse as why:
-            plan.unfixed.append(Unfixed(t.finding, str(why)))
+            plan.unfixed += [Unfixed(u.finding, str(why)) for u in (t, *twin.get(id(t), ()))]
             continue
         new = edit.module.code
         rest = [u for u in todo if current.get(id(u)) is not None and u is not t]
@@ -207,7 +216,8 @@ def _fix_file(targets: list[Target], plan: Plan) -> None:
             current[id(u)] = mapped  # type: ignore[assignment]
         current[id(t)] = None  # type: ignore[assignment]
         text = new
-        plan.fixes.append(Fix(t.finding, t.rel, t.line, edit.change, rule.exact, rule.effect))
+        for same in (t, *twin.get(id(t), ())):
+            plan.fixes.append(Fix(same.finding, t.rel, t.line, edit.change, rule.exact, rule.effect))
     if text != original:
         plan.files[targets[0].rel] = (original, text)
 

@@ -93,7 +93,7 @@ def data_inplace(t: Target, src: Source) -> Edit:
     stmt = _write_statement(t, src)
     data = _data_attr(src, stmt)
     w, b = _backward_after(src, stmt)
-    _, body = _block_of(src, w)
+    block, body = _block_of(src, w)
     between = body[body.index(w) + 1: body.index(b)]
     used = names_in(w) - src.torch_names
     for other in (*between, b):
@@ -109,8 +109,12 @@ def data_inplace(t: Target, src: Source) -> Edit:
         leading_lines=stmt.leading_lines,
     )
     moved = wrapped if w is stmt else w.deep_replace(stmt, wrapped)
-    module = src.module.deep_replace(b, cst.FlattenSentinel([b, moved]))  # type: ignore[arg-type]
-    module = module.deep_remove(w)  # type: ignore[union-attr]
+    new_body = [s for s in body if s is not w]
+    new_body.insert(new_body.index(b) + 1, moved)
+    if block is src.module:
+        module = src.module.with_changes(body=new_body)
+    else:
+        module = src.module.deep_replace(block, block.with_changes(body=new_body))
     change = (f"`{_code(src, stmt)}` -> `with {torch}.no_grad(): "
               f"{_code(src, written)}`, after line {src.lines(b)[1]} (`{_code(src, b)}`)")
     return Edit(module, change)  # type: ignore[arg-type]
@@ -173,8 +177,8 @@ def deepcopy_in_loop(t: Target, src: Source) -> Edit:
     refresh = stmt.with_changes(body=[cst.Expr(attr_call(
         cst.Name(copy_name), "load_state_dict", [cst.Arg(attr_call(cst.Name(model), "state_dict"))]))])
     hoisted = stmt.with_changes(leading_lines=[], trailing_whitespace=cst.TrailingWhitespace())
-    module = src.module.deep_replace(stmt, refresh)
-    module = module.deep_replace(loop, cst.FlattenSentinel([hoisted, loop]))  # type: ignore[arg-type,union-attr]
+    new_loop = loop.deep_replace(stmt, refresh)
+    module = src.module.deep_replace(loop, cst.FlattenSentinel([hoisted, new_loop]))  # type: ignore[arg-type]
     change = (f"`{_code(src, stmt)}` made once before line {src.lines(loop)[0]}; "
               f"`{copy_name}.load_state_dict({model}.state_dict())` in the loop")
     return Edit(module, change)  # type: ignore[arg-type]
