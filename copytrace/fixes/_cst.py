@@ -196,3 +196,14 @@ def has_comment(stmt: cst.CSTNode) -> bool:
         return True
     trailing = getattr(stmt, "trailing_whitespace", None)
     return bool(trailing is not None and trailing.comment)
+
+
+def replace_all(module: cst.Module, new: dict[cst.CSTNode, cst.CSTNode]) -> cst.Module:
+    """``module`` with each key node (by identity, as parsed) replaced by its value, in one
+    pass (a second ``deep_replace`` would no longer find nodes the first one rebuilt)."""
+
+    class _Replace(cst.CSTTransformer):
+        def on_leave(self, original: cst.CSTNode, updated: cst.CSTNode) -> cst.CSTNode:
+            return new.get(original, updated)  # type: ignore[return-value]
+
+    return module.visit(_Replace())

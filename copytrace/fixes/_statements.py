@@ -18,6 +18,7 @@ from copytrace.fixes._cst import (
     method,
     names_in,
     receiver,
+    replace_all,
 )
 from copytrace.fixes._target import Edit, Target
 
@@ -246,7 +247,7 @@ def pageable_transfer(t: Target, src: Source) -> Edit:
     loader = _batch_loader(src, call)
     if any(a.keyword is not None and a.keyword.value == "pin_memory_device" for a in loader.args):
         raise Refuse("the DataLoader sets pin_memory_device: left as it is")
-    module = src.module.deep_replace(call, _set_kw(call, "non_blocking"))
-    module = module.deep_replace(loader, _set_kw(loader, "pin_memory"))  # type: ignore[union-attr]
+    module = replace_all(src.module, {call: _set_kw(call, "non_blocking"),
+                                      loader: _set_kw(loader, "pin_memory")})  # fmt: skip
     change = f"`{_code(src, call)}` with non_blocking=True; its DataLoader with pin_memory=True"
     return Edit(module, change)  # type: ignore[arg-type]
