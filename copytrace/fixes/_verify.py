@@ -54,7 +54,7 @@ class Verification:
         for o in self.outcomes:
             f = o.fix
             state = "gone" if o.gone else ("still there" if o.before else "not seen before")
-            out.append(f"{f.finding.code} at {f.rel}:{f.line}: {state}; bytes/step "
+            out.append(f"{f.finding.code} at {f.rel}:{f.line}: {state}; its bytes/step "
                        f"{o.bytes_per_step_before:.0f} -> {o.bytes_per_step_after:.0f}")  # fmt: skip
         same = "same" if self.stdout_same else "DIFFERENT"
         out.append(f"stdout: {same}; exit status {self.status_before} -> {self.status_after}")
