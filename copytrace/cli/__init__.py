@@ -1,5 +1,5 @@
-"""The ``copytrace`` command line: ``run``, ``report``, ``summary``, ``check``, ``diff`` and
-``export``.
+"""The ``copytrace`` command line: ``run``, ``report``, ``summary``, ``check``, ``diff``,
+``fix`` and ``export``.
 
 Each subcommand lives in its own module (``copytrace/cli/<name>.py``) that defines
 ``register(subparsers)``; the parser it adds sets ``handler`` to a function
@@ -19,11 +19,14 @@ from copytrace._errors import CopytraceError
 
 __all__ = ["main", "console_main"]
 
+#: Subcommands whose arguments after ``--`` are a program to run (``args.program``).
+_PROGRAM_AFTER_DASHES = ("fix",)
+
 
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every subcommand registered."""
     from copytrace._version import __version__
-    from copytrace.cli import check, diff, doctor, export, report, run, summary
+    from copytrace.cli import check, diff, doctor, export, fix, report, run, summary
 
     parser = argparse.ArgumentParser(
         prog="copytrace",
@@ -32,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"copytrace {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in (run, report, summary, check, diff, export, doctor):
+    for module in (run, report, summary, check, diff, fix, export, doctor):
         module.register(sub)
     return parser
 
@@ -45,7 +48,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         script's own exit status for ``copytrace run``.
     """
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    program = None
+    if argv[:1] and argv[0] in _PROGRAM_AFTER_DASHES and "--" in argv:
+        # ``copytrace fix TRACE --verify -- python train.py --lr 1``: the program's own
+        # arguments are never read as copytrace options
+        cut = argv.index("--")
+        argv, program = argv[:cut], argv[cut + 1 :]
     args = parser.parse_args(argv)
+    if program is not None:
+        args.program = program
     try:
         return int(args.handler(args))
     except CopytraceError as err:

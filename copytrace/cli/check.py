@@ -114,6 +114,11 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         f"{worst_copies} copies",
         file=out,
     )
+    from copytrace.cli.fix import suggest
+
+    command = suggest(str(args.path), sorted({f.code for f in findings}))
+    if command:
+        print(f"copytrace check: patches for some findings: {command}", file=out)
     return EXIT_VIOLATION if violations else 0
 
 

@@ -1,0 +1,82 @@
+"""From finding to patch: the code change for each finding that has a mechanical fix.
+
+Typical use::
+
+    from copytrace.fixes import plan_fixes, format_diff, apply_plan
+
+    plan = plan_fixes("copytrace-out")          # a trace file or directory, or t.events
+    print(format_diff(plan))                    # applies with `git apply` / `patch -p1`
+    apply_plan(plan)                            # or write the files in place
+
+Rewrites go through LibCST (comments and formatting kept; only the call the finding pins is
+changed, and a line where that call is ambiguous is refused). Files outside ``root`` (the
+current directory), in installed packages or in the standard library are never touched.
+``copytrace.fixes._verify`` checks a plan by tracing the program again. ``docs/fix.md``
+lists each fix and whether it keeps values bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from copytrace.fixes._diff import format_diff, format_unfixed
+from copytrace.fixes._plan import FIXES, Fix, FixRule, Plan, Unfixed, make_plan
+
+__all__ = [
+    "FIXES",
+    "Fix",
+    "FixRule",
+    "Plan",
+    "Unfixed",
+    "apply_plan",
+    "format_diff",
+    "format_unfixed",
+    "make_plan",
+    "plan_fixes",
+]
+
+
+def plan_fixes(source: Any, *, codes: Any = None, root: str | os.PathLike | None = None) -> Plan:
+    """Analyse ``source`` and plan a patch for each finding that has a safe fix.
+
+    Args:
+        source: what :func:`copytrace.analysis.analyze` takes (a trace path, a loaded trace,
+            ``t.events``).
+        codes: only these hazard codes (``"tensor-ctor-copy,noop-conversion"`` or a list).
+        root: the project root (default: the current directory).
+
+    Returns:
+        The :class:`Plan` (nothing is written).
+
+    Raises:
+        TraceFileError: when ``source`` is a path that holds no readable trace.
+        ValueError: for an unknown hazard code.
+    """
+    from copytrace.analysis import analyze, normalize_codes
+    from copytrace.analysis._view import runs_of
+
+    if isinstance(source, (str, os.PathLike)):
+        from copytrace.tracefile import event_table
+
+        source = event_table(source)
+    wanted = normalize_codes(codes) if codes is not None else None
+    findings = analyze(source, codes=wanted)
+    runs = [list(r) for r in runs_of(source)] if findings else []
+    return make_plan(findings, runs, Path(root) if root is not None else Path.cwd())
+
+
+def apply_plan(plan: Plan) -> list[Path]:
+    """Write the plan's new file texts in place.
+
+    Returns:
+        The files written.
+    """
+    written = []
+    for rel, (_, new) in sorted(plan.files.items()):
+        path = plan.root / rel
+        with open(path, "w", encoding="utf-8", newline="") as fh:
+            fh.write(new)
+        written.append(path)
+    return written
