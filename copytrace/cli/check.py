@@ -85,20 +85,8 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
     )
     findings, totals = analyze_with_totals(trace)
     violations, _ = check(trace, budget, findings, totals)
-    unfinished = trace.unfinished_runs()
     if not args.allow_partial:
-        # A gate must not pass a run that crashed or a file that was cut: what is missing
-        # could be exactly the copies over budget.
-        if trace.bad_lines:
-            violations.append(
-                f"trace is partial: {trace.bad_lines} unreadable line(s) "
-                "(a file cut mid-write); --allow-partial to check what was read"
-            )
-        if unfinished:
-            violations.append(
-                f"trace is partial: {len(unfinished)} process(es) never finished their trace "
-                "(killed or still running); --allow-partial to check what was read"
-            )
+        violations += _partial(trace)
     if args.baseline is not None:
         violations += _against_baseline(args, trace, limit, err)
     if args.findings:
@@ -114,12 +102,35 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         f"{worst_copies} copies",
         file=out,
     )
+    _suggest_fix(args, findings, out)
+    return EXIT_VIOLATION if violations else 0
+
+
+def _partial(trace: Any) -> list[str]:
+    """The violations of a cut file or an unfinished process. A gate must not pass a run that
+    crashed or a file that was cut: what is missing could be exactly the copies over budget."""
+    lines = []
+    if trace.bad_lines:
+        lines.append(
+            f"trace is partial: {trace.bad_lines} unreadable line(s) "
+            "(a file cut mid-write); --allow-partial to check what was read"
+        )
+    unfinished = trace.unfinished_runs()
+    if unfinished:
+        lines.append(
+            f"trace is partial: {len(unfinished)} process(es) never finished their trace "
+            "(killed or still running); --allow-partial to check what was read"
+        )
+    return lines
+
+
+def _suggest_fix(args: argparse.Namespace, findings: list[Any], out: TextIO) -> None:
+    """Name the ``copytrace fix`` command when some finding has a mechanical patch."""
     from copytrace.cli.fix import suggest
 
     command = suggest(str(args.path), sorted({f.code for f in findings}))
     if command:
         print(f"copytrace check: patches for some findings: {command}", file=out)
-    return EXIT_VIOLATION if violations else 0
 
 
 def _increase(args: argparse.Namespace) -> Any:
@@ -215,6 +226,19 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=0,
         help="leave steps 0..N-1 out of the per-step limits (default 0)",
     )
+    _add_baseline_options(parser)
+    parser.add_argument("--findings", action="store_true", help="also print every hazard found")
+    parser.add_argument(
+        "--allow-partial",
+        action="store_true",
+        help="check a cut or unfinished trace as read (default: a partial trace fails)",
+    )
+    parser.set_defaults(handler=handle)
+    return parser
+
+
+def _add_baseline_options(parser: argparse.ArgumentParser) -> None:
+    """``--baseline``, ``--baseline-run`` and ``--max-increase`` (docs/diff.md)."""
     parser.add_argument(
         "--baseline",
         metavar="BASE",
@@ -234,11 +258,3 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="with --baseline: allowed growth per step, a share (10%%: copies and bytes) or a "
         "size (64KiB: bytes); default 0%%",
     )
-    parser.add_argument("--findings", action="store_true", help="also print every hazard found")
-    parser.add_argument(
-        "--allow-partial",
-        action="store_true",
-        help="check a cut or unfinished trace as read (default: a partial trace fails)",
-    )
-    parser.set_defaults(handler=handle)
-    return parser
