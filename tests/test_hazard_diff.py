@@ -135,7 +135,7 @@ def _programs() -> list[Any]:
 
     def pageable(t: Any) -> None:
         for _ in range(4):
-            torch.randn(16).to("meta")  # pageable-transfer (meta stands for a device)
+            torch.randn(16).to("meta")  # no finding: meta has no memory, nothing moves
             t.step()
 
     return [data_inplace, history, snapshot, copies, lost_write, pageable]

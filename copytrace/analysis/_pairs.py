@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from copytrace._units import format_bytes_exact
-from copytrace.analysis._evidence import OWN_RULE, Acc, is_copy, plural, what
+from copytrace.analysis._evidence import OWN_RULE, Acc, is_copy, narrows, plural, what
 from copytrace.analysis._evidence import accs as _accs
 from copytrace.analysis._findings import Finding
 from copytrace.analysis._view import Ev
@@ -148,6 +148,9 @@ def redundant_copy(events: list[Ev]) -> list[Finding]:
             or a.site != b.site
             or b.src_version != a.dst_version
             or {a.transfer, b.transfer} == {"h2d", "d2h"}  # that is a round trip
+            # a first step that narrows the dtype rounds on purpose (x.to(bfloat16).float()):
+            # one call straight to the last dtype would give other values
+            or narrows(a.src_dtype, a.dtype)
         ):
             continue
         acc = chains.setdefault(a.site, Acc())

@@ -22,6 +22,7 @@ from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds, epo
 from copytrace.export.sdk_sink import SdkSink, env_sampler_keeps, exporters_from_env, make_resource
 from copytrace.schema import CopyEvent
 from copytrace.tracer import _compiled, _native, _observer, _recorder
+from copytrace.tracer._rules import settle_unreal_events
 from copytrace.tracer.watch import HeldEvents
 
 __all__ = ["Schedule", "Trace", "trace"]
@@ -544,6 +545,7 @@ class Trace:
         if rec.group is not None or rec.active is not None:
             return  # not between two records: the next boundary will do
         events = rec.events
+        settle_unreal_events(events)  # observer.cpp's fast events to a meta device
         chunk = Chunk(events, self._step_log)
         if self._compiled is not None:
             chunk.compiled = self._compiled.take_calls()
@@ -658,6 +660,7 @@ class Trace:
             return None
         self._end_ns = time.perf_counter_ns()
         self._closing = True
+        settle_unreal_events(self._rec.events)
         last = getattr(sys, "last_type", None)  # an uncaught exception, seen from atexit
         if self._exit is None and last is not None and not hasattr(sys, "ps1"):
             self._exit = self._exit_error = getattr(last, "__name__", str(last))
