@@ -4,7 +4,7 @@ Each case starts a fresh interpreter of this environment (where the hook is inst
 several times and reports the median wall time:
 
 * ``python -c pass``: the hook unset, then ``COPYTRACE=1`` (the hook imports
-  ``copytrace._bootstrap``; tracing waits for ``import torch``, so a program that never
+  ``copytrace.launch.hook``; tracing waits for ``import torch``, so a program that never
   imports torch pays only that import);
 * ``python -c "import torch"``: unset, then ``COPYTRACE=1`` (tracing starts right after
   torch is imported and the trace is written at exit; no report);

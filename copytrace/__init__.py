@@ -35,16 +35,16 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
+    from copytrace._trace import Schedule, Trace, trace
     from copytrace.analysis import Finding, analyze
     from copytrace.tracefile import load_trace
-    from copytrace.tracer import CopyEvent, Trace, trace
-    from copytrace.tracer._session import Schedule
+    from copytrace.tracer import CopyEvent
 
 _LAZY = {
-    "trace": "copytrace.tracer",
-    "Trace": "copytrace.tracer",
+    "trace": "copytrace._trace",
+    "Trace": "copytrace._trace",
     "CopyEvent": "copytrace.schema",
-    "Schedule": "copytrace.tracer._session",
+    "Schedule": "copytrace._trace",
     "analyze": "copytrace.analysis",
     "Finding": "copytrace.analysis",
     "load_trace": "copytrace.dashboards",

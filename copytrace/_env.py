@@ -45,7 +45,7 @@ variable                      default           meaning
 Every process of a launch (the process started with ``COPYTRACE=1``, its ``torchrun``
 ranks, ``multiprocessing`` children and DataLoader workers) writes its own trace file. The
 first one, the *root*, writes the one merged report when it exits; see
-:mod:`copytrace._bootstrap`. ``COPYTRACE_LAUNCH`` is set by the root for its descendants and
+:mod:`copytrace.launch`. ``COPYTRACE_LAUNCH`` is set by the root for its descendants and
 is not meant to be set by hand.
 """
 

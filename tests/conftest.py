@@ -26,7 +26,7 @@ def _no_tracer_left_behind():
     assert torch.utils.swap_tensors is _SWAP, "torch.utils.swap_tensors was left patched"
     assert torch.from_numpy is _FROM_NUMPY, "torch.from_numpy was left patched"
     assert torch.nn.Parameter.__deepcopy__ is _PARAM_DEEPCOPY, "Parameter.__deepcopy__ left patched"
-    from copytrace.tracer import _recorder, _session
+    from copytrace.tracer import _recorder, session
 
     assert _recorder.active_recorder() is None
-    assert _session._ACTIVE_TRACE[0] is None
+    assert session.active_session() is None

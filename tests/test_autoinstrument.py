@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from copytrace import _bootstrap
+from copytrace import launch
 from copytrace.cli import main
 from copytrace.dashboards import load_trace
+from copytrace.launch import _state
+from copytrace.launch.markers import wait_for_launch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -155,9 +157,9 @@ def test_report_covers_this_launch_only(tmp_path):
     old = _tracegen.write_trace(out, pid=111, gz=True)  # an earlier run's file
     mine = _tracegen.write_trace(out, pid=222, gz=True)
     markers = [("testhost", 222, "done", str(mine))]
-    files = _bootstrap.launch_trace_files(out, markers)
+    files = launch.launch_trace_files(out, markers)
     assert files == [mine]
-    report = _bootstrap.write_report_for(out, files, out / "report.html")
+    report = launch.write_report_for(out, files, out / "report.html")
     html = report.read_text(encoding="utf-8")
     assert str(mine) in html and old.name not in html
 
@@ -165,7 +167,7 @@ def test_report_covers_this_launch_only(tmp_path):
 def test_root_waits_for_live_processes_only(tmp_path):
     directory = tmp_path / "launch"
     directory.mkdir()
-    host = _bootstrap._host()
+    host = _state.host()
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -173,13 +175,13 @@ def test_root_waits_for_live_processes_only(tmp_path):
         (directory / f"{host}-{dead.pid}").write_text("running\n")  # died without finishing
         (directory / f"{host}-{sleeper.pid}").write_text("running\n")
         t0 = time.monotonic()
-        markers = _bootstrap._wait_for_launch(directory, 0.5)
+        markers = wait_for_launch(directory, 0.5)
         waited = time.monotonic() - t0
         assert 0.4 < waited < 5  # waited for the live one, up to the timeout
         assert {pid for _, pid, _, _ in markers} == {dead.pid, sleeper.pid}
         (directory / f"{host}-{sleeper.pid}").write_text("done x\n")
         t0 = time.monotonic()
-        _bootstrap._wait_for_launch(directory, 10)
+        wait_for_launch(directory, 10)
         assert time.monotonic() - t0 < 2  # nothing live is still running: no wait
     finally:
         sleeper.kill()
@@ -210,7 +212,7 @@ def test_root_waits_for_live_processes_only(tmp_path):
 def test_launchers_are_recognised(monkeypatch, argv, orig, expected):
     monkeypatch.setattr(sys, "argv", argv)
     monkeypatch.setattr(sys, "orig_argv", orig or ["py", *argv], raising=False)
-    assert _bootstrap.is_launcher() is expected
+    assert launch.is_launcher() is expected
 
 
 # --- copytrace run's command line ------------------------------------------------------------------

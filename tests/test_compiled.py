@@ -330,7 +330,7 @@ def test_copytrace_modes_step_aside_under_a_user_mode_during_a_compiled_call(obs
     x = torch.ones(3)
     # level full: copytrace's function mode is on the stack (lean has none to step aside)
     with copytrace.trace(write=False, observer=observer, level="full") as t:
-        ours = list(t._modes)  # the function mode, and on the Python path the dispatch mode
+        ours = list(t.session._engagement.modes)  # the function mode, and on the Python path the dispatch mode
         with UserMode() as mine:
             before = (_get_current_function_mode_stack(), _get_current_dispatch_mode_stack())
             assert before == ([ours[0], mine], ours[1:])
@@ -421,7 +421,7 @@ def test_patches_and_hooks_stand_aside_while_dynamo_compiles_and_in_cached_code(
     with copytrace.trace(write=False, level=level) as t:
         steps = t.stats["steps"]
         traced = program()
-        sticky = t._compiled.sticky
+        sticky = t.session._engagement.compiled.sticky
         in_region = (t.stats["events"], t.stats["steps"])
         copy.deepcopy(torch.ones(2))  # outside any compiled region: recorded, one step
         opt.step()
@@ -476,7 +476,7 @@ def test_depth_callback_pauses_in_compiled_calls_for_copytrace_alone() -> None:
     untraced = program()
     with copytrace.trace(write=False) as t:
         traced = program()
-        depth = t._rec.native.depth() if t._rec.native is not None else 0
+        depth = t.session._rec.native.depth() if t.session._rec.native is not None else 0
     assert traced == untraced
     assert dict(untraced)["aten::mm"] >= 2  # the regions' matmuls, seen by the user's profiler
     assert depth == 0

@@ -584,3 +584,25 @@ def test_report_size_is_bounded(tmp_path: Path) -> None:
     data = json.loads(small.read_text().split('id="ct-data">')[1].split("</script>")[0])
     assert data["sample"]["total"] == 4000 and data["sample"]["shown"] <= 200 + 16
     assert sum(data["cube"]["n"]) == 4000  # aggregates still count every event
+
+
+def test_compiled_section_ships_as_json() -> None:
+    """The compiled-regions section is page data like every other section."""
+    from copytrace.dashboards._compiled import CompiledSection, GraphCopyRow
+    from copytrace.dashboards.sections.compiled import payload_compiled
+
+    row = GraphCopyRow(
+        graph="1/0", kind="forward", op="aten::clone", copy_kind="clone", shape=[32, 64],
+        dtype="float32", device="cpu", bytes=32 * 64 * 4, runs=6, file="m.py", line=3,
+        code="y = x.clone()",
+    )  # fmt: skip
+    section = CompiledSection(calls=6, time_ns=5_000_000, graphs=1,
+                              graph_copy_bytes=6 * 8192, rows=[row], mode="compiled")  # fmt: skip
+    model = types.SimpleNamespace(compiled=section, totals=types.SimpleNamespace(bytes_copied=16384))
+    part = payload_compiled(model)
+    json.dumps(part, allow_nan=False)
+    assert part["share_pct"] == 75.0  # 49152 graph-copy bytes of 49152 + 16384 observed
+    (r,) = part["rows"]
+    assert (r["bytes"], r["runs"], r["total_bytes"]) == (8192, 6, 49152)
+    assert (r["site"], r["code"], r["shape"]) == ("m.py:3", "y = x.clone()", ["32", "64"])
+    assert payload_compiled(types.SimpleNamespace(compiled=None)) is None

@@ -82,7 +82,7 @@ def test_sigterm_writes_the_report_and_leaves_no_launch_directory(tmp_path: Path
 
 def test_sigterm_without_time_for_the_report_says_how_to_build_it(tmp_path: Path) -> None:
     # no grace period left: the report would not fit
-    done, out = _terminate(tmp_path, "import copytrace._bootstrap as b; b._SIGNAL_GRACE_S = 0.0")
+    done, out = _terminate(tmp_path, "import copytrace.launch.report as r; r._SIGNAL_GRACE_S = 0.0")
     assert done.returncode == -signal.SIGTERM
     assert not (out / "report.html").exists()
     assert f"build it with: copytrace report {out}" in done.stderr

@@ -42,7 +42,7 @@ def site(name: str, function: str) -> str:
 def traced(fn: Callable[[Any], Any]) -> tuple[copytrace.Trace, list[Finding]]:
     with copytrace.trace(write=False) as t:
         fn(t)
-    assert t.stats["errors"] == 0, t._rec.last_error
+    assert t.stats["errors"] == 0, t.session._rec.last_error
     return t, analyze(t.events)
 
 

@@ -70,7 +70,7 @@ def test_count_is_final_for_copies_dead_before_a_flush_and_alive_at_stop(level: 
         del gone  # dies written once, before anything reads the count
         live = x.clone()
         live.add_(1)
-        events = t._rec.watch.live_events()  # what a flush holds back: only `live`
+        events = t.session._rec.watch.live_events()  # what a flush holds back: only `live`
         assert [e.op for e in events] == ["clone"]
         live.sub_(1)  # still counts: the copy is alive
     assert [e.inplace_writes for e in t.events] == [1, 2]

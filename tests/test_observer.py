@@ -147,7 +147,7 @@ def test_no_compiler_falls_back_to_the_python_mode(tmp_path) -> None:
                 torch.randn(4).clone()
             # the default level, lean, needs the C++ observer: the run says it traced as full
             print([e.op for e in t.events], t.observer_path, t.level,
-                  t._run_attributes()["copytrace.level"])
+                  t.session.run_attributes()["copytrace.level"])
             """
         )
     )

@@ -15,9 +15,9 @@ from torch.overrides import _get_current_function_mode_stack
 from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 import copytrace
+from copytrace._trace import Schedule, Trace
 from copytrace.dashboards import load_trace
-from copytrace.tracer import Trace, _native
-from copytrace.tracer._session import Schedule
+from copytrace.tracer import _native
 
 _UNPATCHED_DEEPCOPY = copy.deepcopy  # copytrace patches it process-wide while engaged
 
@@ -45,7 +45,7 @@ def test_periodic_flush_bounds_the_buffer_and_keeps_every_event(tmp_path):
         for _ in range(100):
             x.clone()
             copy.deepcopy(lin)  # a group and its 2 children
-            assert len(t._rec.events) <= 20 + 4  # never more than one step over the threshold
+            assert len(t.session._rec.events) <= 20 + 4  # never more than one step over the threshold
             t.step()
         x.clone()
     stats = t.stats

@@ -171,7 +171,7 @@ def test_compact_attributes_read_back_as_recorded(tmp_path):
         _program(t)
     events = [e for e in t.events if not e.group]
     loaded = {
-        e.start_ns - t._epoch_offset: e.attrs for e in load_trace(t.trace_path).runs[0].events
+        e.start_ns - t.session._epoch_offset: e.attrs for e in load_trace(t.trace_path).runs[0].events
     }
     for ev in events:
         a = loaded[ev.start_ns]
@@ -365,10 +365,10 @@ def test_long_lines_are_split_under_the_collector_limit(tmp_path):
         for _ in range(300):
             x.clone()
     sink = FileSink(tmp_path / "small.otlp.jsonl", compression=None, max_line_bytes=20_000)
-    run = RunIds(t._start_ns, t._epoch_offset, sdk_sink.make_resource())
+    run = RunIds(t.session._start_ns, t.session._epoch_offset, sdk_sink.make_resource())
     pipe = ExportPipeline(run, [sink])
     pipe.begin()
-    pipe.close(Chunk(t.events, [(0, t._start_ns, t._end_ns)], final=RunEnd(t._end_ns, {})))
+    pipe.close(Chunk(t.events, [(0, t.session._start_ns, t.session._end_ns)], final=RunEnd(t.session._end_ns, {})))
     lines = _lines(sink.path)
     assert len(lines) > 5 and all(len(line) <= 20_000 for line in lines)
     assert len(load_trace(sink.path).runs[0].events) == 300

@@ -144,7 +144,7 @@ def test_flush_seconds_flushes_at_the_next_step_boundary(tmp_path: Path) -> None
         for _ in range(5):  # quick steps: none is 0.2 s after the last flush
             x.clone()
             t.step()
-        flushes_before_stop = t._flushes
+        flushes_before_stop = t.stats["flushes"]
     assert flushes_before_stop == 3
     (run,) = copytrace.load_trace(t.trace_path).runs
     assert run.attrs["copytrace.flushes"] == 3

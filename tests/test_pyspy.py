@@ -16,7 +16,8 @@ from types import SimpleNamespace
 import pytest
 from _require import require_or_skip
 
-from copytrace import _pyspy
+from copytrace import pyspy
+from copytrace.dashboards.sections.pyspy import payload_pyspy, pyspy_figure
 
 SO_PY, SO_CPU = "/t/lib/libtorch_python.so", "/t/lib/libtorch_cpu.so"
 FRAMES = [
@@ -93,8 +94,8 @@ def _raw(path: Path) -> Path:
 @pytest.mark.parametrize("fmt", ["speedscope", "raw"])
 def test_sampled_shares(tmp_path, fmt):
     path = (_speedscope if fmt == "speedscope" else _raw)(tmp_path / f"p.{fmt}")
-    profile = _pyspy.load_profile(path)
-    stats = _pyspy.analyze(profile, main_pid=4242)
+    profile = pyspy.load_profile(path)
+    stats = pyspy.analyze(profile, main_pid=4242)
     assert stats.format == fmt and stats.native
     assert stats.samples == 100
     assert stats.copy_call_share == pytest.approx(0.30)
@@ -106,38 +107,38 @@ def test_sampled_shares(tmp_path, fmt):
     assert stats.tracer_share == pytest.approx(0.20)
     top = {f.label: f for f in stats.top_copy_frames}
     assert top["at::native::copy_"].share == pytest.approx(0.40)
-    assert top["torch::autograd::THPVariable_clone"].kind == _pyspy.API
+    assert top["torch::autograd::THPVariable_clone"].kind == pyspy.API
     if fmt == "speedscope":
         assert stats.weight == pytest.approx(1.0)  # seconds
         assert "main thread of pid 4242" in stats.scope
-        everything = _pyspy.analyze(profile)  # both threads: the idle one dilutes the shares
+        everything = pyspy.analyze(profile)  # both threads: the idle one dilutes the shares
         assert everything.samples == 130
         assert everything.kernel_share == pytest.approx(40 / 130)
 
 
 def test_frame_classes():
-    f = _pyspy.Frame
-    assert _pyspy.classify(f("at::native::copy_", SO_CPU)) == _pyspy.KERNEL
-    assert _pyspy.classify(f("at::native::_to_copy", SO_CPU)) == _pyspy.KERNEL
-    assert _pyspy.classify(f("at::native::copy_nested_tensor", SO_CPU)) == ""
+    f = pyspy.Frame
+    assert pyspy.classify(f("at::native::copy_", SO_CPU)) == pyspy.KERNEL
+    assert pyspy.classify(f("at::native::_to_copy", SO_CPU)) == pyspy.KERNEL
+    assert pyspy.classify(f("at::native::copy_nested_tensor", SO_CPU)) == ""
     # a template argument that names a copy kernel does not make its caller one
     assert (
-        _pyspy.classify(f("c10::function_ref<void ()>::callback_fn<direct_copy_kernel>", SO_CPU))
+        pyspy.classify(f("c10::function_ref<void ()>::callback_fn<direct_copy_kernel>", SO_CPU))
         == ""
     )
-    assert _pyspy.classify(f("torch::autograd::THPVariable_to", SO_PY)) == _pyspy.API
-    assert _pyspy.classify(f("deepcopy", "/usr/lib/python3.11/copy.py", 128)) == _pyspy.API
-    assert _pyspy.classify(f("Tensor.__deepcopy__", "/t/torch/_tensor.py", 99)) == _pyspy.API
+    assert pyspy.classify(f("torch::autograd::THPVariable_to", SO_PY)) == pyspy.API
+    assert pyspy.classify(f("deepcopy", "/usr/lib/python3.11/copy.py", 128)) == pyspy.API
+    assert pyspy.classify(f("Tensor.__deepcopy__", "/t/torch/_tensor.py", 99)) == pyspy.API
     assert (
-        _pyspy.classify(f("Recorder.record", "/s/copytrace/tracer/_recorder.py", 9))
-        == _pyspy.TRACER
+        pyspy.classify(f("Recorder.record", "/s/copytrace/tracer/_recorder.py", 9))
+        == pyspy.TRACER
     )
-    assert _pyspy.classify(f("torch::autograd::THPVariable_add", SO_PY)) == ""
+    assert pyspy.classify(f("torch::autograd::THPVariable_add", SO_PY)) == ""
 
 
 def test_icicle_highlights_copy_frames(tmp_path):
-    profile = _pyspy.load_profile(_speedscope(tmp_path / "p.speedscope.json"))
-    fig = _pyspy.pyspy_figure(profile, main_pid=4242)
+    profile = pyspy.load_profile(_speedscope(tmp_path / "p.speedscope.json"))
+    fig = pyspy_figure(profile, main_pid=4242)
     assert [t.type for t in fig.data] == ["icicle", "icicle"]
     full, copies = fig.data
     colour = dict(zip(full.labels, full.marker.colors, strict=True))
@@ -161,18 +162,23 @@ def test_report_section_sets_traced_beside_sampled(tmp_path):
         runs=[SimpleNamespace(pid=4242, label="pid 4242", duration_ns=10**9, overhead_ns=None)],
         steps=[SimpleNamespace(run="pid 4242", copy_time_ns=150_000_000)],
     )
-    html = _pyspy.report_sections(model)
-    assert html.count("<section") == 1 and 'id="copytrace-pyspy-0"' in html
-    assert "20.0%" in html and "15.0%" in html  # sampled copy work / traced copy time
-    traced = _pyspy.traced_numbers(model, 4242)
-    line = _pyspy.summary_line(_pyspy.analyze(_pyspy.load_profile(tmp_path / "copytrace-h-4242.speedscope.json"), 4242), traced)  # fmt: skip
+    (part,) = payload_pyspy(model)
+    assert part["name"] == "copytrace-h-4242.speedscope.json"
+    shares = {measure: share for measure, share, _ in part["rows"]}
+    assert shares["sampled: copy work"] == "20.0%"
+    assert shares["traced: copy time"] == "15.0%"  # 150 ms of copies in a 1 s run
+    assert [t["type"] for t in part["fig"]["data"]] == ["icicle", "icicle"]
+    json.dumps(part)  # plain JSON for the page
+    traced = pyspy.traced_numbers(model, 4242)
+    line = pyspy.summary_line(pyspy.analyze(pyspy.load_profile(tmp_path / "copytrace-h-4242.speedscope.json"), 4242), traced)  # fmt: skip
     assert "copy work 20.0% (traced copy time: 15.0%) + copytrace recording them 10.0%" in line
     # a report of another process's trace file does not take this profile
     model.files = [str(tmp_path / "copytrace-h-999.otlp.jsonl.gz")]
-    assert _pyspy.report_sections(model) == ""
+    assert payload_pyspy(model) == []
     (tmp_path / "copytrace-h-4242.speedscope.json").write_text("{not json")
     model.files = [str(tmp_path / "copytrace-h-4242.otlp.jsonl.gz")]
-    assert "could not be read" in _pyspy.report_sections(model)
+    (bad,) = payload_pyspy(model)
+    assert bad["name"] == "copytrace-h-4242.speedscope.json" and bad["error"] and "rows" not in bad
 
 
 # --- attaching -----------------------------------------------------------------------------------
@@ -185,7 +191,7 @@ def _fake_py_spy(tmp_path: Path, body: str) -> Path:
 
 def _real_permission_denied(tmp_path: Path) -> Path | None:
     """A wrapper that runs the real py-spy as ``nobody``: a real ptrace refusal."""
-    real = _pyspy.find_py_spy()
+    real = pyspy.find_py_spy()
     setpriv = shutil.which("setpriv")
     if real is None or setpriv is None or os.geteuid() != 0 or os.environ.get("COPYTRACE_PY_SPY"):
         return None
@@ -207,8 +213,8 @@ def test_cannot_attach_is_one_line_and_no_recorder(tmp_path, monkeypatch, capsys
         exe = _real_permission_denied(tmp_path)
         if exe is None:
             require_or_skip("needs root, setpriv and py-spy")
-    monkeypatch.setenv(_pyspy.PYSPY_ENV, str(exe))
-    assert _pyspy.start(tmp_path / "out", timeout_s=20) is None
+    monkeypatch.setenv(pyspy.PYSPY_ENV, str(exe))
+    assert pyspy.start(tmp_path / "out", timeout_s=20) is None
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
     assert len(err) == 1, err
     assert err[0].startswith("copytrace: ") and "running without it" in err[0]
@@ -219,7 +225,7 @@ def test_cannot_attach_is_one_line_and_no_recorder(tmp_path, monkeypatch, capsys
 
 
 def _have_py_spy() -> bool:
-    return _pyspy.find_py_spy() is not None
+    return pyspy.find_py_spy() is not None
 
 
 def test_raw_output_of_real_py_spy_parses(tmp_path):
@@ -233,7 +239,7 @@ def test_raw_output_of_real_py_spy_parses(tmp_path):
         ]
     )
     try:
-        spy = _pyspy.start(tmp_path, pid=child.pid, fmt="raw", rate=200, subprocesses=False)
+        spy = pyspy.start(tmp_path, pid=child.pid, fmt="raw", rate=200, subprocesses=False)
         if spy is None:
             require_or_skip("py-spy cannot attach here")
         time.sleep(0.6)
@@ -242,9 +248,9 @@ def test_raw_output_of_real_py_spy_parses(tmp_path):
         child.kill()
         child.wait()
     assert path is not None and path.name.endswith(".pyspy.txt")
-    stats = _pyspy.analyze(_pyspy.load_profile(path), main_pid=child.pid)
+    stats = pyspy.analyze(pyspy.load_profile(path), main_pid=child.pid)
     assert stats.samples > 5
-    assert any(f.line for f in _pyspy.load_profile(path).frames)  # Python frames with lines
+    assert any(f.line for f in pyspy.load_profile(path).frames)  # Python frames with lines
 
 
 # --- copytrace run --py-spy ----------------------------------------------------------------------
@@ -280,8 +286,10 @@ def test_copytrace_run_py_spy_end_to_end(tmp_path):
     assert len(profiles) == 1, sorted(out.iterdir())
     summary = [ln for ln in proc.stderr.splitlines() if "py-spy:" in ln]
     assert len(summary) == 1, proc.stderr
-    stats = _pyspy.analyze(_pyspy.load_profile(profiles[0]), main_pid=int(profiles[0].stem.split("-")[-1].split(".")[0]))  # fmt: skip
+    stats = pyspy.analyze(pyspy.load_profile(profiles[0]), main_pid=int(profiles[0].stem.split("-")[-1].split(".")[0]))  # fmt: skip
     assert stats.native and stats.samples > 20
     assert stats.kernel_share > 0.02 and stats.copy_work_share > 0.02, summary
-    html = (out / "report.html").read_text(encoding="utf-8")
-    assert "py-spy: sampled view" in html and "copytrace-pyspy-0" in html
+    page = (out / "report.html").read_text(encoding="utf-8")
+    data = json.loads(page.split('id="ct-data">')[1].split("</script>")[0])
+    (part,) = data["pyspy"]  # the page draws the section from it
+    assert part["name"] == profiles[0].name and part["fig"]["data"][0]["type"] == "icicle"

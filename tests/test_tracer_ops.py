@@ -419,7 +419,8 @@ def test_compiled_function_runs_compiled_with_same_results_under_tracing():
     # The compiled region runs compiled: its clone and contiguous are not traced op by op;
     # each of the 3 calls is one compiled call instead.
     assert t.events == []
-    assert t._compiled is not None and t._compiled.calls_total == 3
+    compiled = t.session._engagement.compiled
+    assert compiled is not None and compiled.calls_total == 3
 
 
 def test_fullgraph_compiled_function_runs_compiled_under_tracing():

@@ -116,7 +116,7 @@ def _is_launcher(target: str, is_module: bool) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    from copytrace import _bootstrap
+    from copytrace import launch
 
     INTERRUPTED[0] = False
     target, is_module, prog_args = _split_command(args)
@@ -140,14 +140,14 @@ def run(args: argparse.Namespace) -> int:
     _check_writable(out_dir)
     launcher = _is_launcher(target, is_module)
 
-    _bootstrap.activate(
+    launch.activate(
         output=out_dir, report=not args.no_report, root=True, quiet=True, reconfigure=True
     )
     try:
         return _run_traced(args, target, is_module, prog_args, out_dir, launcher)
     finally:
-        _bootstrap.finish()  # no-op when already finished; never raises
-        _bootstrap.reset()
+        launch.finish()  # no-op when already finished; never raises
+        launch.reset()
 
 
 def _check_writable(out_dir: Path) -> None:
@@ -180,7 +180,7 @@ def _run_traced(
     out_dir: Path,
     launcher: bool,
 ) -> int:
-    from copytrace import _bootstrap, _pyspy
+    from copytrace import launch, pyspy
 
     spy = None
     if args.py_spy:
@@ -190,8 +190,8 @@ def _run_traced(
             from copytrace.tracer import _recorder
 
             _recorder.warm_up()
-        spy = _pyspy.start(out_dir, fmt=args.py_spy_format, rate=args.py_spy_rate)
-    session = None if launcher else _bootstrap.start_session(force=True)
+        spy = pyspy.start(out_dir, fmt=args.py_spy_format, rate=args.py_spy_rate)
+    session = None if launcher else launch.start_session(force=True)
     saved_argv = sys.argv[:]
     # The program's argv stays until its trace is written: the run span records it as the
     # command (``train.py --epochs 1``, as under plain python), not copytrace's own.
@@ -200,13 +200,13 @@ def _run_traced(
         status, kept, error = _run_program(target, is_module, prog_args)
         # Stop tracing while the program's globals are alive, as COPYTRACE=1 does at exit:
         # the last step's checks (graphs kept alive, stale snapshots) must see them.
-        _bootstrap.stop_session(error)
+        launch.stop_session(error)
         del kept, error
         gc.collect()  # the program's leftovers (a DataLoader iterator...) let their workers go
         profile = spy.stop() if spy is not None else None
         if spy is not None and profile is None:
             print("copytrace: py-spy wrote no profile", file=sys.stderr)
-        result = _bootstrap.finish()
+        result = launch.finish()
     finally:
         sys.argv = saved_argv
     trace_path, stats = result["trace"], result["stats"]
@@ -231,7 +231,7 @@ def _run_traced(
 
 def _print_pyspy_summary(profile: Path, trace_path: Path | None, out_dir: Path) -> None:
     """One line comparing py-spy's sampled shares with the traced ones."""
-    from copytrace import _pyspy
+    from copytrace import pyspy
 
     try:
         scope: Any = os.getpid()
@@ -245,11 +245,11 @@ def _print_pyspy_summary(profile: Path, trace_path: Path | None, out_dir: Path) 
             model = build_model(event_table(where), timeline=False, hazard_events=False)
             if trace_path is None:
                 scope = [r.pid for r in model.runs if r.pid is not None] or None
-            traced = _pyspy.traced_numbers(model, scope)
+            traced = pyspy.traced_numbers(model, scope)
         except Exception:  # no trace to compare with: the sampled shares alone
             pass
-        stats = _pyspy.analyze(_pyspy.load_profile(profile), main_pid=scope)
-        print(f"copytrace: {_pyspy.summary_line(stats, traced)}", file=sys.stderr)
+        stats = pyspy.analyze(pyspy.load_profile(profile), main_pid=scope)
+        print(f"copytrace: {pyspy.summary_line(stats, traced)}", file=sys.stderr)
         print(f"copytrace: py-spy profile {profile}", file=sys.stderr)
     except Exception as err:  # the profile is still there for other tools
         print(f"copytrace: py-spy profile {profile} (not analysed: {err})", file=sys.stderr)

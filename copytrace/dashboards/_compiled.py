@@ -14,7 +14,7 @@ from typing import Any
 
 from copytrace.dashboards._load import TraceData
 
-__all__ = ["CompiledSection", "GraphCopyRow", "compiled_section", "summary_lines", "render_html"]
+__all__ = ["CompiledSection", "GraphCopyRow", "compiled_section", "summary_lines"]
 
 
 @dataclass(slots=True)
@@ -182,50 +182,3 @@ def summary_lines(section: CompiledSection, observed_bytes: int, top_n: int = 10
             f"{per} x {r.runs} runs  {r.site}{what}"
         )
     return lines
-
-
-_SECTION = """<section id="compiled">
-  <h2>Compiled regions</h2>
-  <p class="lead">torch.compile'd code runs compiled and is not traced op by op. Each call is
-    timed; the copies below were found in the compiled graphs before fusion (not observed at
-    run time) and are not part of the totals above.</p>
-  {% if s.mode == "eager" %}
-  <p class="warn">This torch offers no hook for compiled calls: compiled regions ran eagerly
-    and were traced op by op.</p>
-  {% endif %}
-  <p>{{ s.calls }} calls, {{ s.graphs }} graphs, {{ time }}; graph copies
-    {{ gbytes }} = {{ share }} of copy bytes (observed {{ obytes }} + graphs).
-    {% if s.unknown_graph_runs %}{{ s.unknown_graph_runs }} graph runs of graphs compiled
-    before tracing started (copies unknown).{% endif %}</p>
-  <div class="scroll"><table>
-    <tr><th>graph</th><th>kind</th><th>op</th><th>shape</th><th>dtype</th><th>device</th>
-      <th>bytes / run</th><th>runs</th><th>total</th><th>source</th></tr>
-    {% for r in rows %}
-    <tr><td>{{ r.graph }}</td><td>{{ r.kind }}</td>
-      <td class="mono">{{ r.op }}{% if r.input_mutation %} (input write-back){% endif %}</td>
-      <td>{{ r.shape | join("x") }}</td><td>{{ r.dtype }}</td><td>{{ r.device }}</td>
-      <td>{{ r.bytes if r.bytes is not none else "?" }}</td><td>{{ r.runs }}</td>
-      <td>{{ r.total_bytes }}</td>
-      <td class="mono">{{ r.site }}{% if r.code %} | {{ r.code }}{% endif %}</td></tr>
-    {% endfor %}
-  </table></div>
-</section>
-"""
-
-
-def render_html(section: CompiledSection | None, observed_bytes: int, max_rows: int = 200) -> str:
-    """The report's "Compiled regions" section as HTML (autoescaped); ``""`` when none."""
-    if section is None:
-        return ""
-    import jinja2
-
-    env = jinja2.Environment(autoescape=True)
-    share = section.share_pct(observed_bytes)
-    return env.from_string(_SECTION).render(
-        s=section,
-        rows=section.rows[:max_rows],
-        time=_fmt_ns(section.time_ns),
-        gbytes=_fmt_bytes(section.graph_copy_bytes),
-        obytes=_fmt_bytes(observed_bytes),
-        share="-" if share is None else f"{share:.1f}%",
-    )

@@ -42,6 +42,8 @@ def build_payload(
 
     Returns:
         A JSON-serialisable dict (times in ns unless a key ends in ``_ms``, bytes in bytes).
+        ``compiled`` (:func:`~.sections.compiled.payload_compiled`) and ``pyspy``
+        (:func:`~.sections.pyspy.payload_pyspy`) are plain JSON, outside the strings table.
     """
     S = Strings()
     S("")  # index 0 is the empty string
@@ -54,6 +56,7 @@ def build_payload(
     timeline = sec.timeline.payload_timeline(model, S, max_points)
     hazards = sec.hazards.payload_hazards(model, S)
     groups = sec.events.payload_groups(model, S, run_index)
+    compiled, pyspy = _optional_parts(model)
     files = [S(f) for f in model.files]
     op_colors = {S(op): c for op, c in sec.sources.op_colors(model).items()}
     payload: dict[str, Any] = {
@@ -78,9 +81,25 @@ def build_payload(
         "hazards": hazards,
         "groups": groups,
         "n_groups": len(model.groups),
+        "compiled": compiled,
+        "pyspy": pyspy,
     }
     payload["S"] = S.items
     return payload
+
+
+def _optional_parts(model: ReportModel) -> tuple[Any, list[dict[str, Any]]]:
+    """The compiled-regions and py-spy parts; a failure in either leaves a note in its place
+    (the rest of the report does not depend on them)."""
+    try:
+        compiled = sec.compiled.payload_compiled(model)
+    except Exception as err:
+        compiled = {"error": f"compiled regions left out: {type(err).__name__}: {err}"}
+    try:
+        pyspy = sec.pyspy.payload_pyspy(model)
+    except Exception as err:
+        pyspy = [{"name": "", "error": f"py-spy view left out: {type(err).__name__}: {err}"}]
+    return compiled, pyspy
 
 
 def dump_payload(payload: dict[str, Any]) -> str:

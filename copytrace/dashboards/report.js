@@ -1090,12 +1090,68 @@
     if (D.n_groups > D.groups.length) g.appendChild(el("p", { class: "note", text: "first " + D.groups.length + " of " + fmtInt(D.n_groups) + " groups" }));
   }
 
-  // ---- figures of other sections (py-spy), shipped as plotly JSON -------------------------------
-  function renderExtraFigures() {
-    document.querySelectorAll('script.ct-fig[type="application/json"]').forEach((node) => {
-      const fig = JSON.parse(node.textContent);
-      plot(node.dataset.div, fig.data || [], Object.assign({ font: FONT }, fig.layout || {}));
+  // ---- compiled regions (D.compiled: sections/compiled.py) --------------------------------------
+  function table(head, rows, numeric) {
+    const t = el("table", null, [el("tr", null, head.map((h, i) => el("th", { class: numeric && numeric.has(i) ? "n" : null, text: h })))]);
+    for (const r of rows) t.appendChild(r);
+    return el("div", { class: "scroll" }, [t]);
+  }
+  function renderCompiled(box) {
+    const c = D.compiled;
+    if (!c) return;
+    const sec = el("section", { id: "compiled" }, [el("h2", { text: "Compiled regions" })]);
+    box.appendChild(sec);
+    if (c.error) { sec.appendChild(el("p", { class: "note", text: c.error })); return; }
+    sec.appendChild(el("p", { class: "lead", text: "torch.compile'd code runs compiled and is not traced op by op. " +
+      "Each call is timed; the copies below were found in the compiled graphs before fusion (not observed at run time) " +
+      "and are not part of the totals above." }));
+    if (c.mode === "eager") {
+      sec.appendChild(el("p", { class: "warn", text: "This torch offers no hook for compiled calls: compiled regions ran eagerly and were traced op by op." }));
+    }
+    sec.appendChild(el("p", { text: fmtInt(c.calls) + " calls, " + fmtInt(c.graphs) + " graphs, " + fmtNs(c.time_ns) +
+      "; graph copies " + fmtBytes(c.graph_copy_bytes) + " = " + fmtPct(c.share_pct, 1) + " of copy bytes (observed " +
+      fmtBytes(c.observed_bytes) + " + graphs)." + (c.unknown_graph_runs ? " " + fmtInt(c.unknown_graph_runs) +
+      " graph runs of graphs compiled before tracing started (copies unknown)." : "") }));
+    const rows = c.rows.map((r) => el("tr", null, [
+      el("td", { text: r.graph }), el("td", { text: r.kind }),
+      el("td", { class: "mono", text: r.op + (r.input_mutation ? " (input write-back)" : "") }),
+      el("td", { text: r.shape.join("x") }), el("td", { text: r.dtype }), el("td", { text: r.device }),
+      el("td", { class: "n", text: r.bytes == null ? "?" : fmtBytes(r.bytes) }), el("td", { class: "n", text: fmtInt(r.runs) }),
+      el("td", { class: "n", text: fmtBytes(r.total_bytes) }),
+      el("td", { class: "mono", text: r.site + (r.code ? " | " + r.code : "") })]));
+    sec.appendChild(table(["graph", "kind", "op", "shape", "dtype", "device", "bytes / run", "runs", "total", "source"], rows, new Set([6, 7, 8])));
+    if (c.n_rows > c.rows.length) sec.appendChild(el("p", { class: "note", text: "first " + c.rows.length + " of " + fmtInt(c.n_rows) + " graph copies" }));
+  }
+
+  // ---- py-spy's sampled view (D.pyspy: sections/pyspy.py), its icicle shipped as plotly JSON ------
+  function renderPySpy(box) {
+    (D.pyspy || []).forEach((p, i) => {
+      const sec = el("section", { id: "pyspy-" + i });
+      box.appendChild(sec);
+      if (p.error) {
+        sec.appendChild(el("h2", { text: "py-spy" }));
+        sec.appendChild(el("p", { class: "note", text: p.name ? p.name + " could not be read: " + p.error : p.error }));
+        return;
+      }
+      sec.appendChild(el("h2", { text: "py-spy: sampled view (" + p.name + ")" }));
+      sec.appendChild(el("p", { class: "lead", text: "Independent of copytrace's timers: py-spy sampled the process while it was traced. " +
+        "Shares are of wall time (idle samples included); compare the sampled rows with the traced ones." }));
+      sec.appendChild(table(["measure", "share", "what"], p.rows.map((r) =>
+        el("tr", null, [el("td", { text: r[0] }), el("td", { class: "n", text: r[1] }), el("td", { text: r[2] })])), new Set([1])));
+      sec.appendChild(el("h3", { text: "Top copy frames (inclusive share of samples)" }));
+      const top = p.top.length ? p.top.map((r) => el("tr", null, [el("td", null, [el("code", { text: r[0] })]), el("td", { text: r[1] }), el("td", { class: "n", text: r[2] })]))
+        : [el("tr", null, [el("td", { colspan: "3", text: "no copy frame sampled" })])];
+      sec.appendChild(table(["frame", "kind", "share"], top, new Set([2])));
+      const id = "copytrace-pyspy-" + i;
+      sec.appendChild(el("div", { id: id, class: "fig plotly-graph-div" }));
+      plot(id, p.fig.data || [], Object.assign({ font: FONT }, p.fig.layout || {}));
     });
+  }
+  function renderExtra() {
+    const box = $("ct-extra");
+    if (!box) return;
+    renderCompiled(box);
+    renderPySpy(box);
   }
 
   // ---- wiring -------------------------------------------------------------------------------------
@@ -1135,7 +1191,7 @@
     wire();
     renderAll();
     renderRuns();
-    renderExtraFigures();
+    renderExtra();
     timings.total = Math.round(performance.now() - T_START);
     document.body.setAttribute("data-ct-ready", "1");
   } catch (err) {

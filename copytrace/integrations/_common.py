@@ -46,7 +46,7 @@ class TrainingTrace:
         """Start tracing (idempotent); join the process's active trace if there is one."""
         if self.trace is not None:
             return
-        from copytrace.tracer import Trace
+        from copytrace._trace import Trace
 
         trace = Trace(self.output_dir, **self.trace_kwargs)
         active = trace.start()

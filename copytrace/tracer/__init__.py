@@ -1,9 +1,12 @@
-"""The hot path: torch modes, deepcopy wrapper, attribution and span export.
+"""Recording: torch modes, the C++ observer, attribution, and the session that streams the
+records to :mod:`copytrace.export`'s export thread.
 
-Public names are re-exported from :mod:`copytrace`.
+Nothing here imports the trace-file readers, the analysis or the dashboards: the public
+:class:`copytrace.Trace` (:mod:`copytrace._trace`) hands those in as hooks.
 """
 
 from copytrace.schema import CopyEvent
-from copytrace.tracer._session import Trace, trace
+from copytrace.tracer._schedule import Schedule
+from copytrace.tracer.session import Session
 
-__all__ = ["CopyEvent", "Trace", "trace"]
+__all__ = ["CopyEvent", "Schedule", "Session"]

@@ -123,7 +123,7 @@ class Recorder(ApiEvents, ImplicitEvents):
         self.last_error: str | None = None
         self.internal_detaches = 0
         # Nesting depth of torch.compile'd calls running now on the traced thread (set by
-        # copytrace.tracer._compiled): inside them copytrace's modes are off the stacks.
+        # copytrace.tracer.compiled): inside them copytrace's modes are off the stacks.
         self.compiled_depth = 0
         # aten copies of compiled graphs' backward (CompiledFunctionBackward) left unrecorded:
         # the graph's copies are listed from the graph instead.
@@ -142,7 +142,7 @@ class Recorder(ApiEvents, ImplicitEvents):
         self.modules = _modules.Modules()
         self.api_table = _api_table()
         self.aten_table = _aten_table()
-        # Runtime facts for copytrace.analysis (copytrace/tracer/_watch.py).
+        # Runtime facts for copytrace.analysis (copytrace/tracer/watch/).
         self.watch = Watch(self, Handovers(self))
         #: the C++ observer module while it is engaged (copytrace/tracer/_native), else None
         self.native: Any = None

@@ -10,7 +10,8 @@ event table (:class:`copytrace.dashboards._query.Query`), in the page's order:
 - :mod:`.transfers`: device transfers;
 - :mod:`.compiled`: compiled regions (``copytrace.compiled`` spans, when the trace has them);
 - :mod:`.events`: deepcopy groups (the events table reads the timeline's sample);
-- :mod:`.run`: run details.
+- :mod:`.run`: run details;
+- :mod:`.pyspy`: py-spy's sampled view (profiles beside the trace files, when there are).
 """
 
 from copytrace.dashboards.sections import (  # noqa: E402
@@ -19,6 +20,7 @@ from copytrace.dashboards.sections import (  # noqa: E402
     glance,
     hazards,
     kinds,
+    pyspy,
     run,
     sources,
     steps,
@@ -26,5 +28,5 @@ from copytrace.dashboards.sections import (  # noqa: E402
     transfers,
 )
 
-__all__ = ["compiled", "events", "glance", "hazards", "kinds", "run", "sources", "steps",
-           "timeline", "transfers"]  # fmt: skip
+__all__ = ["compiled", "events", "glance", "hazards", "kinds", "pyspy", "run", "sources",
+           "steps", "timeline", "transfers"]  # fmt: skip

@@ -1,0 +1,257 @@
+"""The records between the recorder and the export thread: flushes, run-wide numbering,
+records held back for the analysis watch, and the steps not yet exported.
+
+The recorder appends to ``Recorder.events``; at a step boundary the session asks
+:meth:`Buffer.flush` to hand that list (and the finished steps' bounds) to the export
+thread as one ``Chunk``, and the recorder starts a new list. The recorder numbers each list
+from 0: the flush adds the records already exported, so ``seq`` and ``parent`` run
+run-wide in the trace file. Records whose facts the analysis watch may still change (an
+in-place write to an alias, a stale read) are exported but held back from encoding until
+the watch lets them go (``Chunk.held`` / ``Chunk.late``). Records of warmup steps, and of
+untraced steps where copytrace's modes could not be removed, are discarded before export.
+
+Cost: a flush is one list swap plus, after the first flush, one pass adding the base to
+``seq`` (about 40 ns per record); the encoding runs on the export thread.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from copytrace.export.file_sink import FileSink, trace_file_name
+from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds
+from copytrace.export.sdk_sink import SdkSink, env_sampler_keeps, exporters_from_env
+from copytrace.schema import CopyEvent
+from copytrace.tracer._rules import settle_unreal_events
+from copytrace.tracer.watch import HeldEvents
+
+__all__ = ["Buffer", "make_pipeline", "new_trace_path", "renumber", "watched_event_ids"]
+
+_USED_PATHS: set[Path] = set()
+
+
+def new_trace_path(output_dir: Path, compression: str | None) -> Path:
+    """This process's trace file in ``output_dir``; a second trace in the same process gets
+    ``-run2`` (then ``-run3``...) instead of overwriting the first one's file."""
+    name = trace_file_name(compression=compression)
+    stem, dot, ext = name.partition(".otlp")
+    path = output_dir / name
+    n = 1
+    while path.resolve() in _USED_PATHS:
+        n += 1
+        path = output_dir / f"{stem}-run{n}{dot}{ext}"
+    _USED_PATHS.add(path.resolve())
+    return path
+
+
+def make_pipeline(
+    run: RunIds,
+    path: Path | None,
+    compression: str | None,
+    exporters: Sequence[Any] | None,
+    tracer_provider: Any,
+) -> tuple[ExportPipeline | None, FileSink | None, bool]:
+    """The export thread (begun, not started) and its sinks: the trace file at ``path``
+    (None: no file) and the OpenTelemetry exporters (default ``$OTEL_TRACES_EXPORTER``'s),
+    or the given ``tracer_provider``.
+
+    Returns:
+        ``(pipeline or None when there is no sink, the file sink or None, sampled)``:
+        ``sampled`` is False when the provider's sampler (or ``OTEL_TRACES_SAMPLER``) drops
+        the run.
+    """
+    sinks: list[Any] = []
+    file_sink = FileSink(path, compression=compression) if path is not None else None
+    if file_sink is not None:
+        sinks.append(file_sink)
+    sdk: SdkSink | None = None
+    if tracer_provider is not None:
+        sdk = SdkSink(tracer_provider=tracer_provider)
+    else:
+        exporters = exporters if exporters is not None else exporters_from_env()
+        if exporters:
+            sdk = SdkSink(exporters, resource=run.resource)
+    if sdk is not None:
+        sinks.append(sdk)
+    pipeline = ExportPipeline(run, sinks) if sinks else None
+    if pipeline is not None:
+        pipeline.begin()
+    sampled = sdk.sampled() if sdk is not None else env_sampler_keeps(run)
+    if not sampled and sdk is not None:
+        sdk.close()
+    return pipeline, file_sink, sampled
+
+
+def renumber(events: list[CopyEvent], base: int) -> None:
+    """Add ``base`` to each record's ``seq`` and to its ``parent`` when it has one."""
+    for ev in events:
+        ev.seq += base
+        if ev.parent is not None and ev.parent >= 0:
+            ev.parent += base
+
+
+def watched_event_ids(watch: HeldEvents, rec: Any) -> set[int]:
+    """``id()`` of the events whose late facts the watch may still change (its contract:
+    :class:`copytrace.tracer.watch.HeldEvents`); an error is counted and holds nothing back."""
+    try:
+        return {id(ev) for ev in watch.live_events()}
+    except Exception as err:
+        rec.note_error(err)
+        return set()
+
+
+class Buffer:
+    """What one session has buffered and exported so far.
+
+    Attributes:
+        step_log: ``(step, start_ns, end_ns)`` of finished traced steps not yet exported
+            (``perf_counter_ns``).
+        cur_step_start: ``perf_counter_ns`` when the current step started.
+        steps_traced: traced steps finished (exported or not).
+        removed: records handed to the export thread (the ``seq`` base of the buffer).
+        discarded: records of warmup (or untraced) steps, never exported.
+        held: exported records the analysis watch may still annotate.
+        inflight: the chunk a flush is building (a signal may cut it short).
+        flushes: chunks handed over; last_flush: ``time.monotonic()`` of the last one.
+        discard_from: buffer index where the current step's records to discard start.
+        calls_discard_from: the same in the compiled calls' list.
+    """
+
+    def __init__(self) -> None:
+        self.step_log: list[tuple[int, int, int]] = []
+        self.cur_step_start = 0
+        self.steps_traced = 0
+        self.removed = 0
+        self.discarded = 0
+        self.held: list[CopyEvent] = []
+        self.inflight: Chunk | None = None
+        self.seq_final = False
+        self.flushes = 0
+        self.last_flush = 0.0
+        self.discard_from: int | None = None
+        self.calls_discard_from: int | None = None
+
+    # -- warmup and untraced steps -----------------------------------------------------------
+    def mark_discard(self, rec: Any, compiled: Any) -> None:
+        """Discard what is recorded from here to the next boundary."""
+        self.discard_from = len(rec.events)
+        self.calls_discard_from = len(compiled.calls) if compiled is not None else 0
+
+    def keep(self) -> None:
+        """Keep what is recorded from here on."""
+        self.discard_from = self.calls_discard_from = None
+
+    def drop_untraced(self, rec: Any, compiled: Any) -> None:
+        """Discard the records of a warmup step (or of an untraced step that could not be
+        disengaged): they are not exported."""
+        start = self.discard_from
+        calls_start, self.calls_discard_from = self.calls_discard_from, None
+        if calls_start is not None and compiled is not None:
+            compiled.discard_calls(calls_start)
+        if start is None:
+            return
+        self.discard_from = None
+        events = rec.events
+        if len(events) > start and rec.group is None:
+            self.discarded += len(events) - start
+            del events[start:]
+
+    # -- steps ---------------------------------------------------------------------------------
+    def end_step(self, step: int, recorded: bool, now: int) -> None:
+        """Step ``step`` ended at ``now``; log its bounds when it was traced."""
+        if recorded:
+            self.step_log.append((step, self.cur_step_start, now))
+            self.steps_traced += 1
+        self.cur_step_start = now
+
+    def restart_steps(self, start_ns: int) -> None:
+        """Forget the steps logged so far: the run is renumbered from step 0."""
+        self.step_log.clear()
+        self.steps_traced = 0
+        self.cur_step_start = start_ns
+
+    # -- flushes ---------------------------------------------------------------------------------
+    def flush_due(self, rec: Any, flush_events: int, flush_seconds: float) -> bool:
+        """``flush_events`` records (or steps) buffered, or ``flush_seconds`` passed."""
+        if flush_events <= 0:
+            return False
+        buffered = len(rec.events) + len(self.step_log)
+        if buffered >= flush_events:
+            return True
+        return buffered > 0 and time.monotonic() - self.last_flush >= flush_seconds
+
+    def flush(self, rec: Any, pipeline: Any, compiled: Any, pid: int) -> None:
+        """Hand the buffered records and finished steps to the export thread (records that
+        the analysis may still annotate are held back until it is done with them)."""
+        if pipeline is None or pid != os.getpid() or pipeline.closed:
+            return
+        if rec.group is not None or rec.active is not None:
+            return  # not between two records: the next boundary will do
+        events = rec.events
+        settle_unreal_events(events)  # observer.cpp's fast events to a meta device
+        chunk = Chunk(events, self.step_log)
+        if compiled is not None:
+            chunk.compiled = compiled.take_calls()
+        self.inflight = chunk
+        rec.events = []
+        self.step_log = []
+        base = self.removed
+        self.removed += len(events)
+        if base:  # the recorder numbers each buffer from 0: make seq (and parents) run-wide
+            renumber(events, base)
+        if events or self.held:
+            self._hold_back(rec, events, chunk)
+        self.flushes += 1
+        self.last_flush = time.monotonic()
+        pipeline.submit(chunk)
+        self.inflight = None
+
+    def _hold_back(self, rec: Any, events: list[CopyEvent], chunk: Chunk) -> None:
+        """Let go of the held records the watch is done with; hold the new ones it is not."""
+        watched = watched_event_ids(rec.watch, rec)
+        chunk.late = [ev for ev in self.held if id(ev) not in watched]
+        self.held = [ev for ev in self.held if id(ev) in watched]
+        if watched:
+            new = [ev for ev in events if id(ev) in watched]
+            chunk.held = {id(ev) for ev in new}
+            self.held.extend(new)
+
+    def steps_until(self, step: int, recording: bool, end_ns: int, start_ns: int) -> list[Any]:
+        """The steps not yet exported, the current one included when it is traced (for a
+        one-shot export; nothing changes)."""
+        steps = list(self.step_log)
+        if recording and (not steps or steps[-1][0] != step):
+            steps.append((step, self.cur_step_start or start_ns, end_ns))
+        return steps
+
+    def final_chunk(
+        self,
+        rec: Any,
+        compiled: Any,
+        end_ns: int,
+        recording: bool,
+        run_attributes: Callable[[], dict[str, Any]],
+        exit_error: str | None,
+    ) -> Chunk:
+        """Everything not yet exported, and the run span (``run_attributes()`` is read after
+        the last step is counted). The buffer stays readable as ``rec.events``."""
+        self.drop_untraced(rec, compiled)
+        base = self.removed
+        if base and not self.seq_final:
+            self.seq_final = True
+            renumber(rec.events, base)
+        steps = list(self.step_log)
+        if recording:
+            steps.append((rec.step_index, self.cur_step_start, end_ns))
+            self.steps_traced += 1
+        self.step_log = []
+        late, self.held = self.held, []
+        final = RunEnd(end_ns, run_attributes(), exit_error)
+        chunk = Chunk(list(rec.events), steps, late=late, final=final)
+        if compiled is not None:
+            chunk.compiled = [*compiled.take_calls(), *compiled.graph_spans()]
+        return chunk

@@ -1,0 +1,155 @@
+"""What a session installs while its steps are traced, and removes in between.
+
+On the native path (copytrace's C++ observer, :mod:`copytrace.tracer._observer`): at level
+``lean`` C wrappers on the copying API and a function mode pushed only while a write must be
+seen; at ``full`` and ``api`` the observer's function mode on torch's stack. On the Python
+path: :class:`~copytrace.tracer._recorder.FunctionMode` and, unless ``api``,
+:class:`~copytrace.tracer._recorder.DispatchMode`. Both paths patch ``copy.deepcopy`` and
+friends (``_recorder.install_patches``) and let ``torch.compile``'d code run compiled,
+stepping aside at each compiled call (:mod:`copytrace.tracer.compiled`); where this torch
+offers no hook for that and a Python dispatch mode is on, torch.compile is put in its
+``force_eager`` stance instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from copytrace.tracer import _observer, _recorder
+from copytrace.tracer import compiled as _compiled
+
+__all__ = ["Engagement"]
+
+
+def _force_eager() -> Any:
+    """Fallback for a torch whose compiled callables offer no hook (see ``_compiled``): put
+    torch.compile in its ``force_eager`` stance while the dispatch mode is active.
+
+    Any active TorchDispatchMode makes compiled frames run eagerly; but with ``fullgraph=True``
+    torch then raises "found no compiled frames". In the ``force_eager`` stance compiled
+    functions simply run as Python, traced op by op. Returns the stance object (its
+    ``__exit__`` restores the previous stance), or None.
+    """
+    try:
+        return torch.compiler.set_stance("force_eager")
+    except Exception:  # a torch without stances
+        return None
+
+
+class Engagement:
+    """The modes, wrappers, patches and compiled-call hooks of one session.
+
+    Attributes:
+        engaged: they are in place.
+        modes: copytrace's modes on torch's stacks, bottom first.
+        lean_mode: level lean's function mode, pushed only while writes are watched.
+        stance: the ``force_eager`` stance where compiled regions cannot be hooked.
+        compiled: the compiled regions' records (from the first engage to :meth:`close`).
+        compiled_mode: ``"compiled"``, or ``"eager"`` (the ``force_eager`` fallback).
+    """
+
+    def __init__(self, level: str) -> None:
+        self.level = level
+        self.engaged = False
+        self.modes: list[Any] = []
+        self.lean_mode: Any = None
+        self.stance: Any = None
+        self.compiled: _compiled.Compiled | None = None
+        self.compiled_mode: str | None = None
+
+    def engage(self, rec: Any, native: Any, optim_hooks: list[Any]) -> None:
+        """Install everything for ``rec`` (no-op when installed)."""
+        if self.engaged:
+            return
+        self.engaged = True
+        _recorder.set_active(rec)
+        if native is not None:
+            fmode = _observer.engage(rec, native, full=self.level != "api")
+            if self.level == "lean":  # no mode: the API's callables are wrapped in C instead
+                _observer.install_wrappers(rec, native, fmode)
+                _recorder.install_patches()
+                self.lean_mode = fmode
+            else:
+                _recorder.install_patches()
+                fmode.__enter__()
+                self.modes = [fmode]
+            self._engage_compiled(rec, optim_hooks, eager_fallback=False)
+            return
+        _recorder.install_patches()
+        fmode = _recorder.FunctionMode(rec)
+        fmode.__enter__()
+        self.modes = [fmode]
+        if self.level != "api":
+            dmode = _recorder.DispatchMode(rec)
+            dmode.__enter__()
+            self.modes.append(dmode)
+        self._engage_compiled(rec, optim_hooks, eager_fallback=self.level != "api")
+
+    def _engage_compiled(self, rec: Any, optim_hooks: list[Any], eager_fallback: bool) -> None:
+        """Let torch.compile'd code run compiled (copytrace steps aside at each compiled call);
+        where this torch offers no hook for it and a Python dispatch mode is on
+        (``eager_fallback``), fall back to the ``force_eager`` stance."""
+        if self.compiled is None:
+            self.compiled = _compiled.Compiled(rec)
+        try:
+            modes = self.modes or ([self.lean_mode] if self.lean_mode is not None else [])
+            ok = self.compiled.engage(modes, optim_hooks)
+        except Exception as err:
+            rec.note_error(err)
+            self.compiled.disengage()
+            ok = False
+        if ok:
+            self.compiled_mode = "compiled"
+        elif eager_fallback:
+            self.compiled_mode = "eager"
+            self.stance = _force_eager()
+
+    def disengage(self, rec: Any, force: bool = False) -> bool:
+        """Remove everything; False (nothing removed) when the program pushed modes of its
+        own above copytrace's and ``force`` is not set (the end of the run)."""
+        if not self.engaged:
+            return True
+        if not force and self.modes and not self._modes_on_top():
+            return False
+        self.engaged = False
+        if self.compiled is not None:
+            self.compiled.disengage()
+        for mode in reversed(self.modes):
+            try:
+                mode.__exit__(None, None, None)
+            except Exception as err:  # the user's code left the mode stack unbalanced
+                rec.note_error(err)
+        self.modes = []
+        if rec.native is not None:
+            try:
+                if self.level == "lean":
+                    _observer.remove_wrappers(rec, rec.native)
+                _observer.disengage(rec)
+            except Exception as err:
+                rec.note_error(err)
+        if self.stance is not None:
+            try:
+                self.stance.__exit__(None, None, None)  # back to the program's own stance
+            except Exception as err:
+                rec.note_error(err)
+            self.stance = None
+        _recorder.remove_patches()
+        _recorder.set_active(None)
+        return True
+
+    def _modes_on_top(self) -> bool:
+        from torch.overrides import _get_current_function_mode_stack
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        fstack = _get_current_function_mode_stack()
+        dstack = _get_current_dispatch_mode_stack()
+        if not (fstack and fstack[-1] is self.modes[0]):
+            return False
+        return len(self.modes) < 2 or bool(dstack and dstack[-1] is self.modes[1])
+
+    def close(self) -> None:
+        """The run ended: release the compiled regions' hooks for good."""
+        if self.compiled is not None:
+            self.compiled.close()

@@ -1,0 +1,585 @@
+"""The recording session: start, step, stop; a context manager and a decorator.
+
+A :class:`Session` records every tensor copy and alias on the thread that starts it, from
+:meth:`Session.start` to :meth:`Session.stop`, and streams the records to the export thread
+(the trace file, OpenTelemetry exporters) at step boundaries. It is the whole of recording;
+the public :class:`copytrace.Trace` composes it with what is done with the result (hazards,
+reports, notebook display), the way ``torch.profiler.profile`` takes ``on_trace_ready``:
+the one hook a session takes, ``find_hazards``, runs on the export thread once the trace
+file is closed, and what it returns is appended to the file as the ``copytrace.hazards``
+span. This package therefore imports no reader, analysis or renderer.
+
+Its parts: :mod:`._schedule` (which steps are traced, and what each step boundary does),
+:mod:`._buffer` (flushes, run-wide numbering, held-back records), :mod:`._engage` (the
+modes, wrappers and patches), :mod:`._process` (the one active session, SIGTERM, fork).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+import torch.optim.optimizer as _optim
+
+from copytrace import _env
+from copytrace._version import __version__
+from copytrace.export.file_sink import FileSink
+from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds, epoch_offset
+from copytrace.export.sdk_sink import SdkSink, make_resource
+from copytrace.schema import CopyEvent
+from copytrace.tracer import _native, _process, _recorder
+from copytrace.tracer import _schedule as S
+from copytrace.tracer._buffer import Buffer, make_pipeline, new_trace_path
+from copytrace.tracer._engage import Engagement
+from copytrace.tracer._rules import settle_unreal_events
+
+__all__ = ["HazardFinder", "Session", "active_session"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+#: ``find_hazards(trace file) -> hazards``, each a plain dict with ``code``, ``severity``,
+#: ``message``, ``fix``, ``call_sites`` and optionally ``bytes``, ``event_seqs``,
+#: ``span_ids`` (what ``copytrace.analysis.Finding.as_dict`` gives).
+HazardFinder = Callable[[Path], Sequence[Mapping[str, Any]]]
+
+
+def active_session() -> Session | None:
+    """The session recording in this process, or None."""
+    return _process.active()  # type: ignore[no-any-return]
+
+
+def _compiled_frames() -> int:
+    """Frames torch.compile has compiled in this process so far (0 when dynamo is unused)."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    if dynamo is None:
+        return 0
+    try:
+        return int(dynamo.counters["frames"]["ok"])
+    except Exception:
+        return 0
+
+
+class Session:
+    """One recording: the options of :class:`copytrace.Trace` (see there), plus:
+
+    Args:
+        find_hazards: the hook run on the export thread once the trace file is closed
+            (:data:`HazardFinder`); its hazards become the ``copytrace.hazards`` span.
+            Errors in it are counted (``copytrace.errors``), never raised.
+
+    Attributes:
+        owner: the object that wraps this session (a :class:`copytrace.Trace`), returned to
+            a second trace entered while this one records.
+        trace_path: the trace file once written, else None.
+        running: between :meth:`start` and :meth:`stop`.
+        sampled: False when ``OTEL_TRACES_SAMPLER`` (or the provider's sampler) dropped the
+            run: it is then not traced at all.
+    """
+
+    def __init__(
+        self,
+        output_dir: str | os.PathLike[str] | None = None,
+        *,
+        write: bool = True,
+        max_events: int = 1_000_000,
+        auto_step: bool = True,
+        schedule: Any = None,
+        exporters: Sequence[Any] | None = None,
+        tracer_provider: Any = None,
+        compression: str | None = None,
+        flush_events: int | None = None,
+        flush_seconds: float | None = None,
+        level: str | None = None,
+        observer: str | None = None,
+        find_hazards: HazardFinder | None = None,
+    ) -> None:
+        self.output_dir = Path(output_dir if output_dir is not None else _env.output_dir())
+        # Options left as None come from the environment (copytrace._env, one typed check
+        # each); a value not accepted raises SettingError naming the option or variable.
+        if level is None:
+            level = _env.setting(_env.COPYTRACE_LEVEL)
+        self.level = _env.parse_level(level)
+        if observer is None:
+            observer = _env.setting(_env.COPYTRACE_OBSERVER)
+        #: "auto" or "native": copytrace's C++ observer where it can be built; "python": the
+        #: Python modes (torch.compile'd code then runs eagerly while traced)
+        self.observer = _env.parse_observer(observer)
+        if compression is None:
+            compression = _env.setting(_env.COPYTRACE_COMPRESSION)
+        comp = _env.parse_compression(compression)
+        self.compression: str | None = None if comp == "none" else comp
+        if flush_events is None:
+            flush_events = _env.setting(_env.COPYTRACE_FLUSH_EVENTS)
+        if flush_seconds is None:
+            flush_seconds = _env.setting(_env.COPYTRACE_FLUSH_SECONDS)
+        self.flush_events = max(0, int(flush_events))
+        self.flush_seconds = float(flush_seconds)
+        self.schedule = S.schedule_from(schedule)
+        self.write = write
+        self.find_hazards = find_hazards
+        self.owner: Any = None
+        self._auto_step = auto_step
+        self._exporters = list(exporters) if exporters is not None else None
+        self._tracer_provider = tracer_provider
+        self._observer_path: str | None = None  # "native" | "python" once decided
+        self._native_module: Any = None
+        self._rec = _recorder.Recorder(max_events=max_events, auto_step=auto_step)
+        self._engagement = Engagement(self.level)
+        self._buf = Buffer()
+        self._optim_hooks: list[Any] = []  # step hooks: installed from start to stop
+        self._delegate: Session | None = None
+        self._start_ns = self._end_ns = self._epoch_offset = self.pid = 0
+        self._resource: Any = None
+        self._run: RunIds | None = None
+        self._pipeline: ExportPipeline | None = None
+        self._file_sink: FileSink | None = None
+        self._action = S.RECORD
+        self._closing = False
+        self._exit: str | None = None
+        self._exit_error: str | None = None
+        self.trace_path: Path | None = None
+        self.running = False
+        self.sampled = True
+
+    def _target(self) -> Session:
+        """The session that records: the active one this session delegates to, or itself."""
+        return self._delegate if self._delegate is not None else self
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> Session:
+        """Install the modes, hooks and patches; return the session that records.
+
+        Returns:
+            ``self``, or the already active session when another one is recording (this
+            one then delegates to it, and its :meth:`stop` does nothing).
+        """
+        active = _process.active()
+        if active is not None:
+            self._delegate = active
+            return active  # type: ignore[no-any-return]
+        if self.running:
+            return self
+        if self._native() is None:
+            _recorder.warm_up()
+        if self._run is not None:  # started again (a decorated function called again)
+            self._reset()
+        self.pid = os.getpid()
+        self._resource = make_resource()
+        self._epoch_offset = epoch_offset()
+        self._start_ns = time.perf_counter_ns()
+        self._buf.cur_step_start = self._start_ns
+        self._buf.last_flush = time.monotonic()
+        self._run = RunIds(self._start_ns, self._epoch_offset, self._resource)
+        self._pipeline = self._make_pipeline()
+        if not self.sampled:
+            print(
+                "copytrace: this run is sampled out (OTEL_TRACES_SAMPLER or the tracer "
+                "provider's sampler): not tracing",
+                file=sys.stderr,
+            )
+            self._pipeline = None
+            return self
+        self._optim_hooks = [
+            _optim.register_optimizer_step_pre_hook(self._on_optim_pre),
+            _optim.register_optimizer_step_post_hook(self._on_optim_post),
+        ]
+        self.running = True
+        _process.set_active(self)
+        first = self._action_at(0)
+        self._enter_action(first, S.START[first])
+        if self._pipeline is not None:
+            self._pipeline.start()
+        _process.install_signal_handlers()
+        return self
+
+    def _reset(self) -> None:
+        """A new run of the same session object: a new recorder and new counters."""
+        old = self._rec
+        self._rec = _recorder.Recorder(max_events=old.max_events, auto_step=self._auto_step)
+        self._engagement = Engagement(self.level)
+        self._buf = Buffer()
+        self.trace_path = None
+        self._file_sink = None
+        self._action = S.RECORD
+        self._closing = False
+        self._exit = self._exit_error = None
+        self._end_ns = 0
+
+    def _make_pipeline(self) -> ExportPipeline | None:
+        """The export thread and its sinks: the trace file, OpenTelemetry exporters."""
+        assert self._run is not None
+        path = new_trace_path(self.output_dir, self.compression) if self.write else None
+        pipeline, self._file_sink, self.sampled = make_pipeline(
+            self._run, path, self.compression, self._exporters, self._tracer_provider
+        )
+        return pipeline
+
+    @property
+    def observer_path(self) -> str | None:
+        """``"native"`` (copytrace's C++ observer) or ``"python"`` (the Python dispatch mode
+        fallback) once tracing started; ``None`` before."""
+        return self._target()._observer_path
+
+    def _native(self) -> Any:
+        """The C++ observer module for this session, or None (the Python modes' path)."""
+        if self._observer_path is None:
+            module = None if self.observer == "python" else _native.load()
+            self._observer_path = "native" if module is not None else "python"
+            self._native_module = module
+        return self._native_module
+
+    # -- the schedule -------------------------------------------------------------------------------
+    def _action_at(self, step: int) -> str:
+        if self.schedule is None:
+            return S.RECORD
+        try:
+            return S.action_name(self.schedule(step))
+        except Exception as err:
+            self._rec.note_error(err)
+            return S.RECORD
+
+    def _enter_action(self, action: str, steps: Sequence[str]) -> None:
+        """Enter a step whose action is ``action``, running the transition ``steps``
+        (:data:`~copytrace.tracer._schedule.TRANSITIONS`; ``SAVE`` is done by the caller)."""
+        self._action = action
+        eng, buf, rec = self._engagement, self._buf, self._rec
+        for step in steps:
+            if step == S.ENGAGE:
+                eng.engage(rec, self._native(), self._optim_hooks)
+                buf.keep()
+            elif step == S.DISENGAGE:
+                if eng.disengage(rec):
+                    buf.keep()
+                else:  # the program's modes sit above ours: discard this step's records
+                    buf.mark_discard(rec, eng.compiled)
+            elif step == S.DISCARD:
+                buf.mark_discard(rec, eng.compiled)
+
+    def _boundary(self, auto: bool = False) -> int:
+        """A step ended: log it, discard untraced records, flush when due, apply the schedule.
+
+        ``auto``: the boundary is an ``optimizer.step()``; the first one does not flush, so
+        that a first explicit :meth:`step` right after it can still renumber the steps."""
+        rec, buf = self._rec, self._buf
+        now = time.perf_counter_ns()
+        ended = rec.step_index
+        rec.step(now)
+        lean = rec.lean_watch
+        if lean is not None and (lean.pushed or lean.aliases or lean.indexes):
+            lean.settle()  # an alias freed on another thread
+        if not self.running:
+            return rec.step_index
+        buf.end_step(ended, self._action in S.RECORDING, now)
+        if buf.discard_from is not None or buf.calls_discard_from is not None:
+            buf.drop_untraced(rec, self._engagement.compiled)
+        nxt = self._action_at(rec.step_index)
+        steps = S.transition(self._action, nxt)
+        if self._pipeline is not None and not (auto and rec.step_index == 1 and rec.auto_step):
+            rec.step_starts.clear()  # the export keeps its own step bounds
+            if S.SAVE in steps or buf.flush_due(rec, self.flush_events, self.flush_seconds):
+                buf.flush(rec, self._pipeline, self._engagement.compiled, self.pid)
+        self._enter_action(nxt, steps)
+        return rec.step_index
+
+    # -- stopping -------------------------------------------------------------------------------------
+    def _write_final(self, end_ns: int, timeout: float) -> None:
+        pipeline = self._pipeline
+        if pipeline is None:
+            return
+        buf = self._buf
+        if buf.inflight is not None and not buf.inflight.submitted:
+            pipeline.submit(buf.inflight)  # a flush cut short by a signal
+        chunk = buf.final_chunk(
+            self._rec, self._engagement.compiled, end_ns, self._action in S.RECORDING,
+            self.run_attributes, self._exit_error,
+        )  # fmt: skip
+        if not pipeline.close(chunk, timeout):
+            print(
+                f"copytrace: the export did not finish within {timeout:.0f} s; the trace may "
+                f"be incomplete",
+                file=sys.stderr,
+            )
+        if self._file_sink is not None and self._file_sink.path.exists():
+            self.trace_path = self._file_sink.path
+
+    def finish_on_signal(self, signum: int) -> None:
+        """From the SIGTERM handler: write what was recorded (the process dies next)."""
+        name = signal.Signals(signum).name
+        if self._closing:  # stop() was already writing: let it finish
+            pipeline = self._pipeline
+            thread = pipeline._thread if pipeline is not None else None
+            if thread is not None:
+                thread.join(_process.SIGNAL_TIMEOUT_S)
+            return
+        self._closing = True
+        self._exit, self._exit_error = name, name
+        self._write_final(time.perf_counter_ns(), _process.SIGNAL_TIMEOUT_S)
+
+    def abandon_export(self) -> None:
+        """In a forked child: drop the inherited export without touching the parent's file."""
+        if self._pipeline is not None:
+            self._pipeline.abandon()
+            self._pipeline = None
+
+    def _uninstall(self) -> None:
+        """Remove the modes, patches and step hooks; no longer the active session."""
+        self._engagement.disengage(self._rec, force=True)
+        for handle in self._optim_hooks:
+            handle.remove()
+        self._optim_hooks = []
+        self.running = False
+        if _process.active() is self:
+            _process.set_active(None)
+
+    def stop(self) -> Path | None:
+        """Remove everything :meth:`start` installed and write the rest of the trace.
+
+        Returns:
+            The trace file written, or ``None`` (``write=False``, sampled out, or a
+            delegating inner session). A failure to write is reported on stderr, never
+            raised.
+        """
+        if self._delegate is not None:
+            self._delegate = None
+            return None
+        if not self.running:
+            return self.trace_path
+        if self.pid != os.getpid():  # a forked child inherited this running session
+            self._uninstall()
+            self._engagement.close()
+            self.abandon_export()
+            return None
+        self._end_ns = time.perf_counter_ns()
+        self._closing = True
+        settle_unreal_events(self._rec.events)
+        if self._exit is None:
+            self._exit = self._exit_error = _process.uncaught_exit()
+        self._uninstall()
+        _process.set_finishing(self)
+        if self._pipeline is not None and self._file_sink is not None:
+            self._pipeline.hazards = self._hazards
+        try:
+            self._write_final(self._end_ns, _process.CLOSE_TIMEOUT_S)
+        except Exception as err:
+            print(f"copytrace: could not write the trace: {err}", file=sys.stderr)
+        finally:
+            _process.set_finishing(None)
+            _process.restore_signal_handlers()
+            self._engagement.close()
+        self._say_losses()
+        return self.trace_path
+
+    def _say_losses(self) -> None:
+        """One stderr line each for dropped records and internal errors (stderr, not
+        warnings.warn: a program running with warnings as errors must not see them)."""
+        rec = self._rec
+        if rec.dropped:
+            print(
+                f"copytrace: {rec.dropped} event(s) dropped: more than "
+                f"max_events={rec.max_events} were buffered between two flushes (raise "
+                f"max_events / ${_env.COPYTRACE_MAX_EVENTS}, or mark steps more often); the "
+                f"count is in the trace (copytrace.events_dropped)",
+                file=sys.stderr,
+            )
+        if rec.errors:
+            print(
+                f"copytrace: {rec.errors} internal error(s) while tracing "
+                f"(last: {rec.last_error}); the traced program was not affected",
+                file=sys.stderr,
+            )
+
+    def _hazards(self) -> list[Mapping[str, Any]]:
+        """The ``find_hazards`` hook over the closed trace file (on the export thread; see
+        ``ExportPipeline.hazards``); its failure is counted, never raised (hazards are
+        advisory)."""
+        sink, find = self._file_sink, self.find_hazards
+        if find is None or sink is None or not sink.path.exists():
+            return []
+        try:
+            return list(find(sink.path))
+        except Exception as err:
+            self._rec.note_error(err)
+            return []
+
+    def note_exit(self, exc_type: Any, exc: Any) -> None:
+        """Record how the traced program ended (``copytrace.exit``) before :meth:`stop`:
+        ``exc_type`` / ``exc`` of the exception it raised, or None for a normal end."""
+        if exc_type is not None and self._exit is None:
+            if issubclass(exc_type, SystemExit):
+                code = getattr(exc, "code", None)
+                self._exit = f"SystemExit({code!r})" if code not in (None, 0) else "SystemExit"
+                if code not in (None, 0):
+                    self._exit_error = self._exit
+            else:
+                self._exit = self._exit_error = exc_type.__name__
+
+    def __enter__(self) -> Session:
+        return self.start()
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        self.note_exit(exc_type, exc)
+        self.stop()
+
+    def __call__(self, fn: F) -> F:
+        """Use the session as a decorator: ``fn`` runs traced; each call writes the trace."""
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with self:
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+    # -- during tracing ---------------------------------------------------------------------------
+    def step(self) -> int:
+        """Mark a training step boundary; return the new step number (the first step is 0).
+
+        Calling it turns off the automatic step on ``optimizer.step()``.
+        """
+        if self._delegate is not None and self._delegate is not self:
+            return self._delegate.step()
+        rec, buf = self._rec, self._buf
+        if rec.auto_step:
+            rec.auto_step = False
+            if rec.step_index > 0 and not buf.flushes and not buf.discarded:
+                self._renumber_from_zero()
+        if not self.running:
+            return rec.step()
+        return self._boundary()
+
+    def _renumber_from_zero(self) -> None:
+        """``optimizer.step()`` already advanced steps before this first explicit
+        :meth:`step`: by the user's own marks, everything so far is step 0 (once records have
+        been flushed or discarded, the automatic numbering stays)."""
+        rec, buf = self._rec, self._buf
+        rec.step_starts.clear()
+        rec.step_index = 0
+        for ev in rec.events:
+            ev.step = 0
+        buf.restart_steps(self._start_ns)
+        if self.running:
+            action = self._action_at(0)
+            self._enter_action(action, S.START[action])
+            if action not in S.RECORDING:  # step 0 is not traced after all
+                buf.discard_from = 0
+                buf.drop_untraced(rec, self._engagement.compiled)
+                if action == S.WARMUP:
+                    buf.discard_from = 0
+
+    @property
+    def events(self) -> list[CopyEvent]:
+        """The events recorded and not yet flushed (a copy of the list), oldest first."""
+        return list(self._target()._rec.events)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: ``events`` (recorded in traced steps, flushed or not), ``dropped``,
+        ``errors``, ``internal_detaches``, ``steps``, ``steps_traced``, ``discarded`` (warmup
+        records), ``flushes``."""
+        target = self._target()
+        rec, buf = target._rec, target._buf
+        return {
+            "events": buf.removed + len(rec.events),
+            "dropped": rec.dropped,
+            "errors": rec.errors,
+            "internal_detaches": rec.internal_detaches,
+            "steps": rec.step_index + 1,
+            "steps_traced": buf.steps_traced,
+            "discarded": buf.discarded,
+            "flushes": buf.flushes,
+        }
+
+    # -- output -----------------------------------------------------------------------------------
+    def export(self, exporter: Any = None) -> Path | None:
+        """Write the buffered events (:attr:`events`) as spans, all at once: see
+        :meth:`copytrace.Trace.export`."""
+        if exporter is None and self._file_sink is not None:
+            return self.trace_path
+        rec = self._rec
+        end = self._end_ns or time.perf_counter_ns()
+        resource = self._resource if self._resource is not None else make_resource()
+        run = RunIds(self._start_ns or end, self._epoch_offset or epoch_offset(), resource)
+        path = None
+        if exporter is None:
+            path = new_trace_path(self.output_dir, self.compression)
+            sink: Any = FileSink(path, compression=self.compression)
+        else:
+            sink = SdkSink([exporter], resource=resource)
+        recording = self._action in S.RECORDING
+        steps = self._buf.steps_until(rec.step_index, recording, end, run.start_ns)
+        pipeline = ExportPipeline(run, [sink])
+        pipeline.begin()
+        final = RunEnd(end, self.run_attributes(), self._exit_error)
+        chunk = Chunk(list(rec.events), steps, final=final)
+        compiled = self._engagement.compiled
+        if compiled is not None:
+            chunk.compiled = [*compiled.calls, *compiled.graph_spans()]
+        pipeline.close(chunk)
+        return path
+
+    def run_attributes(self) -> dict[str, Any]:
+        """The ``copytrace.run`` span's attributes (``docs/trace-format.md``)."""
+        stats = self.stats
+        target = self._target()
+        observer = target._observer_path or "python"
+        attrs: dict[str, Any] = {
+            "copytrace.version": __version__,
+            "copytrace.torch_version": torch.__version__,
+            "process.command_args": [str(a) for a in sys.argv],
+            "copytrace.events": stats["events"],
+            "copytrace.events_dropped": stats["dropped"],
+            "copytrace.events_discarded": stats["discarded"],
+            "copytrace.max_events": self._rec.max_events,
+            "copytrace.errors": stats["errors"],
+            "copytrace.internal_detaches": stats["internal_detaches"],
+            "copytrace.overhead_ns": target._rec.overhead_ns,
+            "copytrace.steps": stats["steps"],
+            "copytrace.steps_traced": stats["steps_traced"],
+            "copytrace.flushes": stats["flushes"],
+            "copytrace.exit": self._exit or "normal",
+            # the level in effect: lean needs the C++ observer, the Python fallback is full
+            "copytrace.level": (
+                "full" if self.level == "lean" and observer == "python" else self.level
+            ),
+            # the aten-level path: "native" (the C++ observer) or "python" (the fallback mode)
+            "copytrace.observer": observer,
+        }
+        if self.schedule is not None:
+            attrs["copytrace.schedule"] = repr(self.schedule)
+        attrs.update(self._compiled_attributes(target))
+        return attrs
+
+    def _compiled_attributes(self, target: Session) -> dict[str, Any]:
+        attrs: dict[str, Any] = {}
+        frames = _compiled_frames()
+        if frames:
+            mode = self._engagement.compiled_mode
+            attrs["copytrace.compiled_frames"] = frames
+            # "compiled": compiled regions ran compiled, as spans of their own; "eager": this
+            # torch offered no hook, so they ran eagerly (force_eager) and were traced op by op.
+            attrs["copytrace.compiled_mode"] = mode or "compiled"
+            attrs["copytrace.compiled_ran_eagerly"] = mode == "eager"
+        if target._engagement.compiled is not None:
+            attrs.update(target._engagement.compiled.run_attributes())
+        return attrs
+
+    # -- optimizer hooks ------------------------------------------------------------------------
+    def _on_optim_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._rec.compiled_depth:
+            return  # an optimizer step inside a compiled region: stand aside (see _compiled)
+        self._rec.in_optimizer += 1
+
+    def _on_optim_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        rec = self._rec
+        if rec.compiled_depth:
+            return
+        rec.in_optimizer = max(0, rec.in_optimizer - 1)
+        if rec.auto_step and not rec.in_optimizer:
+            self._boundary(auto=True)
