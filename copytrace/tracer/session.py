@@ -497,9 +497,10 @@ class Session:
         }
 
     # -- output -----------------------------------------------------------------------------------
-    def export(self, exporter: Any = None) -> Path | None:
+    def export(self, exporter: Any = None, directory: Path | None = None) -> Path | None:
         """Write the buffered events (:attr:`events`) as spans, all at once: see
-        :meth:`copytrace.Trace.export`."""
+        :meth:`copytrace.Trace.export`; ``directory``: the trace file's folder instead of
+        :attr:`output_dir` (for a trace that writes no file of its own)."""
         if exporter is None and self._file_sink is not None:
             return self.trace_path
         rec = self._rec
@@ -508,7 +509,7 @@ class Session:
         run = RunIds(self._start_ns or end, self._epoch_offset or epoch_offset(), resource)
         path = None
         if exporter is None:
-            path = new_trace_path(self.output_dir, self.compression)
+            path = new_trace_path(directory or self.output_dir, self.compression)
             sink: Any = FileSink(path, compression=self.compression)
         else:
             sink = SdkSink([exporter], resource=resource)
