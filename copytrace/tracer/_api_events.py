@@ -367,10 +367,25 @@ def _end_fold(native: Any) -> tuple:
 
 
 def _tag_grad_fn(grad_fn: Any, ev: CopyEvent) -> None:
-    """Tag the copy's grad_fn so that the copy its backward makes names this forward call."""
+    """Tag the copy's grad_fn so that the copy its backward makes names this forward call:
+    ``(module, "file:line", version)``, ``version`` the version counter of the leaf it copied
+    (:func:`leaf_version`) when the copy was made, or None."""
     if ev.file is None:
         return
     try:
-        grad_fn.metadata[_TAG] = (ev.module, f"{ev.file}:{ev.line}")
+        grad_fn.metadata[_TAG] = (ev.module, f"{ev.file}:{ev.line}", leaf_version(grad_fn))
     except Exception:  # nodes without metadata (custom C++ functions)
         pass
+
+
+def leaf_version(node: Any) -> int | None:
+    """The version counter of the leaf (a parameter) a copy's ``node`` (its grad_fn, e.g.
+    ``ToCopyBackward0``) reads straight from, through its first edge's ``AccumulateGrad``;
+    None when that edge leads elsewhere. Reads no data and keeps no reference."""
+    try:
+        nxt = node.next_functions
+        acc = nxt[0][0] if nxt else None
+        leaf = getattr(acc, "variable", None)
+        return None if leaf is None else leaf._version  # type: ignore[no-any-return]
+    except Exception:  # a node without edges, an inference tensor (no version counter)
+        return None
