@@ -61,6 +61,7 @@ from copytrace._errors import SettingError
 
 __all__ = [
     "COPYTRACE",
+    "unwritable",
     "COPYTRACE_OUTPUT",
     "COPYTRACE_REPORT",
     "COPYTRACE_MAX_EVENTS",
@@ -351,6 +352,27 @@ def enabled() -> bool:
         SettingError: ``COPYTRACE`` is neither on nor off (``COPYTRACE=banana``).
     """
     return bool(setting(COPYTRACE))
+
+
+def unwritable(out_dir: Any) -> str | None:
+    """Why a trace could not be written into ``out_dir`` (created as the trace would be, then
+    probed with a temporary file), or None. ``copytrace run``, the ``COPYTRACE=1`` hook and
+    ``copytrace.trace()`` check it before tracing starts.
+
+    Returns:
+        ``"output directory D is not writable (REASON)"``, or None when it is writable.
+    """
+    import tempfile
+    from pathlib import Path
+
+    try:
+        path = Path(out_dir)
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path, prefix=".copytrace-probe-"):
+            pass
+    except OSError as err:
+        return f"output directory {out_dir} is not writable ({err.strerror or type(err).__name__})"
+    return None
 
 
 def output_dir() -> str:

@@ -159,7 +159,19 @@ class Trace:
 
         Returns:
             ``self``, or the already active trace when another one is recording.
+
+        Raises:
+            CopytraceError: The trace file is to be written and ``output_dir`` cannot be
+                created or written to (checked here, as ``copytrace run`` does, so that
+                nothing recorded is lost at exit).
         """
+        from copytrace import _env
+        from copytrace.tracer.session import active_session
+
+        if self.session.write and not self.running and active_session() is None:
+            problem = _env.unwritable(self.session.output_dir)
+            if problem:
+                raise CopytraceError(problem)
         active = self.session.start()
         return self if active is self.session else (active.owner or active)
 
@@ -247,17 +259,28 @@ class Trace:
             The report path.
 
         Raises:
-            CopytraceError: the trace has not been written (still running, or ``write=False``).
+            CopytraceError: The trace is still running, or it wrote no file and some of
+                its events went to exporters only (``write=False`` with ``flush_events``).
         """
+        import tempfile
+
         from copytrace.dashboards import _notebook, write_report
 
         target = self._delegate or self
-        if target.trace_path is None:
-            raise CopytraceError(
-                "the trace has not been written yet: call report() after the with block"
-            )
+        if target.running:
+            raise CopytraceError("the trace is still running: call report() after the with block")
         out = Path(path) if path is not None else target.output_dir / "report.html"
-        written = write_report(target.trace_path, out)
+        if target.trace_path is not None:
+            written = write_report(target.trace_path, out)
+        elif target.stats.get("flushes"):
+            raise CopytraceError(
+                "the trace wrote no file and flushed events to its exporters: "
+                "trace with write=True (or flush_events=0) to report it"
+            )
+        else:  # write=False: the events are all in memory; report them from a scratch file
+            with tempfile.TemporaryDirectory(prefix="copytrace-report-") as scratch:
+                trace_file = target.session.export(directory=Path(scratch))
+                written = write_report(trace_file, out)
         if display or (display is None and _notebook.in_notebook()):
             _notebook.display_report(written)
         return written

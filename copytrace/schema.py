@@ -173,6 +173,7 @@ FIELDS: tuple[Field, ...] = (
     Field("saved_by", _C + "saved_by", "str_list", "analysis", (), ()),
     Field("write_site", _C + "write_site", "str", "analysis"),
     Field("src_name", _C + "src_name", "str", "analysis"),
+    Field("load_site", _C + "load_site", "str", "analysis"),
     Field("retained_bytes", _C + "retained_bytes", "int", "analysis"),
     Field("snapshot", _C + "snapshot", "bool", "analysis", False, False),
     Field("stale", _C + "stale", "bool", "analysis", False, False),
@@ -283,6 +284,9 @@ class CopyEvent:
             unused (a lost write).
         src_name: ``Module.path.param`` of the written tensor, when it is a parameter or
             buffer of a module seen in forward.
+        load_site: on a ``snapshot`` event handed over by ``load_state_dict``, ``file:line
+            function`` of the user's load call that made the receiver share the storage
+            (``load_state_dict(sd, assign=True)``, an optimizer's load keeping the tensors).
         retained_bytes: on an attached copy, bytes of saved tensors its autograd graph still
             held when its step ended (no backward had run through it); ``None`` otherwise.
         snapshot: a ``detach`` alias made by ``Module.state_dict()``.
@@ -336,7 +340,7 @@ CopyEvent.__init__ = _generated_init()  # type: ignore[method-assign]
 
 # --- the event table ------------------------------------------------------------------------
 #: Version of the event table's columns (the Parquet cache and the sidecar carry it).
-TABLE_VERSION = "1"
+TABLE_VERSION = "2"
 #: Hidden folder beside the trace files for their event tables: the tracer's columnar sidecar
 #: (``<file>`` + :data:`SIDECAR_SUFFIX`) and the Parquet cache of files read without one.
 CACHE_DIR = ".copytrace-cache"

@@ -179,12 +179,45 @@ def graph_retaining_copy(events: list[Ev]) -> list[Finding]:
     return out
 
 
+# --- stale-kept-copy -------------------------------------------------------------------------
+def stale_kept_copy(events: list[Ev]) -> list[Finding]:
+    accs: dict[Any, _Acc] = {}
+    for e in events:
+        if e.stale and not e.snapshot and e.phase == "backward":
+            acc = accs.get((e.origin, e.module))
+            if acc is None:
+                acc = accs[(e.origin, e.module)] = _Acc()
+                acc.sites = [s for s in (e.origin, e.site) if s]
+            acc.add(e, e.bytes_logical, None)
+    out = []
+    for (origin, module), acc in accs.items():
+        steps = {e.step for e in acc.events}
+        made = (f"the copy made at `{origin}`" if origin else
+                f"a cast of a parameter of `{module or '?'}` made by autocast")  # fmt: skip
+        kept = ("kept and" if origin else
+                "reused from autocast's weight cache (the autocast region spans the steps) and")  # fmt: skip
+        out.append(
+            acc.finding(
+                "stale-kept-copy",
+                f"{made} was {kept} used in {_plural(len(steps), 'later step')} after the "
+                "parameter it copies had changed in place (its version counter moved, e.g. "
+                "by `optimizer.step()`): the forward computed with the old values, and the "
+                "gradient reached the parameter through the stale copy",
+                "Make the copy inside each step, after `optimizer.step()`; enter "
+                "`torch.autocast` inside the step (its cache is cleared when the region exits), "
+                "or pass `cache_enabled=False`.",
+            )
+        )
+    return out
+
+
 # --- aliasing-snapshot ------------------------------------------------------------------------
 def aliasing_snapshot(events: list[Ev]) -> list[Finding]:
-    accs = _accs((e.site, e, e.bytes_logical, ()) for e in events if e.snapshot and e.stale)
+    accs = _accs((e.load_site or e.site, e, e.bytes_logical, (e.load_site, e.site))
+                 for e in events if e.snapshot and e.stale)  # fmt: skip
     out = []
     for acc in accs.values():
-        handover = [e for e in acc.events if e.op != "detach"]
+        handover = [e for e in acc.events if e.op != "detach" or e.load_site]
         if not handover:
             out.append(
                 acc.finding(
@@ -202,7 +235,9 @@ def aliasing_snapshot(events: list[Ev]) -> list[Finding]:
         out.append(
             acc.finding(
                 "aliasing-snapshot",
-                f"`load_state_dict(other.state_dict())` left {_plural(acc.count, 'tensor')} "
+                f"`load_state_dict(other.state_dict())`"
+                f"{f' at `{handover[0].load_site}`' if handover[0].load_site else ''} left "
+                f"{_plural(acc.count, 'tensor')} "
                 f"({holder} state, {format_bytes(acc.bytes)}) aliased to the live source: "
                 "`state_dict()` returns references and the load kept them (a no-op `.to`, or "
                 "`assign=True`), and an in-place update of the source (e.g. its `step()`) "
@@ -548,6 +583,7 @@ RULES: tuple[Callable[[list[Ev]], list[Finding]], ...] = (
     lost_inplace_write,
     graph_retaining_copy,
     aliasing_snapshot,
+    stale_kept_copy,
     redundant_copy,
     round_trip,
     pageable_transfer,

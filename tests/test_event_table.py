@@ -135,5 +135,6 @@ def test_export_parquet(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert capsys.readouterr().out == f"copytrace: {EVENT_SPANS} events written to {out}\n"
     rows = pq.read_table(out)
     assert rows.num_rows == EVENT_SPANS
-    assert pc.sum(rows.column("bytes_allocated")).as_py() == 31000 + 3000  # + the group's
+    assert pc.sum(rows.column("bytes_allocated")).as_py() == 31000  # the group's 3000 B once
+    assert pc.sum(rows.column("group_bytes_allocated")).as_py() == 3000
     assert "attrs_json" not in rows.column_names

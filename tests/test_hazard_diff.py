@@ -135,10 +135,18 @@ def _programs() -> list[Any]:
 
     def pageable(t: Any) -> None:
         for _ in range(4):
-            torch.randn(16).to("meta")  # pageable-transfer (meta stands for a device)
+            torch.randn(16).to("meta")  # no finding: meta has no memory, nothing moves
             t.step()
 
-    return [data_inplace, history, snapshot, copies, lost_write, pageable]
+    def kept_cast(t: Any) -> None:
+        lin = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+        w64 = lin.weight.double()  # stale-kept-copy once the optimizer steps
+        for _ in range(3):
+            (torch.ones(1, 4, dtype=torch.float64) @ w64.t()).sum().backward()
+            opt.step()
+
+    return [data_inplace, history, snapshot, copies, lost_write, pageable, kept_cast]
 
 
 def test_real_programs_file_and_memory(tmp_path: Path) -> None:
@@ -197,6 +205,8 @@ def _random_events(rng: random.Random, n: int) -> list[CopyEvent]:
             write_site=maybe(("train.py:99 main",), 0.6), src_name=maybe(("lin.weight",), 0.5),
             retained_bytes=maybe((0, 512), 0.6), snapshot=rng.random() < 0.2,
             stale=rng.random() < 0.5, object_type=maybe(("builtins.dict", "torch.nn.Linear")),
+            load_site=maybe(("train.py:60 main",), 0.7), origin=maybe(("train.py:5",), 0.5),
+            phase=rng.choice(("forward", "backward", "other")),
         )  # fmt: skip
         if rows and rng.random() < 0.35:
             prev = rng.choice(rows[-6:])

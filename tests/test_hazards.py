@@ -387,14 +387,14 @@ def _move_batches(**to_kwargs: Any) -> Callable[[Any], None]:
     def program(t: Any) -> None:
         x = torch.randn(4, 8)
         for _ in range(3):
-            program.y = x.to("meta", **to_kwargs)  # site: batch-to-device
+            program.y = x.to("cuda", **to_kwargs)  # site: batch-to-device
             t.step()
 
     return program
 
 
+@needs_cuda
 def test_pageable_transfer_every_step_is_reported() -> None:
-    # copytrace counts `meta` as a device: cpu -> meta is a host-to-device copy
     _, findings = traced(_move_batches())
     f = only(findings, "pageable-transfer")
     assert codes(findings) == ["pageable-transfer"]
@@ -402,12 +402,26 @@ def test_pageable_transfer_every_step_is_reported() -> None:
     assert f.call_sites == [site("batch-to-device", "program")]
 
 
+@needs_cuda
 def test_non_blocking_or_one_time_transfers_are_not_reported() -> None:
     _, findings = traced(_move_batches(non_blocking=True))
     assert findings == []
     model = nn.Linear(4, 4)
-    _, findings = traced(lambda t: model.to("meta"))  # once, at set-up
+    _, findings = traced(lambda t: model.to("cuda"))  # once, at set-up
     assert findings == []
+
+
+def test_copies_to_meta_every_step_are_no_transfer() -> None:
+    # meta has no memory: a copy to it moves nothing, so nothing is pageable
+    def program(t: Any) -> None:
+        x = torch.randn(4, 8)
+        for _ in range(3):
+            program.y = x.to("meta")
+            t.step()
+
+    t, findings = traced(program)
+    assert findings == []
+    assert [(e.transfer, e.fake) for e in t.events] == [("none", True)] * 3
 
 
 @needs_cuda

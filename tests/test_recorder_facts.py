@@ -62,8 +62,11 @@ def test_call_without_a_positional_tensor_is_no_internal_error() -> None:
 
 def test_transfer_kinds() -> None:
     pairs = [("cpu", "cpu"), ("cpu", "cuda:0"), ("cuda:0", "cpu"), ("cuda:0", "cuda:1"),
-             ("cuda:0", "cuda:0"), ("cpu", "meta")]  # fmt: skip
-    assert [_transfer(a, b) for a, b in pairs] == ["none", "h2d", "d2h", "d2d", "none", "h2d"]
+             ("cuda:0", "cuda:0"), ("cpu", "meta"), ("meta", "cuda:0")]  # fmt: skip
+    # meta has no real storage: nothing moves to or from it
+    assert [_transfer(a, b) for a, b in pairs] == [
+        "none", "h2d", "d2h", "d2d", "none", "none", "none"
+    ]
 
 
 def test_storage_bytes_of_a_tensor_without_storage_are_its_logical_bytes() -> None:
@@ -71,18 +74,19 @@ def test_storage_bytes_of_a_tensor_without_storage_are_its_logical_bytes() -> No
     assert _storage_nbytes(torch.ones(10)[2:4]) == 40  # a view: its whole storage
 
 
-def test_host_to_device_copy_records_pinned_and_a_failed_copy_its_source() -> None:
+def test_a_copy_to_meta_moves_nothing_and_a_failed_copy_records_its_source() -> None:
     x = torch.ones(4, requires_grad=True)
     t0 = time.perf_counter_ns()
     with copytrace.trace(write=False) as t:
-        x.detach().to("meta")  # a host-to-device copy that a CPU-only machine can make
+        x.detach().to("meta")  # no real storage on meta: no transfer, nothing allocated
         try:
             x.to("no-such-device")
         except RuntimeError:
             pass
     t1 = time.perf_counter_ns()
     detach, meta, failed = t.events
-    assert (meta.transfer, meta.pinned, meta.dst_device) == ("h2d", False, "meta")
+    assert (meta.transfer, meta.pinned, meta.dst_device) == ("none", False, "meta")
+    assert (meta.fake, meta.bytes_allocated, meta.bytes_logical) == (True, 0, 16)
     assert (failed.error, failed.requires_grad, failed.graph, failed.alias) == (
         "RuntimeError", False, "none", False)  # fmt: skip
     assert (failed.shape, failed.dtype, failed.dst_device) == ((4,), "float32", "cpu")

@@ -105,6 +105,36 @@ def is_copy(e: Ev) -> bool:
 #: Copies another rule reports in full (tensor-ctor-copy): not reported again as redundant.
 OWN_RULE = frozenset(("tensor_ctor", "new_tensor"))
 
+#: dtype name -> the dtypes (names) that hold every one of its values exactly: a cast to one
+#: of them is lossless (float32 -> float64); any other cast between two different dtypes
+#: narrows (float32 -> bfloat16 rounds, float16 <-> bfloat16 loses range or precision,
+#: int64 -> float32 rounds large integers). Sources: the IEEE 754 formats (float16: 11-bit
+#: significand, bfloat16: 8-bit, float32: 24-bit, float64: 53-bit).
+_WIDER: dict[str, frozenset[str]] = {
+    "bool": frozenset(("uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16",
+                       "float32", "float64", "complex64", "complex128")),
+    "uint8": frozenset(("int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",
+                        "complex64", "complex128")),
+    "int8": frozenset(("int16", "int32", "int64", "float16", "bfloat16", "float32", "float64",
+                       "complex64", "complex128")),
+    "int16": frozenset(("int32", "int64", "float32", "float64", "complex64", "complex128")),
+    "int32": frozenset(("int64", "float64", "complex128")),
+    "float16": frozenset(("float32", "float64", "complex64", "complex128")),
+    "bfloat16": frozenset(("float32", "float64", "complex64", "complex128")),
+    "float32": frozenset(("float64", "complex64", "complex128")),
+    "float64": frozenset(("complex128",)),
+    "complex64": frozenset(("complex128",)),
+}  # fmt: skip
+
+
+def narrows(src_dtype: str | None, dtype: str | None) -> bool:
+    """Whether a cast from ``src_dtype`` to ``dtype`` can change a value (rounding, range or
+    sign): False for the same dtype, for a lossless widening (:data:`_WIDER`) and when either
+    dtype is unknown."""
+    if not src_dtype or not dtype or src_dtype == dtype:
+        return False
+    return dtype not in _WIDER.get(src_dtype, frozenset())
+
 
 
 

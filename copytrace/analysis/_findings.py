@@ -32,6 +32,8 @@ HAZARDS: dict[str, Hazard] = {
                "attached copy outlives its step, keeping its autograd graph alive"),
         Hazard("aliasing-snapshot", "warning",
                "`state_dict()` kept as a snapshot without copying, then changed in place"),
+        Hazard("stale-kept-copy", "error",
+               "a copy of a parameter kept across optimizer steps, used after it changed"),
         Hazard("redundant-copy", "warning",
                "the same unchanged data copied more than once in a step, or a copy of a copy"),
         Hazard("round-trip", "warning",

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from copytrace._units import format_bytes_exact
-from copytrace.analysis._evidence import OWN_RULE, Acc, is_copy, plural, what
+from copytrace.analysis._evidence import OWN_RULE, Acc, is_copy, narrows, plural, what
 from copytrace.analysis._evidence import accs as _accs
 from copytrace.analysis._findings import Finding
 from copytrace.analysis._view import Ev
@@ -60,10 +60,16 @@ def data_inplace(events: list[Ev]) -> list[Finding]:
 
 # --- aliasing-snapshot ------------------------------------------------------------------------
 def aliasing_snapshot(events: list[Ev]) -> list[Finding]:
-    groups = _accs((e.site, e, e.bytes_logical, ()) for e in events if e.snapshot and e.stale)
+    # a handover is grouped by, and names first, the load that made the aliases; then the
+    # line whose events are the evidence (the state_dict() call, or the load itself)
+    groups = _accs(
+        (e.load_site or e.site, e, e.bytes_logical, (e.load_site, e.site))
+        for e in events
+        if e.snapshot and e.stale
+    )
     out = []
     for acc in groups.values():
-        handover = [e for e in acc.events if e.op != "detach"]
+        handover = [e for e in acc.events if e.op != "detach" or e.load_site]
         if not handover:
             out.append(
                 acc.finding(
@@ -81,7 +87,8 @@ def aliasing_snapshot(events: list[Ev]) -> list[Finding]:
         out.append(
             acc.finding(
                 "aliasing-snapshot",
-                f"`load_state_dict(other.state_dict())` left {plural(acc.count, 'tensor')} "
+                f"`load_state_dict(other.state_dict())`{_at(handover[0].load_site)} left "
+                f"{plural(acc.count, 'tensor')} "
                 f"({holder} state, {format_bytes_exact(acc.bytes)}) aliased to the live source: "
                 "`state_dict()` returns references and the load kept them (a no-op `.to`, or "
                 "`assign=True`), and an in-place update of the source (e.g. its `step()`) "
@@ -91,6 +98,10 @@ def aliasing_snapshot(events: list[Ev]) -> list[Finding]:
             )
         )
     return out
+
+
+def _at(site: str | None) -> str:
+    return f" at `{site}`" if site else ""
 
 
 # --- redundant-copy -------------------------------------------------------------------------------
@@ -148,6 +159,9 @@ def redundant_copy(events: list[Ev]) -> list[Finding]:
             or a.site != b.site
             or b.src_version != a.dst_version
             or {a.transfer, b.transfer} == {"h2d", "d2h"}  # that is a round trip
+            # a first step that narrows the dtype rounds on purpose (x.to(bfloat16).float()):
+            # one call straight to the last dtype would give other values
+            or narrows(a.src_dtype, a.dtype)
         ):
             continue
         acc = chains.setdefault(a.site, Acc())

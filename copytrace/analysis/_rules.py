@@ -36,9 +36,7 @@ def _sites(*sites: Any) -> list[str]:
     return list(dict.fromkeys(s for s in sites if s))
 
 
-def _groups(
-    rc: Any, mask: np.ndarray, keys: Sequence[str], nbytes: str | None
-) -> list[Group]:
+def _groups(rc: Any, mask: np.ndarray, keys: Sequence[str], nbytes: str | None) -> list[Group]:
     """One :class:`Group` per distinct value of ``keys`` among the rows in ``mask``; bytes
     from the integer column ``nbytes`` (``None``: 0); call sites: the ``site`` (and, for the
     key ``write_site``, the write site first)."""
@@ -55,6 +53,34 @@ def _groups(
 def _ok(rc: Any) -> np.ndarray:
     """Not a deepcopy group, and the call did not raise."""
     return ~rc.flag("group") & rc.null("error")  # type: ignore[no-any-return]
+
+
+# --- stale-kept-copy ------------------------------------------------------------------------------
+def stale_kept_copy(rc: Any) -> list[Finding]:
+    mask = rc.flag("stale") & ~rc.flag("snapshot") & rc.eq("phase", "backward")
+    out = []
+    for rows in rc.groups(mask, ("origin", "module")):
+        origin, module = rc.values("origin", rows[:1])[0], rc.values("module", rows[:1])[0]
+        g = Group(
+            rc, rows, rc.ints("bytes_logical", rows), _sites(origin, *rc.values("site", rows[:1]))
+        )
+        made = (f"the copy made at `{origin}`" if origin else
+                f"a cast of a parameter of `{module or '?'}` made by autocast")  # fmt: skip
+        kept = ("kept and" if origin else
+                "reused from autocast's weight cache (the autocast region spans the steps) and")  # fmt: skip
+        out.append(
+            g.finding(
+                "stale-kept-copy",
+                f"{made} was {kept} used in {plural(len(g.steps), 'later step')} after the "
+                "parameter it copies had changed in place (its version counter moved, e.g. "
+                "by `optimizer.step()`): the forward computed with the old values, and the "
+                "gradient reached the parameter through the stale copy",
+                "Make the copy inside each step, after `optimizer.step()`; enter "
+                "`torch.autocast` inside the step (its cache is cleared when the region exits), "
+                "or pass `cache_enabled=False`.",
+            )
+        )
+    return out
 
 
 # --- graph-retaining-copy ------------------------------------------------------------------------
@@ -237,6 +263,7 @@ RULES: tuple[Callable[[Any], list[Finding]], ...] = (
     lost_inplace_write,
     graph_retaining_copy,
     PAIR_RULES["aliasing-snapshot"],
+    stale_kept_copy,
     PAIR_RULES["redundant-copy"],
     PAIR_RULES["round-trip"],
     pageable_transfer,

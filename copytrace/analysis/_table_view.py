@@ -22,7 +22,7 @@ _TUPLES = ("aten", "shape", "src_stride", "saved_by")
 _PLAIN = ("op", "error", "dtype", "src_dtype", "src_device", "dst_device", "graph", "grad_fn",
           "phase", "module", "object_type", "via", "src_storage", "src_offset", "src_version",
           "dst_storage", "dst_version", "inplace_writes", "write_site", "src_name",
-          "retained_bytes", "pinned", "span_id")  # fmt: skip
+          "retained_bytes", "pinned", "span_id", "load_site", "origin")  # fmt: skip
 
 
 def _maker(keys: tuple[str, ...]) -> Any:

@@ -1,17 +1,61 @@
 """Write a trace's events as one Parquet file, to open in pandas, Polars or DuckDB.
 
 The file holds the columnar event table (docs/trace-format.md, "The event table"): one row
-per copy or alias event and deepcopy group, columns named as the ``CopyEvent`` fields.
+per copy or alias event and deepcopy group, columns named as the ``CopyEvent`` fields. An
+attribute the trace leaves out because it holds its common value (a false flag, 0 new bytes,
+no transfer) is written as that value, never null, so ``WHERE NOT noop AND NOT alias`` and
+pandas' ``~df.alias`` work. A deepcopy group row has 0 in ``bytes_allocated`` and
+``bytes_logical`` (its child rows carry them; its totals are in ``group_bytes_allocated`` /
+``group_bytes_logical``), so a sum over all rows counts each byte once.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
-from copytrace.cli._common import add_trace_command, warn_unreadable
+from copytrace.cli._common import add_trace_command, select_runs, warn_unreadable
 
-__all__ = ["handle", "register"]
+__all__ = ["export_rows", "handle", "register"]
+
+#: The columns a group row's totals move to (null on the other rows), in bytes.
+GROUP_TOTALS = (("bytes_allocated", "group_bytes_allocated"),
+                ("bytes_logical", "group_bytes_logical"))  # fmt: skip
+
+
+def export_rows(rows: Any) -> Any:
+    """The export's form of event-table rows (copy events and groups): absent attributes as
+    the values they stand for (:data:`copytrace.schema.FIELD_DEFAULTS`), and each deepcopy
+    group's bytes moved from ``bytes_allocated`` / ``bytes_logical`` (0 there) to
+    :data:`GROUP_TOTALS`'s columns.
+
+    Args:
+        rows: A ``pyarrow.Table`` with the event table's columns, without meta spans.
+
+    Returns:
+        A ``pyarrow.Table``: the same rows and columns, plus the two group-total columns.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from copytrace.schema import FIELD_DEFAULTS
+
+    for name, value in FIELD_DEFAULTS.items():
+        i = rows.schema.get_field_index(name)
+        if i < 0:
+            continue
+        kind = rows.schema.field(i).type
+        filled = pc.fill_null(rows.column(i), pa.scalar(list(value) if isinstance(value, tuple)
+                                                         else value, kind))  # fmt: skip
+        rows = rows.set_column(i, name, filled)
+    group = pc.fill_null(rows.column("group"), False)
+    for name, total in GROUP_TOTALS:
+        col = rows.column(name)
+        rows = rows.append_column(total, pc.if_else(group, col, pa.scalar(None, col.type)))
+        rows = rows.set_column(rows.schema.get_field_index(name), name,
+                               pc.if_else(group, pa.scalar(0, col.type), col))  # fmt: skip
+    return rows
 
 
 def handle(args: argparse.Namespace) -> int:
@@ -34,7 +78,7 @@ def handle(args: argparse.Namespace) -> int:
     if out.is_dir():
         raise CopytraceError(f"--parquet must name a file, not a directory: {out}")
     path = Path(args.path)
-    table = event_table(path)
+    table = select_runs(event_table(path), args, path)
     warn_unreadable(table, path)
     import pyarrow as pa
 
@@ -46,7 +90,7 @@ def handle(args: argparse.Namespace) -> int:
         for part in table.parts:  # one file at a time: memory stays bounded
             rows = part.read()
             rows = rows.filter(pc.invert(pc.is_in(rows.column("name"), meta)))
-            rows = rows.drop_columns(["attrs_json", "events_json"])
+            rows = export_rows(rows.drop_columns(["attrs_json", "events_json"]))
             if writer is None:
                 writer = pq.ParquetWriter(out, rows.schema, compression="zstd")
             writer.write_table(rows)

@@ -156,15 +156,9 @@ def _check_writable(out_dir: Path) -> None:
     Raises:
         CopytraceError: the directory cannot be created or written to.
     """
-    import tempfile
-
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=out_dir, prefix=".copytrace-probe-"):
-            pass
-    except OSError as err:
-        reason = err.strerror or type(err).__name__
-        raise CopytraceError(f"output directory {out_dir} is not writable ({reason})") from None
+    problem = _env.unwritable(out_dir)
+    if problem:
+        raise CopytraceError(problem)
 
 
 #: Set when the program ended with an unhandled KeyboardInterrupt: ``console_main`` then

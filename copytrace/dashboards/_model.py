@@ -14,7 +14,8 @@ Definitions used throughout:
   totals is a ``copy`` event whose call did not raise (``copytrace.error`` absent), as in
   ``copytrace check``'s budgets; a failed call is counted apart.
 - *Bytes copied* is the logical size (numel x element size) of the results of ``copy``
-  events: the data actually written. Aliases and no-ops copy nothing. *Bytes allocated* is
+  events: the data actually written. Aliases and no-ops copy nothing, nor does a copy of a
+  meta or fake tensor (``copytrace.fake``: no real memory, nothing moved). *Bytes allocated* is
   new storage (``copytrace.bytes_allocated``; 0 for ``copy_`` into an existing tensor).
 - *Copy time* is the summed host-side duration of events (all kinds; a no-op ``.to()``
   still costs a call). The *copy-time share* of a step is copy time / step duration.

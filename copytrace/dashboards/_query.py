@@ -10,7 +10,8 @@ Columns of ``ev``: ``eid`` (the event's position in run, then time order, once
 (start, ns since the run start), ``dur`` (ns, never negative), ``step`` (-1 if unknown),
 ``kind`` (``copy``/``alias``/``noop``), ``op``, ``module``, ``site`` (``file:line function``),
 ``graph``, ``phase``, ``via``, ``err`` (1 when the op raised), ``bc`` (bytes copied),
-``ba`` (bytes allocated; ``bc`` is 0 for a call that raised), ``bl`` (bytes logical), ``src_device``, ``dst_device``,
+``ba`` (bytes allocated; ``bc`` is 0 for a call that raised and for a copy of a meta or
+fake tensor, ``copytrace.fake``, which moves no data), ``bl`` (bytes logical), ``src_device``, ``dst_device``,
 ``transfer``, ``non_blocking``, ``pinned``, ``grp`` (object type of the enclosing deepcopy
 group, '' if none), ``run`` (trace id), ``parent_id``, ``start_ns`` and ``end_ns``. The other
 fields of an event are read from the view ``spans`` for the few events that need them.
@@ -301,8 +302,8 @@ SELECT
   COALESCE(e.graph, '') AS graph, COALESCE(e.phase, '') AS phase,
   COALESCE(e.via, '') AS via, CASE WHEN COALESCE(e.error, '') <> '' THEN 1 ELSE 0 END AS err,
   COALESCE(e.bytes_allocated, 0) AS ba, COALESCE(e.bytes_logical, 0) AS bl,
-  CASE WHEN e.noop OR e.alias OR COALESCE(e.error, '') <> '' THEN 0
-       ELSE COALESCE(e.bytes_logical, 0) END AS bc,
+  CASE WHEN e.noop OR e.alias OR COALESCE(e.error, '') <> '' OR COALESCE(e.fake, false)
+       THEN 0 ELSE COALESCE(e.bytes_logical, 0) END AS bc,
   COALESCE(e.src_device, '') AS src_device, COALESCE(e.dst_device, '') AS dst_device,
   COALESCE(NULLIF(e.transfer, ''), 'none') AS transfer,
   COALESCE(e.non_blocking, false) AS non_blocking, e.pinned,

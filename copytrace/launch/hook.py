@@ -10,27 +10,10 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any
 
 from copytrace.launch import torch_hook
 from copytrace.launch._state import warn
 from copytrace.launch.process import activate, start_session
-
-
-def _unwritable(out_dir: Any) -> str | None:
-    """Why the trace could not be written into ``out_dir`` (created as the trace would be,
-    then probed with a temporary file), or None: checked before the program starts."""
-    import tempfile
-    from pathlib import Path
-
-    try:
-        path = Path(out_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path, prefix=".copytrace-probe-"):
-            pass
-    except OSError as err:
-        return f"output directory {out_dir} is not writable ({err.strerror or type(err).__name__})"
-    return None
 
 
 def _hook() -> None:
@@ -44,7 +27,7 @@ def _hook() -> None:
 
     errors = _env.check()
     if not errors:
-        problem = _unwritable(_env.output_dir())
+        problem = _env.unwritable(_env.output_dir())
         if problem:
             errors = [problem]
     if errors:

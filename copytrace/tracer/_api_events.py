@@ -23,7 +23,15 @@ from copytrace.tracer import _callsite, _modules
 from copytrace.tracer import _facts as _F
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._fresh import INDEX_OPS
-from copytrace.tracer._rules import IN_PYTHON, RULES, _basic_index, _storage_nbytes, _transfer
+from copytrace.tracer._rules import (
+    IN_PYTHON,
+    NO_MEMORY,
+    RULES,
+    _basic_index,
+    _storage_nbytes,
+    _transfer,
+    settle_unreal,
+)
 
 if TYPE_CHECKING:
     from copytrace.tracer._recorder import Recorder
@@ -147,6 +155,10 @@ class ApiEvents:
         events for what they do not finish in C."""
         if where is not True:
             self._place(ev, where)
+        if ev.transfer != "none" and (
+            ev.fake or ev.dst_device in NO_MEMORY or ev.src_device in NO_MEMORY
+        ):
+            settle_unreal(ev)  # a meta tensor: observer.cpp's record names a transfer
         if grad_fn is not None and ev.phase != "backward":
             _tag_grad_fn(grad_fn, ev)
         try:  # the rest of Watch.event: an error there still keeps the event
@@ -171,7 +183,10 @@ class ApiEvents:
         else:
             src = args[0] if args else None
             if not isinstance(src, _Tensor):
-                return  # torch.tensor([1, 2]), torch.clone(x=...) etc.: no tensor input
+                if op == "tensor_ctor" and isinstance(src, (list, tuple)):
+                    src = _first_tensor(src)  # torch.tensor([t1, t2]): copies each tensor
+                if not isinstance(src, _Tensor):
+                    return  # torch.tensor([1, 2]), torch.clone(x=...) etc.: no tensor input
             out = result
         if error is None and op not in _NO_TENSOR_RESULT and not isinstance(out, _Tensor):
             return  # t.type() with no argument returns a string
@@ -232,6 +247,12 @@ class ApiEvents:
             ev.dtype = src_dtype
             ev.dst_device = dst_device = src_device
             ev.bytes_logical = fs[9]  # _facts.LOGICAL_BYTES
+            if op in _DST_FIRST and out is not src and isinstance(out, _Tensor):
+                # dst.copy_(src) that raised: the destination is where the data was to go
+                ev.shape = _F.shape(out)
+                ev.dtype = _F.dtype_name(out.dtype)
+                ev.dst_device = dst_device = _F.device_str(out.device)
+                ev.bytes_logical = _F.nbytes(out)
             alias = ev.alias = op == "numpy" and error is None
             ev.requires_grad = False
             if src_rg and alias:
@@ -249,6 +270,8 @@ class ApiEvents:
             transfer = ev.transfer = _transfer(src_device, dst_device)
             if transfer == "h2d":
                 ev.pinned = src.is_pinned()
+        if ev.fake or dst_device in NO_MEMORY:
+            settle_unreal(ev)  # no real memory: nothing allocated, nothing moved
         if native is not None:  # Recorder._context, inlined: the same walk in C
             site = native.call_site(_callsite._code_kind)
         else:
@@ -325,15 +348,44 @@ class ApiEvents:
         return alias
 
 
+def _first_tensor(data: Any, depth: int = 0) -> Any:
+    """The first tensor in a (nested) list or tuple given to ``torch.tensor``, or None."""
+    for item in data:
+        if isinstance(item, _Tensor):
+            return item
+        if isinstance(item, (list, tuple)) and depth < 32:
+            found = _first_tensor(item, depth + 1)
+            if found is not None:
+                return found
+        else:
+            return None  # numbers: torch.tensor reads no tensor at this level
+    return None
+
+
 def _end_fold(native: Any) -> tuple:
     return native.end_fold() if native is not None else ()
 
 
 def _tag_grad_fn(grad_fn: Any, ev: CopyEvent) -> None:
-    """Tag the copy's grad_fn so that the copy its backward makes names this forward call."""
+    """Tag the copy's grad_fn so that the copy its backward makes names this forward call:
+    ``(module, "file:line", version)``, ``version`` the version counter of the leaf it copied
+    (:func:`leaf_version`) when the copy was made, or None."""
     if ev.file is None:
         return
     try:
-        grad_fn.metadata[_TAG] = (ev.module, f"{ev.file}:{ev.line}")
+        grad_fn.metadata[_TAG] = (ev.module, f"{ev.file}:{ev.line}", leaf_version(grad_fn))
     except Exception:  # nodes without metadata (custom C++ functions)
         pass
+
+
+def leaf_version(node: Any) -> int | None:
+    """The version counter of the leaf (a parameter) a copy's ``node`` (its grad_fn, e.g.
+    ``ToCopyBackward0``) reads straight from, through its first edge's ``AccumulateGrad``;
+    None when that edge leads elsewhere. Reads no data and keeps no reference."""
+    try:
+        nxt = node.next_functions
+        acc = nxt[0][0] if nxt else None
+        leaf = getattr(acc, "variable", None)
+        return None if leaf is None else leaf._version  # type: ignore[no-any-return]
+    except Exception:  # a node without edges, an inference tensor (no version counter)
+        return None

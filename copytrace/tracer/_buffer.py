@@ -26,6 +26,7 @@ from copytrace.export.file_sink import FileSink, trace_file_name
 from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds
 from copytrace.export.sdk_sink import SdkSink, env_sampler_keeps, exporters_from_env
 from copytrace.schema import CopyEvent
+from copytrace.tracer._rules import settle_unreal_events
 from copytrace.tracer.watch import HeldEvents
 
 __all__ = ["Buffer", "make_pipeline", "new_trace_path", "renumber", "watched_event_ids"]
@@ -191,6 +192,7 @@ class Buffer:
         if rec.group is not None or rec.active is not None:
             return  # not between two records: the next boundary will do
         events = rec.events
+        settle_unreal_events(events)  # observer.cpp's fast events to a meta device
         chunk = Chunk(events, self.step_log)
         if compiled is not None:
             chunk.compiled = compiled.take_calls()

@@ -164,6 +164,8 @@ class Handovers:
         """``receiver.load_state_dict(sd)`` returned; ``given`` maps the storages of ``sd``'s
         tensors; ``buffer[first:]`` are the events the load made."""
         by_source: dict[int, tuple[Any, dict[int, weakref.ref], list[_Tensor]]] = {}
+        site = user_frame(sys._getframe(1))  # the user's load_state_dict call
+        load_site = f"{site[0]}:{site[1]} {site[2]}" if site is not None else None
         for t in _held_by(receiver):
             storage = _storage(t)
             if storage is None or id(storage) not in given:
@@ -187,6 +189,7 @@ class Handovers:
             h.events = self._evidence(receiver, tensors, buffer[first:], storages)
             for ev in h.events:
                 ev.snapshot = True
+                ev.load_site = load_site
             self.watched.append(h)
 
     def _evidence(

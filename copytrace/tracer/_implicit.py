@@ -18,7 +18,7 @@ import torch
 from copytrace.schema import CopyEvent
 from copytrace.tracer import _facts as _F
 from copytrace.tracer._api_events import _PROTOTYPE
-from copytrace.tracer._rules import _COPY_INTO, _transfer
+from copytrace.tracer._rules import _COPY_INTO, NO_MEMORY, _transfer, settle_unreal
 
 if TYPE_CHECKING:
     from copytrace.tracer._recorder import Recorder
@@ -93,6 +93,8 @@ class ImplicitEvents:
         ev.dst_device = fd[_F.DEVICE]
         ev.transfer = _transfer(ev.src_device, ev.dst_device)
         ev.bytes_logical = fd[_F.LOGICAL_BYTES]
+        if fd[_F.DEVICE] in NO_MEMORY or (type(dst) is not _Tensor and _F.is_fake(dst)):
+            settle_unreal(ev)  # a meta or fake tensor: nothing allocated, nothing moved
         ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
         # Dispatch-level tensors carry no autograd metadata: graph facts stay unknown ("none").
         self._context(ev)

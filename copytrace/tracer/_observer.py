@@ -237,12 +237,51 @@ def _restore_at_exit() -> None:
 _QUIET: set[Any] | None = None
 
 
+#: torch's Python kernels, run by the dispatcher below the level a mode sees: decompositions,
+#: references, prims and meta functions (``torch/_decomp/decompositions.py``'s ``uniform_``
+#: writes ``self.copy_(...)`` for a meta tensor). Only modules already imported are read.
+KERNEL_MODULES = (
+    "torch._decomp", "torch._decomp.decompositions", "torch._refs", "torch._refs.nn.functional",
+    "torch._prims", "torch._prims_common", "torch._prims_common.wrappers",
+    "torch._meta_registrations",
+)  # fmt: skip
+
+
+def _kernel_codes() -> set[Any]:
+    """Code objects of the functions of :data:`KERNEL_MODULES` (and of the functions they
+    wrap): a copy made in one of them is a kernel's, not the user's (a dispatch mode sees the
+    op that ran the kernel, never the calls inside it)."""
+    import os
+    import sys
+
+    root = os.path.dirname(torch.__file__)
+    # their own files only: a module's namespace also holds what it imported
+    own = tuple(
+        os.path.join(root, *name.split(".")[1:]) for name in KERNEL_MODULES if "." in name
+    )
+    codes: set[Any] = set()
+    for name in KERNEL_MODULES:
+        module = sys.modules.get(name)
+        if module is None:
+            continue
+        for value in list(vars(module).values()):
+            for _ in range(8):  # a decorator's chain of __wrapped__
+                code = getattr(value, "__code__", None)
+                if code is not None and code.co_filename.startswith(own):
+                    codes.add(code)
+                value = getattr(value, "__wrapped__", None)
+                if value is None:
+                    break
+    return codes
+
+
 def _quiet_codes() -> set[Any]:
     """Code objects of torch's Python-level functions that dispatch through
     ``handle_torch_function`` (``torch.overrides.get_overridable_functions()``): a function
     mode sees each call of one as one call and none of the torch calls inside it (torch runs
     the mode's handler with the mode off its stack), so the wrappers record nothing inside
-    them either (their aten copies are implicit copies, as at level ``full``)."""
+    them either (their aten copies are implicit copies, as at level ``full``); and those of
+    torch's Python kernels (:func:`_kernel_codes`), whose calls no mode sees at all."""
     global _QUIET
     if _QUIET is None:
         from torch.overrides import get_overridable_functions
@@ -253,6 +292,7 @@ def _quiet_codes() -> set[Any]:
                 code = getattr(getattr(fn, "__func__", fn), "__code__", None)
                 if code is not None:
                     codes.add(code)
+        codes |= _kernel_codes()
         _QUIET = codes
     return _QUIET
 

@@ -44,6 +44,7 @@ from copytrace.tracer._api_events import (  # noqa: F401
     ApiEvents,
     _Pending,
     _tag_grad_fn,
+    leaf_version,
 )
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._handover import Handovers
@@ -104,6 +105,26 @@ class _Group:
         self.tensors = 0
         self.children = 0
 
+
+
+#: autograd nodes of a copy (``tools/autograd/derivatives.yaml``: ``_to_copy``, ``clone``;
+#: ``copy_``'s ``CopyBackwards``)
+_COPY_NODES = frozenset(("ToCopyBackward0", "CloneBackward0", "CopyBackwards"))
+
+
+def _tag_node(node: Any, module: str | None) -> None:
+    """Tag a node of a forward copy copytrace did not see as an API call (autocast's cast of
+    a parameter) the first time a backward runs it, with its leaf's version counter then: a
+    later backward through the same node (a cast kept across steps, autocast's weight cache)
+    compares it (:func:`leaf_version`)."""
+    if type(node).__name__ not in _COPY_NODES:
+        return
+    version = leaf_version(node)
+    if version is not None:
+        try:
+            node.metadata[_TAG] = (module, None, version)
+        except Exception:  # nodes without metadata (custom C++ functions)
+            pass
 
 
 class Recorder(ApiEvents, ImplicitEvents):
@@ -209,9 +230,12 @@ class Recorder(ApiEvents, ImplicitEvents):
             ev.via = type(node).__name__
             tag = node.metadata.get(_TAG)
             if tag is not None:
-                ev.module, ev.origin = tag
+                ev.module, ev.origin, version = tag
+                if version is not None and leaf_version(node) != version:
+                    ev.stale = True  # a kept copy used after its leaf changed in place
             else:
                 ev.module = self.modules.of_node(node)
+                _tag_node(node, ev.module)
         else:
             ev.module = self.modules.current(frame)
             if _graph_task_id() >= 0:

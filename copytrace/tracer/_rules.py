@@ -179,6 +179,8 @@ class RecordRules(NamedTuple):
     * ``host_device``: the device name of host memory.
     * ``transfers``: ``(source on host, result on host) -> transfer`` for two *different*
       device names (equal names: ``"none"``).
+    * ``no_memory_devices``: device names whose tensors have no real storage (``meta``): a
+      copy to or from one allocates nothing and moves nothing (transfer ``"none"``).
     """
 
     always_alias: frozenset[str]
@@ -186,6 +188,7 @@ class RecordRules(NamedTuple):
     view_is_no_event: frozenset[str]
     host_device: str
     transfers: dict[tuple[bool, bool], str]
+    no_memory_devices: frozenset[str]
 
 
 RULES = RecordRules(
@@ -194,16 +197,41 @@ RULES = RecordRules(
     view_is_no_event=frozenset(("index",)),
     host_device="cpu",
     transfers={(True, False): "h2d", (False, True): "d2h", (True, True): "none", (False, False): "d2d"},
+    no_memory_devices=frozenset(("meta",)),
 )
 _HOST = RULES.host_device
 _TRANSFERS = RULES.transfers
+_NO_MEMORY = RULES.no_memory_devices
 
 
 def _transfer(src: str, dst: str) -> str:
-    """The transfer direction between device names ``src`` and ``dst`` (:data:`RULES`)."""
-    if src == dst:
+    """The transfer direction between device names ``src`` and ``dst`` (:data:`RULES`): none
+    where either has no real storage (``meta``: nothing moves)."""
+    if src == dst or src in _NO_MEMORY or dst in _NO_MEMORY:
         return "none"
     return _TRANSFERS[(src == _HOST, dst == _HOST)]
+
+
+def settle_unreal(ev: Any) -> None:
+    """Correct an event one of whose tensors has no real storage (a ``meta`` device or a
+    FakeTensor), as the C observer's ``record`` does not: transfer ``"none"``, 0 bytes
+    allocated, and ``fake`` when the result (the destination) has none. Called only for the
+    rare events that involve such a tensor (``ev.fake``, or a ``meta`` device name)."""
+    src, dst = ev.src_device, ev.dst_device
+    if ev.fake or src in _NO_MEMORY or dst in _NO_MEMORY:
+        ev.transfer = "none"
+        ev.pinned = False
+        if (ev.fake or dst in _NO_MEMORY) and not ev.alias:
+            ev.fake = True  # a copy of no real memory (as observer.cpp marks a meta result)
+            ev.bytes_allocated = 0
+
+
+def settle_unreal_events(events: list) -> None:
+    """:func:`settle_unreal` over a buffer: the C observer finishes some events (a fast
+    ``.to("meta")``) without the Python tail. One attribute test per event, at a flush."""
+    for ev in events:
+        if ev.fake and ev.transfer != "none":
+            settle_unreal(ev)
 
 
 # Ops whose result always shares the input's storage (RULES.always_alias).
@@ -225,3 +253,4 @@ ALIAS, COPY, COPY_INTO = _ALIAS, _COPY, _COPY_INTO
 IN_PYTHON, BEFORE_OPS, NOT_C_EVENT_OPS = _IN_PYTHON, _BEFORE_OPS, _NOT_C_EVENT_OPS
 api_table, aten_table, aten_name, basic_index = _api_table, _aten_table, _aten_name, _basic_index
 transfer = _transfer
+NO_MEMORY = _NO_MEMORY

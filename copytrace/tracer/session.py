@@ -38,6 +38,7 @@ from copytrace.tracer import _native, _process, _recorder
 from copytrace.tracer import _schedule as S
 from copytrace.tracer._buffer import Buffer, make_pipeline, new_trace_path
 from copytrace.tracer._engage import Engagement
+from copytrace.tracer._rules import settle_unreal_events
 
 __all__ = ["HazardFinder", "Session", "active_session"]
 
@@ -357,6 +358,7 @@ class Session:
             return None
         self._end_ns = time.perf_counter_ns()
         self._closing = True
+        settle_unreal_events(self._rec.events)
         if self._exit is None:
             self._exit = self._exit_error = _process.uncaught_exit()
         self._uninstall()
@@ -495,9 +497,10 @@ class Session:
         }
 
     # -- output -----------------------------------------------------------------------------------
-    def export(self, exporter: Any = None) -> Path | None:
+    def export(self, exporter: Any = None, directory: Path | None = None) -> Path | None:
         """Write the buffered events (:attr:`events`) as spans, all at once: see
-        :meth:`copytrace.Trace.export`."""
+        :meth:`copytrace.Trace.export`; ``directory``: the trace file's folder instead of
+        :attr:`output_dir` (for a trace that writes no file of its own)."""
         if exporter is None and self._file_sink is not None:
             return self.trace_path
         rec = self._rec
@@ -506,7 +509,7 @@ class Session:
         run = RunIds(self._start_ns or end, self._epoch_offset or epoch_offset(), resource)
         path = None
         if exporter is None:
-            path = new_trace_path(self.output_dir, self.compression)
+            path = new_trace_path(directory or self.output_dir, self.compression)
             sink: Any = FileSink(path, compression=self.compression)
         else:
             sink = SdkSink([exporter], resource=resource)

@@ -45,8 +45,9 @@ __all__ = ["Watch", "WatchHost", "HeldEvents", "LATE_FIELDS", "BACKWARD_FUNCTION
 #: ``inplace_writes`` and ``write_site`` (writes through a ``.data`` alias or into a fresh
 #: copy), ``saved_by``, ``src_name`` (a backward that read a written storage),
 #: ``retained_bytes`` (an attached copy retaining its graph at a step boundary), ``stale``
-#: (a ``state_dict()`` alias whose source changed).
-LATE_FIELDS = ("inplace_writes", "write_site", "saved_by", "src_name", "retained_bytes", "stale")
+#: (a ``state_dict()`` alias whose source changed), ``load_site`` (the load that handed it over).
+LATE_FIELDS = ("inplace_writes", "write_site", "saved_by", "src_name", "retained_bytes", "stale",
+               "load_site")  # fmt: skip
 
 
 class WatchHost(Protocol):
