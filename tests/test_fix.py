@@ -183,7 +183,10 @@ def test_near_misses_get_no_patch(tmp_path: Path) -> None:
     assert "backward on line 25" in why[("graph-retaining-copy", 16)]
     assert "created more than once (or in the loop)" in why[("deepcopy-in-loop", 18)]
     assert "ambiguous line: 2 torch.tensor calls" in why[("tensor-ctor-copy", 19)]
-    assert "narrows (float32 -> float16 -> float32)" in why[("redundant-copy", 20)]
+    # a narrowing chain (float32 -> float16 -> float32) rounds on purpose: the rule itself
+    # no longer reports it, so there is nothing to patch (the fixer's own refusal of such a
+    # chain stays as a second guard, in fixes/_calls.py)
+    assert not [f for f, _ in why if f == "redundant-copy"]
     assert "# no patch: noop-conversion" in format_unfixed(plan)
 
 
