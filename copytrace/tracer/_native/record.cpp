@@ -192,7 +192,7 @@ PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   struct Facts {
     PyObject* items[FACT_COUNT];
     ~Facts() { for (PyObject* o : items) Py_XDECREF(o); }
-  } fs, fo;
+  } fs{}, fo{};  // zeroed: fo is never read when src has no facts
   if (read_facts(src, false, fs.items) != 1 || read_facts(out, true, fo.items) != 1)
     Py_RETURN_NONE;
   auto S = [&](Fact i) { return fs.items[i]; };
