@@ -177,6 +177,11 @@ class Recorder(ApiEvents, ImplicitEvents):
         """:class:`~copytrace.tracer.watch.WatchHost`: ``Module.path.param`` of ``t``."""
         return self.modules.owner_name(t)
 
+    def owner_name_by_identity(self, key: int, cdata: int) -> str | None:
+        """:class:`~copytrace.tracer.watch.WatchHost`: ``Module.path.param`` of the live
+        tensor ``(id, TensorImpl address)`` names, or None."""
+        return self.modules.owner_name_by_identity(key, cdata)
+
     def module_name(self, module: torch.nn.Module) -> str:
         """Path of ``module``: ``Root.child.grandchild``, the root named by its class."""
         return self.modules.name(module)

@@ -79,7 +79,7 @@ class Watch(AliasWrites, Retention):
         for table in (self.writes, self.rebinds):
             events.extend(p.alias.ev for p in table.values())
         events.extend(entry[1] for entry in self.attached)
-        events.extend(entry[2] for entry in self.snapshots)
+        events.extend(entry[1] if len(entry) == 4 else entry[2] for entry in self.snapshots)
         events.extend(self.copies.events())
         events.extend(self.handovers.events())
         return events
@@ -167,10 +167,17 @@ class Watch(AliasWrites, Retention):
             ev.snapshot = True
             if len(self.snapshots) < _MAX_SNAPSHOTS:
                 storage = out.untyped_storage()
-                self.snapshots.append((
-                    weakref.ref(out), _F.version(out), ev, weakref.ref(storage),
-                    weakref.ref(src), _use_count(storage) - 1,
-                ))  # fmt: skip
+                version_of = self.copies.version_of  # the C++ observer's counter handles
+                handle = version_of(out) if version_of is not None else None
+                if handle is not None:
+                    # detach() shares the source's version counter: a handle on it (not on
+                    # either tensor) sees every write through the source or the alias
+                    self.snapshots.append((handle, ev, weakref.ref(storage), _use_count(storage) - 1))
+                else:  # the Python fallback: weak references (see docs/observer-effects.md)
+                    self.snapshots.append((
+                        weakref.ref(out), _F.version(out), ev, weakref.ref(storage),
+                        weakref.ref(src), _use_count(storage) - 1,
+                    ))  # fmt: skip
                 del storage
 
     def finish(self) -> None:

@@ -35,6 +35,7 @@ __all__ = ["AliasWrites"]
 
 _Tensor = torch.Tensor
 _seq_nr = torch._C._autograd._get_sequence_nr
+_NoTorchFunction = torch._C.DisableTorchFunction
 
 
 def _site(frame: Any) -> str | None:
@@ -42,6 +43,13 @@ def _site(frame: Any) -> str | None:
     if found is None:
         return None
     return f"{found[0]}:{found[1]} {found[2]}"
+
+
+def _identity(t: torch.Tensor) -> tuple[int, int]:
+    """``(id(t), address of its TensorImpl)``: names ``t`` while it lives, holding nothing on it
+    (``torch.utils.swap_tensors`` refuses a tensor with a weak reference, Python's or c10's)."""
+    with _NoTorchFunction():
+        return id(t), t._cdata
 
 
 class _Alias:
@@ -118,8 +126,10 @@ class AliasWrites:
                     self._watch_writes(False)
 
         ev.inplace_writes = 0
-        aliases[key] = _Alias(weakref.ref(alias, gone), weakref.ref(src), ev)
+        # the source (a parameter, which the program may swap_tensors) by identity only
+        aliases[key] = _Alias(weakref.ref(alias, gone), _identity(src), ev)
         self._watch_writes(True)
+
     def _watch_writes(self, on: bool) -> None:
         """Have every torch call checked for a write (only while a ``.data`` alias of a tensor
         that requires grad is alive): the recorder tells its C handler and level lean's mode."""
@@ -272,10 +282,13 @@ class AliasWrites:
         if ev.write_site is None:
             ev.write_site = pending.site
         if ev.src_name is None:
-            src = pending.alias.src()
-            if src is not None:
-                ev.src_name = self._name_of(src)
-
+            src = pending.alias.src
+            if isinstance(src, tuple):  # (id, TensorImpl address) of a `.data` alias's source
+                ev.src_name = self.host.owner_name_by_identity(*src)
+            else:
+                src = src()
+                if src is not None:
+                    ev.src_name = self._name_of(src)
 
     def _name_of(self, t: torch.Tensor) -> str | None:
         """``Module.path.param`` of a parameter or buffer of a module (see
