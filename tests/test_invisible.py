@@ -232,6 +232,31 @@ def test_state_dict_leaves_no_weakref_and_the_swap_path_works():
     assert t.stats["errors"] == 0
 
 
+@pytest.mark.skipif(
+    _native.load() is None, reason="the Python fallback follows a .data alias weakly"
+)
+def test_data_alias_and_rebinding_leave_no_weakref_and_both_can_be_swapped():
+    import weakref
+
+    w = torch.nn.Parameter(torch.randn(3))
+    with copytrace.trace(write=False) as t:
+        loss = (w * w).sum()  # mul saves w: the backward below reads the rebound tensor
+        alias = w.data  # watched for in-place writes while it lives
+        alias.mul_(2.0)
+        w.data = torch.ones(3)  # a rebinding, pending until the next backward
+        refs = [len(weakref.getweakrefs(x)) for x in (w, alias)]
+        loss.backward()  # (torch's swap_tensors refuses a tensor a live graph saved)
+        del loss
+        torch.utils.swap_tensors(alias, torch.full((3,), 5.0))
+        torch.utils.swap_tensors(w, torch.nn.Parameter(torch.zeros(3)))
+        saved_by = [ev.saved_by for ev in t.events if ev.op == "data_set"]
+    assert refs == [0, 0]
+    assert alias.tolist() == [5.0, 5.0, 5.0] and w.tolist() == [0.0, 0.0, 0.0]
+    # w * w saves w twice (self and other, read in dir() order): the rebinding is found
+    assert saved_by == [("MulBackward0.other", "MulBackward0.self")]
+    assert t.stats["errors"] == 0
+
+
 def test_data_alias_leaves_no_weakref_on_its_source():
     w = torch.nn.Parameter(torch.randn(3))
     with copytrace.trace(write=False):

@@ -56,8 +56,9 @@ class Watch(AliasWrites, Retention):
         self.ids = StorageIds()
         #: id(alias tensor) -> entry; the dispatch mode checks writes only while non-empty.
         self.aliases: dict[int, _Alias] = {}
+        self._alias_calls = 0  # watched calls since the last prune_aliases (many aliases)
         self.writes: dict[int, _Pending] = {}  # id(storage) -> pending write
-        self.rebinds: dict[int, _Pending] = {}  # id(tensor) -> pending `.data =` rebinding
+        self.rebinds: dict[int, _Pending] = {}  # id(storage) -> pending `.data =` rebinding
         # this step's attached copies: (result, event, life token of its grad_fn, its seq nr)
         self.attached: list[tuple[weakref.ref, CopyEvent, Any, int]] = []
         self._attached_prune = _PRUNE_ATTACHED  # list length at which dead entries are dropped
@@ -74,6 +75,7 @@ class Watch(AliasWrites, Retention):
     def live_events(self) -> list[CopyEvent]:
         """Events whose late facts (:data:`~copytrace.tracer.watch.LATE_FIELDS`) a later check
         may still change: the session holds them back from the export (``HeldEvents``)."""
+        self.prune_aliases()
         # copy() first: weakref callbacks (an alias dying during a GC) may change the dict
         events = [entry.ev for entry in self.aliases.copy().values()]
         for table in (self.writes, self.rebinds):
@@ -179,6 +181,11 @@ class Watch(AliasWrites, Retention):
                         weakref.ref(src), _use_count(storage) - 1,
                     ))  # fmt: skip
                 del storage
+
+    def step_end(self, final: bool = False) -> None:
+        """A step boundary: drop the dead ``.data`` aliases, then the retention checks."""
+        self.prune_aliases()
+        super().step_end(final)
 
     def finish(self) -> None:
         """Last checks when tracing stops; then drop every watch."""
