@@ -267,3 +267,29 @@ def test_data_alias_leaves_no_weakref_on_its_source():
         torch.utils.swap_tensors(w, torch.nn.Parameter(torch.zeros(3)))
         del alias
     assert w.tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.skipif(
+    _native.load() is None, reason="the Python fallback follows an index result weakly"
+)
+def test_index_result_at_level_full_holds_no_weakref_and_a_lost_write_is_still_found():
+    import weakref
+
+    x = torch.randn(4)
+    idx = torch.tensor([0, 2])
+
+    def lose_a_write() -> tuple[int, torch.Tensor]:
+        gather = x[idx]  # a fresh gather, not a view: the write below is lost
+        gather.zero_()
+        refs = len(weakref.getweakrefs(gather))
+        torch.utils.swap_tensors(gather, torch.ones(2))  # a tensor with a weakref is refused
+        return refs, gather.clone()
+
+    with copytrace.trace(write=False, level="full") as t:
+        refs, after_swap = lose_a_write()
+        torch.ones(2).add_(1)  # the next watched call finds the gather gone
+    assert refs == 0 and after_swap.tolist() == [1.0, 1.0]
+    (index,) = [e for e in t.events if e.op == "index"]
+    assert index.write_site is not None and index.write_site.endswith(" lose_a_write")
+    assert index.inplace_writes == 1  # zero_ bumped the gather's counter once
+    assert t.stats["errors"] == 0

@@ -52,6 +52,7 @@ __all__ = ["Fresh", "INDEX_OPS", "is_inplace"]
 INDEX_OPS = ("index", "index_select", "masked_select", "take", "gather", "take_along_dim")
 
 _Tensor = torch.Tensor
+_NoTorchFunction = torch._C.DisableTorchFunction
 _MAX_FRESH = 100_000
 _MIN_KEPT = 4096
 _INPLACE_DUNDERS = frozenset((
@@ -85,14 +86,40 @@ def is_inplace(func: Any, kwargs: dict | None = None) -> bool:
     return known or bool(kwargs and kwargs.get("inplace") is True)
 
 
-class _Entry(weakref.ref):
-    """A weak reference to a fresh copy that must see torch calls (an index result, or a copy
-    without a version counter), with what is known of its writes: one object per such copy
-    (its callback is :meth:`Fresh._gone`)."""
+class _Ref(weakref.ref):
+    """The weak reference of an :class:`_Entry` without a version counter."""
 
-    __slots__ = ("key", "ev", "index", "site", "used", "version")
-    # No __new__/__init__ of its own: weakref.ref's C ones are 8x faster (Fresh.watch sets
-    # the fields).
+    __slots__ = ("entry",)
+
+
+class _Entry:
+    """A fresh copy that must see torch calls (an index result, or a copy without a version
+    counter), with what is known of its writes: one object per such copy.
+
+    Nothing is held on the copy itself where the C++ observer gives a handle on its version
+    counter (``version``): the copy is named by ``key`` (its ``id``) and ``cdata`` (its
+    TensorImpl's address), and is alive while another holder shares the counter; its death is
+    found at the next watched call, flush or stop (:meth:`Fresh.reap`). ``ref``: a weak
+    reference whose callback is :meth:`Fresh._gone`, only for a copy without a counter (the
+    Python fallback, inference tensors) and at level ``lean`` (``on_index`` set), whose mode
+    must leave torch's stack as soon as the last index result dies."""
+
+    __slots__ = ("key", "cdata", "ev", "index", "site", "used", "version", "ref")
+
+    def is_(self, t: Any, final: Any) -> bool:
+        """Whether this entry's copy is ``t`` (``final``: the observer's ``version_final``)."""
+        ref = self.ref
+        if ref is not None:
+            return ref() is t
+        with _NoTorchFunction():
+            cdata = t._cdata
+        return cdata == self.cdata and final(self.version) is None
+
+    def alive(self, final: Any) -> bool:
+        ref = self.ref
+        if ref is not None:
+            return ref() is not None
+        return final(self.version) is None
 
 
 class Fresh:
@@ -122,10 +149,12 @@ class Fresh:
         self.on_index: Any = None
         self._note_error = note_error
         self._callback = self._gone
+        self._calls = 0  # watched calls since the last reap (many index results alive)
 
     def events(self) -> list[CopyEvent]:
         """The events of the copies still alive (their ``inplace_writes`` may still grow)."""
         self._prune()
+        self.reap()
         return [entry.ev for entry in list(self.fresh.values())] + [ev for _, ev in self.kept]
 
     def watch(self, out: torch.Tensor, ev: CopyEvent, index: bool) -> None:
@@ -146,13 +175,23 @@ class Fresh:
         if len(fresh) >= _MAX_FRESH:
             return
         ev.inplace_writes = 0
-        entry = _Entry(out, self._callback)
+        entry = _Entry()
         entry.key = key = id(out)
         entry.ev = ev
         entry.index = index
         entry.site = None  # first in-place write
         entry.used = False  # a torch call used the result after its first write
         entry.version = version
+        if version is None or self.on_index is not None:
+            # no counter to follow it by, or level lean, whose mode must leave the stack when
+            # the last index result dies (its callback): a weak reference
+            ref = entry.ref = _Ref(out, self._callback)
+            ref.entry = entry
+            entry.cdata = 0
+        else:
+            entry.ref = None
+            with _NoTorchFunction():
+                entry.cdata = out._cdata
         table = self.index
         if table and key in table:  # the same tensor watched again: its old entry ends now
             self._drop(table[key])
@@ -182,7 +221,31 @@ class Fresh:
         self.kept = alive
         self._limit = max(_MIN_KEPT, 2 * len(alive))
 
-    def _gone(self, entry: _Entry) -> None:
+    def reap(self) -> None:
+        """Stop watching the index results found dead (no tensor shares their version counter
+        any more): their final count, a lost write's site, level lean's mode. Never raises."""
+        final = self.version_final
+        index = self.index
+        if final is None or not index:
+            return
+        try:
+            for entry in [e for e in index.values() if e.ref is None and final(e.version) is not None]:
+                if self.fresh.get(entry.key) is entry:
+                    self._drop(entry)
+        except Exception as err:
+            self._note_error(err)
+
+    def _tick(self) -> None:
+        if len(self.index) <= 8:
+            self.reap()
+            return
+        self._calls += 1
+        if self._calls >= 64:
+            self._calls = 0
+            self.reap()
+
+    def _gone(self, ref: _Ref) -> None:
+        entry = ref.entry
         fresh = self.fresh
         key = entry.key
         if fresh.get(key) is not entry:
@@ -204,7 +267,7 @@ class Fresh:
         written = self.written
         if written.get(key) is entry:
             del written[key]
-            if not entry.used and entry() is None:  # written, then dropped unused: lost
+            if not entry.used and not entry.alive(self.version_final):  # written, unused: lost
                 entry.ev.write_site = entry.site
         table = self.index
         if table.get(key) is entry:
@@ -215,12 +278,14 @@ class Fresh:
     def call(self, func: Any, args: tuple, kwargs: dict) -> None:
         """A torch call with a watched tensor among its arguments. Never raises."""
         try:
+            if self.index and self.version_final is not None:
+                self._tick()
             target = args[0]
             inplace = is_inplace(func, kwargs)
             if self.written:
                 self._uses(args, kwargs, target if inplace else None)
             entry = self.fresh.get(id(target))
-            if entry is None or entry() is not target or not inplace:
+            if entry is None or not inplace or not entry.is_(target, self.version_final):
                 return
             if entry.version is None:  # no version counter: count the calls
                 entry.ev.inplace_writes = (entry.ev.inplace_writes or 0) + 1
@@ -242,12 +307,13 @@ class Fresh:
                 if item is target or not isinstance(item, _Tensor):
                     continue
                 entry = written.get(id(item))
-                if entry is not None and entry() is item:
+                if entry is not None and entry.is_(item, self.version_final):
                     entry.used = True
                     del written[id(item)]
 
     def finish(self) -> None:
         """Tracing stops: the final counts of the copies still alive; then watch nothing."""
+        self.reap()  # lost writes into index results that died since the last call
         try:
             delta = self.version_delta
             for version, ev in self.kept:
