@@ -239,7 +239,8 @@ def test_data_alias_and_rebinding_leave_no_weakref_and_both_can_be_swapped():
     import weakref
 
     w = torch.nn.Parameter(torch.randn(3))
-    with copytrace.trace(write=False) as t:
+    # level full: at level lean the alias keeps a weakref while its mode watches it
+    with copytrace.trace(write=False, level="full") as t:
         loss = (w * w).sum()  # mul saves w: the backward below reads the rebound tensor
         alias = w.data  # watched for in-place writes while it lives
         alias.mul_(2.0)
@@ -254,6 +255,22 @@ def test_data_alias_and_rebinding_leave_no_weakref_and_both_can_be_swapped():
     assert alias.tolist() == [5.0, 5.0, 5.0] and w.tolist() == [0.0, 0.0, 0.0]
     # w * w saves w twice (self and other, read in dir() order): the rebinding is found
     assert saved_by == [("MulBackward0.other", "MulBackward0.self")]
+    assert t.stats["errors"] == 0
+
+
+@pytest.mark.parametrize("observer", ["native", "python"])
+def test_rebound_parameter_holds_no_weakref_at_the_default_level(observer, monkeypatch):
+    import weakref
+
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
+    w = torch.nn.Parameter(torch.randn(3))
+    with copytrace.trace(write=False) as t:
+        loss = (w * 2.0).sum()
+        w.data = torch.ones(3)  # a pending rebinding until the backward below
+        refs = len(weakref.getweakrefs(w))
+        loss.backward()
+        torch.utils.swap_tensors(w, torch.nn.Parameter(torch.zeros(3)))
+    assert refs == 0 and w.tolist() == [0.0, 0.0, 0.0]
     assert t.stats["errors"] == 0
 
 

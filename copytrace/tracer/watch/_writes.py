@@ -130,13 +130,17 @@ class AliasWrites:
         ident = _identity(alias)
         key = ident[0]
         aliases = self.aliases
-        version_of = self.copies.version_of
+        copies = self.copies
+        version_of = copies.version_of
         version = version_of(alias) if version_of is not None else None
         ev.inplace_writes = 0
         # the source (a parameter, which the program may swap_tensors) by identity only
-        if version is not None:  # the alias by identity and its own version counter
+        if version is not None and copies.on_index is None:
+            # the alias by identity and its own version counter
             aliases[key] = _Alias(ident, version, None, _identity(src), ev)
-        else:  # the Python fallback: a weak reference (docs/observer-effects.md)
+        else:
+            # the Python fallback (no counter handle), and level lean, whose mode must leave
+            # torch's stack the moment the last alias dies: a weak reference with a callback
 
             def gone(ref: weakref.ref, key: int = key) -> None:
                 entry = aliases.get(key)
