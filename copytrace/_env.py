@@ -52,6 +52,7 @@ is not meant to be set by hand.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -96,6 +97,8 @@ __all__ = [
     "parse_compression",
     "parse_observer",
     "parse_schedule",
+    "TORCH_TESTED",
+    "torch_tested",
 ]
 
 #: Set to 1 to trace any Python program with no code change (read by the start-up hook).
@@ -152,6 +155,13 @@ COMPRESSIONS: tuple[str, ...] = ("gzip", "none")
 OBSERVERS: tuple[str, ...] = ("auto", "native", "python")
 #: The fields of a schedule, as ``torch.profiler.schedule`` names them.
 SCHEDULE_FIELDS: tuple[str, ...] = ("wait", "warmup", "active", "repeat", "skip_first")
+
+#: The torch releases the test suite runs on (CI: 2.13.0 and 2.14.1), as the oldest and newest
+#: ``(major, minor)``. pyproject.toml's ``torch>=2.13,<2.15`` admits exactly these (a test
+#: checks that the two agree) and ``copytrace doctor`` warns on any other: older releases
+#: lack torch facts the hazards read (2.9.1: no ``SavedTensor.data``, and
+#: ``torch._C._storage_Use_Count`` one lower once an alias is gone).
+TORCH_TESTED: tuple[tuple[int, int], tuple[int, int]] = ((2, 13), (2, 14))
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -366,3 +376,14 @@ def trace_options(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         "flush_events": setting(COPYTRACE_FLUSH_EVENTS, environ),
         "flush_seconds": setting(COPYTRACE_FLUSH_SECONDS, environ),
     }
+
+
+def torch_tested(version: str) -> bool:
+    """True when torch ``version`` (``torch.__version__``: ``"2.14.1+cu130"``,
+    ``"2.13.0a0+git1234"``) is a release of :data:`TORCH_TESTED`'s range; False for any
+    other, and for a string that does not start with ``major.minor``."""
+    found = re.match(r"(\d+)\.(\d+)", str(version))
+    if found is None:
+        return False
+    release = (int(found.group(1)), int(found.group(2)))
+    return TORCH_TESTED[0] <= release <= TORCH_TESTED[1]

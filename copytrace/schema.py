@@ -6,7 +6,7 @@ its value kind, its default in memory and when its attribute is absent from a tr
 Everything else is made from it: ``CopyEvent.__slots__`` and its generated ``__init__``, the
 attribute groups the encoder writes (:data:`STR_FIELDS` ...), the event table's columns
 (:data:`TABLE_COLUMNS`) and the field list the C observer resolves at set-up
-(:func:`native_fields`). ``docs/trace-format.md`` describes the format; this module is its
+(:data:`EVENT_SLOTS`: the C record checks the fields it writes against them). ``docs/trace-format.md`` describes the format; this module is its
 single source in code. It imports neither torch nor pyarrow (pyarrow only inside
 :func:`event_schema`), so the tracer, the exporters and the readers all stand on it.
 """
@@ -31,7 +31,6 @@ __all__ = [
     "HAZARD_ATTRS",
     "LIST_FIELDS",
     "META_SPANS",
-    "NATIVE_FIELDS",
     "OMITTED_DEFAULTS",
     "PHASES",
     "PREFIX",
@@ -57,7 +56,6 @@ __all__ = [
     "column_kind",
     "event_schema",
     "json_tail",
-    "native_fields",
     "sidecar_dir",
 ]
 
@@ -216,25 +214,6 @@ FIELD_DEFAULTS: dict[str, Any] = {f.name: f.absent for f in FIELDS if f.absent i
 EVENT_SLOTS: tuple[str, ...] = tuple(f.name for f in FIELDS)
 _KIND_OF = {f.name: f.kind for f in FIELDS}
 
-#: The fields the C observer's ``record`` sets, in the order of its field enum: the observer
-#: resolves each name to its slot offset in :class:`CopyEvent` at set-up
-#: (:func:`native_fields`), so no field name is spelled in C.
-NATIVE_FIELDS: tuple[str, ...] = (
-    "seq", "op", "aten", "bytes_allocated", "bytes_logical", "alias", "noop", "shape", "dtype",
-    "src_dtype", "src_device", "dst_device", "transfer", "requires_grad", "src_requires_grad",
-    "grad_fn", "is_leaf", "graph", "step", "file", "line", "function", "via", "start_ns",
-    "end_ns", "pinned", "src_storage", "src_offset", "src_stride", "src_version", "dst_storage",
-    "dst_version", "fake", "phase", "thread_id", "thread_name",
-)  # fmt: skip
-
-
-def native_fields() -> tuple[str, ...]:
-    """The field names the C observer's record stores, in its enum order (:data:`NATIVE_FIELDS`).
-
-    Returns:
-        A tuple of ``CopyEvent`` slot names; every one is in :data:`EVENT_SLOTS`.
-    """
-    return NATIVE_FIELDS
 
 
 def column_kind(name: str) -> str:

@@ -352,6 +352,7 @@ def test_patches_and_hooks_stand_aside_while_dynamo_compiles_and_in_cached_code(
     # aside by themselves: a deepcopy and an optimizer step there leave no event and no step.
     import copy
 
+    import numpy as np
     import torch
     import torch.nn as nn
     from torch._dynamo.utils import counters
@@ -393,9 +394,11 @@ def test_patches_and_hooks_stand_aside_while_dynamo_compiles_and_in_cached_code(
     def simple(x: Any) -> Any:
         return inside(x * 2) + 1
 
+    ones = np.ones(4, dtype=np.float32)
+
     @torch.compile(backend=backend)
-    def reads_state_dict(x: Any) -> Any:  # its guards read nn.Module.state_dict
-        return lin(x) + lin.state_dict()["weight"].sum()
+    def reads_from_numpy(x: Any) -> Any:  # its guards read torch.from_numpy (an ID_MATCH)
+        return lin(x) + torch.from_numpy(ones)
 
     def program() -> dict[str, Any]:
         counters.clear()
@@ -404,7 +407,7 @@ def test_patches_and_hooks_stand_aside_while_dynamo_compiles_and_in_cached_code(
             simple(x)
         after_simple = len(compiling)
         for _ in range(3):
-            reads_state_dict(x)
+            reads_from_numpy(x)
         keep = ("frames", "stats", "recompiles", "graph_break", "resumes")
         out = {k: dict(v) for k, v in counters.items() if k in keep}
         out["graph_breaks"] = sum(out.pop("graph_break", {}).values())
@@ -426,18 +429,20 @@ def test_patches_and_hooks_stand_aside_while_dynamo_compiles_and_in_cached_code(
         copy.deepcopy(torch.ones(2))  # outside any compiled region: recorded, one step
         opt.step()
         outside = (t.stats["events"], t.stats["steps"])
-    # simple: two graphs around the graph break (x * 2, then + 1); reads_state_dict: one, and
+    # simple: two graphs around the graph break (x * 2, then + 1); reads_from_numpy: one, and
     # no recompile for its 2nd and 3rd calls (its guards would fail if they saw the patch).
-    # captured ops: mul, add; linear, the state_dict's .detach() of weight and bias, sum, add
-    assert untraced["stats"] == {"calls_captured": 7, "unique_graphs": 3}
-    assert untraced["frames"] == {"total": 3, "ok": 3}  # simple, its resume, reads_state_dict
+    # How many ops each graph captures is torch's business: compared, not pinned.
+    assert untraced["stats"]["unique_graphs"] == 3
+    assert untraced["frames"] == {"total": 3, "ok": 3}  # simple, its resume, reads_from_numpy
+    assert untraced["graph_breaks"] == 1  # simple's, none in reads_from_numpy
+    assert "recompiles" not in untraced
     assert untraced["compiled_after_simple"] == 2
     assert traced == untraced
     assert compiling == [True] * 3
     # 1st call: dynamo compiled (copytrace stood aside from its callback on); 2nd: cached code,
     # the patches in place, recording nothing.
     assert running == [(True, True), (False, False)]
-    assert sticky  # reads_state_dict's guards read a patched attribute: swapped at each call
+    assert sticky  # reads_from_numpy's guards read a patched attribute: swapped at each call
     assert in_region == (0, steps)
     assert outside == (1, steps + 1)
     assert t.stats["errors"] == 0

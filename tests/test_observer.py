@@ -255,7 +255,7 @@ def test_level_lean_sees_bound_calls_and_lost_writes_as_full_does() -> None:
     assert lean.events[3].write_site.endswith(" program")
 
 
-# --- level lean: torch's own pointers hot-patched (observer.cpp, hot_install) -----------------
+# --- level lean: torch's own pointers hot-patched (_native/hotpatch.cpp, hot_install) -------
 def _bound_before_program(x: torch.Tensor, y: torch.Tensor) -> None:
     """Calls of callables taken before tracing started (set up by the caller)."""
     bound_clone, bound_detach_, bound_to, clone, reshape, tensor = _BOUND

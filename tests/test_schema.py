@@ -59,13 +59,6 @@ def test_loaded_event_has_the_absent_defaults(tmp_path: Path) -> None:
     assert ev.bytes_allocated == ev.bytes_logical == 3 * 4  # 3 float32
 
 
-def test_native_fields_are_event_slots() -> None:
-    native = schema.native_fields()
-    assert native == schema.NATIVE_FIELDS
-    assert len(set(native)) == len(native)
-    assert set(native) <= set(schema.EVENT_SLOTS)
-
-
 def test_schema_imports_neither_torch_nor_pyarrow() -> None:
     code = ("import sys, copytrace.schema as s; s.CopyEvent(op='clone'); "
             "print(sorted(m for m in ('torch', 'pyarrow', 'opentelemetry') if m in sys.modules))")  # fmt: skip

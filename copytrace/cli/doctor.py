@@ -1,4 +1,5 @@
-"""``copytrace doctor``: which aten-level path tracing uses here, and why."""
+"""``copytrace doctor``: which aten-level path tracing uses here, and why; and a warning line
+when this torch is not a release copytrace is tested on (:data:`copytrace._env.TORCH_TESTED`)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ def _doctor(args: argparse.Namespace) -> int:
     info = _native.status()
     path = info["path"]
     print(f"torch {torch.__version__} (git {getattr(torch.version, 'git_version', '?')[:12]})")
+    if not _env.torch_tested(torch.__version__):
+        (old, new) = (".".join(map(str, r)) for r in _env.TORCH_TESTED)
+        print(
+            f"warning: torch {torch.__version__} is outside the releases copytrace is tested on "
+            f"({old} to {new}): copies and hazards may be missed without an error"
+        )
     print(f"COPYTRACE_OBSERVER={info['choice']}")
     if path == "native":
         print(f"aten level: C++ observer ({info['reason']})")

@@ -1,10 +1,11 @@
 """A tensor's facts for one event, read in one call.
 
-:func:`facts` returns one tuple per tensor (indexes below). The C++ observer's ``facts``
-(``_native/observer.cpp``) reads it for plain tensors (``torch.Tensor`` and ``nn.Parameter``,
-strided, not nested, no symbolic sizes) without going through torch's Python bindings; for
-every other tensor, and where the observer is not loaded, :func:`py_facts` reads the same
-tuple with the Python readers below. Both read metadata only: no tensor data, no device sync,
+:func:`facts` returns one :class:`Facts` per tensor: a tuple whose items also have names (the
+indexes below name the same items). The C++ observer's ``facts`` (``_native/facts.cpp``: a
+struct sequence with the same fields) reads it for plain tensors (``torch.Tensor`` and
+``nn.Parameter``, strided, not nested, no symbolic sizes) without going through torch's Python
+bindings; for every other tensor, and where the observer is not loaded, :func:`py_facts` reads
+the same fields with the Python readers below. Both read metadata only: no tensor data, no device sync,
 and the tuple holds the tensor's storage object and grad_fn for as long as the caller keeps
 it (never beyond the event being recorded).
 """
@@ -12,13 +13,38 @@ it (never beyond the event being recorded).
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["facts", "py_facts"]
+__all__ = ["Facts", "facts", "py_facts"]
 
-# Indexes into a facts tuple.
+
+
+class Facts(NamedTuple):
+    """A tensor's facts. ``is_leaf``, ``grad_fn``, ``grad_fn_name`` and ``fake`` are read only
+    with ``with_grad_fn`` (else None, None, None, False). The C++ observer's ``Facts`` has these
+    fields in this order (tests/test_native_stub.py checks it)."""
+
+    shape: tuple[int, ...]
+    dtype: str  #: "float32"
+    device: str  #: "cpu", "cuda:0"
+    requires_grad: bool
+    is_leaf: bool | None
+    grad_fn: Any  #: the autograd node, or None
+    grad_fn_name: str | None  #: "CloneBackward0"
+    storage: Any  #: the storage's Python object (``untyped_storage()``), None where none
+    storage_bytes: int  #: bytes
+    logical_bytes: int  #: numel x element size, bytes
+    offset: int | None  #: storage offset (elements); None for nested tensors, no storage
+    stride: tuple[int, ...] | None
+    version: int | None  #: version counter; None for inference tensors
+    fake: bool  #: a FakeTensor or a meta tensor
+
+
+_new_facts = tuple.__new__  # Facts from a tuple without NamedTuple's per-call __new__
+
+# Indexes into Facts (for the readers that index).
 SHAPE, DTYPE, DEVICE, REQUIRES_GRAD, IS_LEAF, GRAD_FN, GRAD_FN_NAME = 0, 1, 2, 3, 4, 5, 6
 #: the storage's Python object (``untyped_storage()``), None where there is none
 STORAGE = 7
@@ -84,8 +110,8 @@ def version(t: Any) -> int | None:
         return None
 
 
-def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> tuple:
-    """The facts tuple read with torch's Python bindings (any tensor, subclasses included).
+def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> Facts:
+    """The facts read with torch's Python bindings (any tensor, subclasses included).
 
     ``IS_LEAF``, ``GRAD_FN``, ``GRAD_FN_NAME`` and ``FAKE`` are read only with ``with_grad_fn``
     (the facts of a call's result; reading a view's ``grad_fn`` may regenerate its node); they
@@ -113,14 +139,14 @@ def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> tuple:
     else:
         grad_fn = is_leaf = grad_fn_name = None
         fake = False
-    return (
+    return _new_facts(Facts, (
         shape(t), dtype_name(t.dtype), device_str(t.device), t.requires_grad, is_leaf,
         grad_fn, grad_fn_name, storage, storage_bytes, logical, offset, stride, version(t),
         fake,
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
-def facts(native: Any, t: torch.Tensor, with_grad_fn: bool = False) -> tuple:
+def facts(native: Any, t: torch.Tensor, with_grad_fn: bool = False) -> Facts:
     """The facts of tensor ``t``: from the C++ observer ``native`` where it can read them,
     else from :func:`py_facts`. Call with torch function handling disabled."""
     if native is not None:

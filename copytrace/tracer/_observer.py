@@ -42,7 +42,7 @@ _current_node = torch._C._current_autograd_node
 
 
 class NativeFunctionMode(TorchFunctionMode):
-    """copytrace's API-level mode with its handler in C (``observer.cpp``)."""
+    """copytrace's API-level mode with its handler in C (``_native/api_mode.cpp``)."""
 
     def __init__(self, native: Any) -> None:
         super().__init__()
@@ -184,8 +184,8 @@ def _hot_keys(table: dict[Any, str]) -> list[Any]:
 def install_wrappers(rec: Any, native: Any, mode: NativeFunctionMode) -> int:
     """Level ``lean``: have copytrace's C code record the API table's callables and
     ``Tensor.data``. Where torch implements them in C, by hot-patching torch's own function
-    pointers (``hot_install`` in ``observer.cpp``: the objects stay torch's, and a method bound
-    or a function imported before tracing is recorded too); the Python-level callables
+    pointers (``hot_install``, ``_native/hotpatch.cpp``: the objects stay torch's, and a method
+    bound or a function imported before tracing is recorded too); the Python-level callables
     (``Tensor.__deepcopy__``, ``Tensor.backward``) and the slot wrapper ``Tensor.__getitem__``
     (what ``x[i]`` reaches through the type slot) by C wrappers put in place of the attributes,
     installed and removed with copytrace's other patches (``_recorder.install_patches``).

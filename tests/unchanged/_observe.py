@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import sys
 import sysconfig
 import warnings
 from collections.abc import Iterator
@@ -28,6 +29,8 @@ from typing import Any
 _HERE = os.path.dirname(os.path.abspath(__file__))
 _PATHS = sysconfig.get_paths()
 _ROOTS = [_HERE] + [os.path.abspath(_PATHS[k]) for k in ("purelib", "platlib", "stdlib")]
+# site-packages reached through a .pth file (a venv layered over another one's packages)
+_ROOTS += [os.path.abspath(p) for p in sys.path if os.path.basename(p) == "site-packages"]
 
 
 def where(filename: str) -> str:

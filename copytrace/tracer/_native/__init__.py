@@ -1,10 +1,16 @@
-"""Build, cache and load copytrace's C++ copy observer (``observer.cpp`` beside this file).
+"""Build, cache and load copytrace's C++ copy observer (the ``*.cpp`` units beside this file).
 
 The observer is a small torch C++ extension: boxed kernels for aten's copy and alias ops only,
-on the BackendSelect dispatch key (see the comment at the top of ``observer.cpp``). It is built
-once per exact torch build with ``torch.utils.cpp_extension.load`` (g++ and ninja; about 25 s
-on 2 cores) into a cache directory keyed by torch's version, its git revision, the Python
-version and a hash of the source, and loaded from there afterwards (a few ms).
+on the BackendSelect dispatch key (``kernels.cpp``), the API level's C handler, level lean's
+hot-patched pointers, tensor facts and the event record in C. Its units share one header,
+``observer.h``, which lists them; ``module.cpp`` holds the one list of entry points, typed in
+``observer.pyi``. Units that need no torch header include none (torch.utils.cpp_extension gives
+every unit the same flags, so they still get torch's include paths, which cost nothing unread).
+It is built once per exact torch build with ``torch.utils.cpp_extension.load`` (g++ and ninja,
+the units in parallel) into a cache directory keyed by torch's version, its git revision, the
+Python version and a hash of every source and the header, and loaded from there afterwards (a
+few ms). After loading, :func:`load` hands the C record the schema's event field names and the
+recorder's always-alias ops (``record_setup``).
 
 Where it cannot be built (no C++ compiler, no ninja, a failed build) copytrace falls back to its
 Python ``TorchDispatchMode`` and says so once on stderr. ``COPYTRACE_OBSERVER`` chooses:
@@ -30,7 +36,18 @@ from copytrace import _env
 __all__ = ["load", "status", "cache_dir", "OBSERVER_CHOICES"]
 
 OBSERVER_CHOICES = _env.OBSERVERS
-_SOURCE = Path(__file__).with_name("observer.cpp")
+_HERE = Path(__file__).parent
+#: The translation units, module.cpp (the entry points) last. torch_units.cpp includes the
+#: units that read torch's C++ types (kernels, versions, facts, record): one parse of torch's
+#: Tensor headers for the four.
+_UNITS = (
+    "torch_units.cpp", "api_mode.cpp", "warn_shim.cpp", "lean.cpp", "hotpatch.cpp",
+    "frames.cpp", "compiled.cpp", "module.cpp",
+)  # fmt: skip
+_SOURCES = tuple(_HERE / unit for unit in _UNITS)
+#: Everything the build reads (every unit, included or not, and the header): a change to any of
+#: it is a new cache key.
+_INPUTS = tuple(sorted((*_HERE.glob("*.cpp"), *_HERE.glob("*.h"))))
 _lock = threading.Lock()
 _state: dict[str, Any] = {"module": None, "reason": None, "tried": False, "built": False}
 
@@ -39,7 +56,10 @@ def _key() -> str:
     import torch
 
     git = (getattr(torch.version, "git_version", None) or "unknown")[:12]
-    src = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    digest = hashlib.sha256()
+    for path in _INPUTS:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    src = digest.hexdigest()[:12]
     py = f"py{sys.version_info[0]}{sys.version_info[1]}"
     return f"torch{torch.__version__}-{git}-{py}-{src}".replace("+", "_")
 
@@ -105,19 +125,50 @@ def _build() -> ModuleType:
     if not any(directory.glob(f"{name}*.so")):
         print(
             f"copytrace: building copytrace's observer for torch {torch.__version__}, once, "
-            f"about 25 s (cached in {directory})",
+            f"about 30 s (cached in {directory})",
             file=sys.stderr,
             flush=True,
         )
         _state["built"] = True
     return load_extension(
         name=name,
-        sources=[str(_SOURCE)],
+        sources=[str(path) for path in _SOURCES],
         build_directory=str(directory),
         # NDEBUG: torch's release build has it; its headers change struct layouts without it.
         extra_cflags=["-O2", "-DNDEBUG"],
         verbose=False,
     )
+
+
+def _event_fields() -> tuple[str, ...]:
+    """The event's field names as the schema lists them (the C record checks its own against
+    them): the schema's one import on the native side."""
+    from copytrace import schema
+
+    return schema.EVENT_SLOTS
+
+
+def _setup(module: ModuleType) -> ModuleType:
+    """Hand the C record its tables (``record_setup``); raises where they do not fit it."""
+    from copytrace.tracer import _rules
+
+    module.record_setup(_event_fields(), _rules.RULES.always_alias)
+    return module
+
+
+def _build_here() -> ModuleType | None:
+    """:func:`_build` where a compiler and ninja are found; else None, the reason noted."""
+    if _compiler() is None:
+        _state["reason"] = "no C++ compiler found (set CXX or install g++)"
+    elif not _ninja():
+        _state["reason"] = "ninja not found (pip install ninja)"
+    else:
+        try:
+            return _build()
+        except Exception as err:  # a failed build: fall back, say why
+            first = str(err).strip().splitlines()
+            _state["reason"] = f"build failed: {first[0] if first else type(err).__name__}"
+    return None
 
 
 def choice() -> str:
@@ -139,20 +190,14 @@ def load() -> ModuleType | None:
         if choice() == "python":
             _state["reason"] = "COPYTRACE_OBSERVER=python"
             return None
-        _state["module"] = _load_cached()
-        if _state["module"] is not None:
-            return _state["module"]
-        compiler = _compiler()
-        if compiler is None:
-            _state["reason"] = "no C++ compiler found (set CXX or install g++)"
-        elif not _ninja():
-            _state["reason"] = "ninja not found (pip install ninja)"
-        else:
+        module = _load_cached()
+        if module is None:
+            module = _build_here()
+        if module is not None:
             try:
-                _state["module"] = _build()
-            except Exception as err:  # a failed build: fall back, say why
-                first = str(err).strip().splitlines()
-                _state["reason"] = f"build failed: {first[0] if first else type(err).__name__}"
+                _state["module"] = _setup(module)
+            except Exception as err:  # the schema and the C record disagree: say so
+                _state["reason"] = f"set-up failed: {err}"
         if _state["module"] is None:
             print(
                 f"copytrace: C++ observer unavailable ({_state['reason']}): using the Python "

@@ -1,0 +1,190 @@
+// Frames: the user's call site, the innermost Module._call_impl frame, a frame's variable.
+// Python only: no torch header.
+#include "observer.h"
+
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+// Python 3.11: the interpreter frame's layout, for frame_var (no public accessor before 3.12)
+#define Py_BUILD_CORE 1
+#include <internal/pycore_code.h>
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#endif
+
+#include <functional>
+#include <unordered_map>
+#include <vector>
+
+namespace copytrace {
+namespace {
+
+// call_site(classify): (file, line, function, via) of the innermost user-code frame on the
+// calling thread's stack, as copytrace/tracer/_callsite.py's user_frame() finds it, or None.
+// classify(code) gives a code object's kind (0 user, 1 torch or an installed package,
+// 2 copytrace or the stdlib, 3 a mode's handler), kept per code object (by identity: hashing a
+// code object hashes its whole contents). The user
+// frame's (file, line, function) is cached per (code object, instruction): a line number is
+// otherwise a scan of the code's line table. The cache holds its code objects (never frames).
+struct SiteKey {
+  PyObject* code;
+  int lasti;
+  bool operator==(const SiteKey& o) const { return code == o.code && lasti == o.lasti; }
+};
+struct SiteKeyHash {
+  size_t operator()(const SiteKey& k) const {
+    return std::hash<void*>()(k.code) ^ (std::hash<int>()(k.lasti) * 31);
+  }
+};
+std::unordered_map<SiteKey, PyObject*, SiteKeyHash> g_sites;  // -> (file, line, name), owned
+std::unordered_map<PyObject*, int> g_kinds;  // code object (owned) -> kind
+constexpr size_t kMaxSites = 1 << 16;
+
+void clear_sites() {
+  for (auto& [key, site] : g_sites) {
+    Py_DECREF(key.code);
+    Py_DECREF(site);
+  }
+  g_sites.clear();
+  for (auto& [code, kind] : g_kinds) Py_DECREF(code);
+  g_kinds.clear();
+}
+
+PyObject* user_site(PyFrameObject* frame, PyCodeObject* code) {
+  const SiteKey key{reinterpret_cast<PyObject*>(code), PyFrame_GetLasti(frame)};
+  auto found = g_sites.find(key);
+  if (found != g_sites.end()) return Py_NewRef(found->second);
+  PyObject* site = Py_BuildValue("(OiO)", code->co_filename, PyFrame_GetLineNumber(frame),
+                                 code->co_name);
+  if (site == nullptr) return nullptr;
+  if (g_sites.size() >= kMaxSites) clear_sites();
+  Py_INCREF(key.code);
+  g_sites.emplace(key, Py_NewRef(site));
+  return site;
+}
+
+}  // namespace
+
+PyObject* py_clear_sites(PyObject*, PyObject*) {
+  clear_sites();
+  Py_RETURN_NONE;
+}
+
+PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  if (nargs < 1) {
+    PyErr_SetString(PyExc_TypeError, "call_site(classify)");
+    return nullptr;
+  }
+  PyObject* via = nullptr;  // borrowed from a code object we hold while walking
+  PyObject* result = nullptr;
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  std::vector<PyCodeObject*> held;  // codes whose qualname `via` may borrow
+  while (frame != nullptr) {
+    PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
+    long kind;
+    auto known = g_kinds.find(reinterpret_cast<PyObject*>(code));
+    if (known != g_kinds.end()) {
+      kind = known->second;
+    } else {
+      PyObject* k = PyObject_CallOneArg(argv[0], reinterpret_cast<PyObject*>(code));
+      kind = k != nullptr ? PyLong_AsLong(k) : -1;
+      Py_XDECREF(k);
+      if (kind == -1 && PyErr_Occurred()) {
+        Py_DECREF(code);
+        break;
+      }
+      if (g_kinds.size() >= kMaxSites) clear_sites();
+      Py_INCREF(code);  // held by the map: its address is not reused while there
+      g_kinds.emplace(reinterpret_cast<PyObject*>(code), static_cast<int>(kind));
+    }
+    if (kind == 0) {
+      PyObject* site = user_site(frame, code);
+      if (site != nullptr) {
+        result = PyTuple_Pack(4, PyTuple_GET_ITEM(site, 0), PyTuple_GET_ITEM(site, 1),
+                              PyTuple_GET_ITEM(site, 2), via != nullptr ? via : Py_None);
+        Py_DECREF(site);
+      }
+      Py_DECREF(code);
+      break;
+    }
+    if (kind == 1 && via == nullptr) {
+      via = code->co_qualname;
+      held.push_back(code);
+    } else {
+      Py_DECREF(code);
+    }
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  if (result == nullptr && !PyErr_Occurred()) {
+    if (frame == nullptr) result = Py_NewRef(Py_None);  // no user frame on the stack
+  }
+  Py_XDECREF(frame);
+  for (PyCodeObject* code : held) Py_DECREF(code);
+  return result;
+}
+
+// The innermost frame running `code` (Module._call_impl) on this thread's stack, or None.
+PyObject* innermost_frame_of(PyObject* code) {
+  PyFrameObject* frame = PyEval_GetFrame();  // borrowed
+  Py_XINCREF(frame);
+  while (frame != nullptr) {
+    PyCodeObject* c = PyFrame_GetCode(frame);  // new reference
+    const bool found = reinterpret_cast<PyObject*>(c) == code;
+    Py_DECREF(c);
+    if (found) return reinterpret_cast<PyObject*>(frame);
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+  Py_RETURN_NONE;
+}
+
+// frame_var(frame, name): the value of a running frame's local, cell or free variable
+// `name`, without building the frame's f_locals dict (which copies every variable, at every
+// compiled call: copytrace reads torch.compile's wrapper's `fn` this way); NameError when the
+// frame has no such variable bound. Python 3.12+: PyFrame_GetVar; 3.11: the interpreter
+// frame's localsplus array (Include/internal/pycore_frame.h), cells read through; older: f_locals.
+PyObject* frame_var_of(PyFrameObject* frame, PyObject* name) {
+#if PY_VERSION_HEX >= 0x030C0000
+  return PyFrame_GetVar(frame, name);
+#elif PY_VERSION_HEX >= 0x030B0000
+  _PyInterpreterFrame* fr = frame->f_frame;
+  PyCodeObject* co = fr->f_code;
+  PyObject* names = co->co_localsplusnames;
+  for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(names); ++i) {
+    PyObject* n = PyTuple_GET_ITEM(names, i);
+    if (n != name && PyUnicode_Compare(n, name) != 0) continue;
+    PyObject* value = fr->localsplus[i];
+    const _PyLocals_Kind kind = _PyLocals_GetKind(co->co_localspluskinds, static_cast<int>(i));
+    if (value != nullptr && (kind & (CO_FAST_CELL | CO_FAST_FREE)) && PyCell_Check(value))
+      value = PyCell_GET(value);
+    if (value == nullptr) break;
+    Py_INCREF(value);
+    return value;
+  }
+  PyErr_Format(PyExc_NameError, "variable %R does not exist", name);
+  return nullptr;
+#else
+  // older Pythons: through f_locals (a dict of every variable, built for this read)
+  PyObject* locals = PyObject_GetAttrString(reinterpret_cast<PyObject*>(frame), "f_locals");
+  if (locals == nullptr) return nullptr;
+  PyObject* value = PyObject_GetItem(locals, name);
+  Py_DECREF(locals);
+  if (value == nullptr && PyErr_ExceptionMatches(PyExc_KeyError)) {
+    PyErr_Clear();
+    PyErr_Format(PyExc_NameError, "variable %R does not exist", name);
+  }
+  return value;
+#endif
+}
+
+PyObject* py_frame_var(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyFrame_Check(argv[0]) || !PyUnicode_Check(argv[1])) {
+    PyErr_SetString(PyExc_TypeError, "frame_var(frame, name)");
+    return nullptr;
+  }
+  return frame_var_of(reinterpret_cast<PyFrameObject*>(argv[0]), argv[1]);
+}
+
+}  // namespace copytrace

@@ -1,0 +1,485 @@
+// copytrace's dispatcher-level copy observer: the kernels.
+//
+// Boxed kernels for only aten's copy and alias ops (clone, _to_copy, copy_, the *_copy ops,
+// detach, alias, ...), registered on the BackendSelect dispatch key. BackendSelect is in every
+// thread's default TLS include set and sits below Autograd, Functionalize, the Python key and
+// the Python mode keys, so each kernel sees one op call on plain tensors and re-dispatches it
+// below BackendSelect unchanged. Every other op never reaches this code: unlike a Python
+// TorchDispatchMode, this costs nothing per non-copy op, does not make torch.compile skip
+// frames, and leaves tensor subclass creation (S(t), _make_subclass, as_subclass) alone.
+//
+// Per call of an observed op, on the traced thread (or autograd's engine working for it):
+//   * inside an API call the TorchFunctionMode is recording (begin_fold/end_fold): append the
+//     op's index to a thread-local list; the Python side folds those names into its event;
+//   * a bare detach/alias: autograd's own bookkeeping; counted, not recorded;
+//   * any other copy op: an implicit copy; after it ran, take the GIL and hand its arguments,
+//     result and host times (CLOCK_MONOTONIC ns, as time.perf_counter_ns) to the Python
+//     callback, which records it exactly as the Python dispatch mode did.
+// Outside tracing, or inside compiled regions and copytrace's own callback (suppress depth),
+// a kernel only re-dispatches.
+//
+// Only _to_copy already has a BackendSelect kernel (generated; it picks the backend from the
+// dtype/layout/device arguments): ours repeats that computation (RegisterBackendSelect.cpp).
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/core/ivalue.h>
+#include <ATen/ops/copy_ops.h>
+#include <ATen/ops/detach_ops.h>
+#include <ATen/record_function.h>
+#include <c10/util/Exception.h>
+#include <pybind11/pybind11.h>
+#include <torch/csrc/Export.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+// An aten argument (IValue) as the Python object torch makes of it: torch::jit::toPyObject,
+// declared here rather than through torch/csrc/jit/python/pybind_utils.h, whose include tree
+// (the whole TorchScript IR) cost most of the observer's build time. The function itself is
+// libtorch_python's, so the objects are exactly torch's.
+namespace torch::jit {
+TORCH_PYTHON_API pybind11::object toPyObject(c10::IValue ivalue);
+}  // namespace torch::jit
+
+#define COPYTRACE_TORCH_TLS
+#include "observer.h"
+
+namespace copytrace {
+
+std::atomic<bool> g_on{false};
+std::atomic<int64_t> g_internal{0};
+std::atomic<int64_t> g_errors{0};
+std::vector<PyObject*> g_py_names;
+__thread bool tls_owner = false;
+__thread int tls_suppress = 0;
+__thread int tls_depth = 0;
+__thread bool tls_folding = false;
+__thread TlsStack<int16_t> tls_fold = {nullptr, 0, 0};
+
+namespace {
+
+// A new reference, or null with a Python error set.
+PyObject* ivalue_to_py(const c10::IValue& value) {
+  try {
+    return torch::jit::toPyObject(value).release().ptr();
+  } catch (pybind11::error_already_set& err) {
+    err.restore();
+  } catch (const std::exception& err) {
+    PyErr_SetString(PyExc_RuntimeError, err.what());
+  }
+  return nullptr;
+}
+
+constexpr int kAlias = 1;  // detach, alias: autograd bookkeeping unless folded into an API call
+
+struct OpInfo {
+  int index = 0;
+  int kind = 0;
+  bool to_copy = false;  // replaces the generated BackendSelect kernel of aten::_to_copy
+};
+
+std::unordered_map<const c10::FunctionSchema*, OpInfo> g_ops;
+std::unique_ptr<torch::Library> g_lib;
+PyObject* g_callback = nullptr;  // owned reference; changed only with the GIL held
+
+// Nesting, as a Python TorchDispatchMode sees it: the mode sees an op only when no other op
+// is inside its backend kernels (torch pops the mode while its handler runs). A RecordFunction
+// callback (no inputs, no outputs) counts the ops in progress on each thread that are not
+// CompositeImplicitAutograd (those decompose above the backend, where a mode sees their
+// parts). A copy op is implicit only at depth 1: itself. Deeper ones are a kernel's own
+// internals (addmm copying its bias, _to_copy's copy_).
+// RecordFunction::name() of every non-composite operator overload: the schema's own string,
+// so named RecordFunctions (RECORD_FUNCTION("detach") in autograd kernels, profiler scopes)
+// never match.
+std::unordered_set<const char*> g_counted;
+// The callback is thread-local: registered on the thread that starts tracing (the owner), it
+// reaches the threads that run that thread's work with its ThreadLocalState (the autograd
+// engine's device threads). Only the owner thread can deregister it (removeCallback of another
+// thread's handle warns): an uninstall from any other thread leaves it in place, where it only
+// counts depth, and a later install on the owner thread reuses it.
+at::CallbackHandle g_rf = 0;
+std::thread::id g_rf_thread;
+// Inside a compiled region (suppress) the observer ignores every op, so the callback is paused
+// there, on this thread only (disableCallback of a thread-local handle): a compiled call's ops
+// then cost what they cost untraced. An op in progress keeps its own callbacks (RecordFunction
+// holds them from its start), so the depth stays balanced across the pause.
+thread_local int tls_rf_paused = 0;
+// An autograd node's apply (BACKWARD_FUNCTION scope) starts afresh: the ops a node runs are
+// what a dispatch mode sees in backward, whatever op is in progress around the engine.
+thread_local std::vector<int> tls_saved_depth;
+
+std::unique_ptr<at::ObserverContext> rf_start(const at::RecordFunction& fn) {
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+    tls_saved_depth.push_back(tls_depth);
+    tls_depth = 0;
+  } else if (g_counted.count(fn.name()) != 0) {
+    ++tls_depth;
+  }
+  return nullptr;
+}
+
+void rf_end(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+    if (!tls_saved_depth.empty()) {
+      tls_depth = tls_saved_depth.back();
+      tls_saved_depth.pop_back();
+    }
+  } else if (tls_depth > 0 && g_counted.count(fn.name()) != 0) {
+    --tls_depth;
+  }
+}
+
+void counted_names() {
+  if (!g_counted.empty()) return;
+  auto& dispatcher = c10::Dispatcher::singleton();
+  for (const auto& name : dispatcher.getAllOpNames()) {
+    auto handle = dispatcher.findOp(name);
+    if (handle && handle->hasSchema() &&
+        !handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
+      g_counted.insert(handle->schema().name().c_str());
+  }
+}
+
+const c10::DispatchKeySet kAfterBS(c10::DispatchKeySet::FULL_AFTER,
+                                   c10::DispatchKey::BackendSelect);
+
+class SilentWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override {}
+};
+
+c10::DispatchKeySet to_copy_keys(const torch::jit::Stack& stack, size_t base) {
+  // aten::_to_copy(Tensor self, *, ScalarType? dtype, Layout? layout, Device? device, ...)
+  const auto& self = stack[base].toTensor();
+  auto dtype = stack[base + 1].toOptional<at::ScalarType>();
+  auto layout = stack[base + 2].toOptional<at::Layout>();
+  auto device = stack[base + 3].toOptional<at::Device>();
+  c10::DispatchKeySet s = c10::DispatchKeySet(c10::computeDispatchKey(dtype, layout, device)) |
+                          c10::detail::multi_dispatch_key_set(self);
+  return c10::impl::computeDispatchKeySet(s, kAfterBS);
+}
+
+bool on_meta(const torch::jit::Stack& stack, size_t base, size_t nargs) {
+  // FakeTensor and meta traffic (torch.compile's tracing, FakeTensorMode's meta kernels):
+  // not a copy of real memory. The Python side records fake copies at the API level.
+  for (size_t i = 0; i < nargs; ++i) {
+    const auto& v = stack[base + i];
+    if (v.isTensor()) {
+      const auto& t = v.toTensor();
+      return t.defined() && t.device().is_meta();
+    }
+  }
+  return false;
+}
+
+// The implicit copy to the callback: (name, kind, args, kwargs, result, t0, t1).
+void call_back(const OpInfo& info, const c10::FunctionSchema& schema,
+               const std::vector<c10::IValue>& args, const c10::IValue& out, int64_t t0,
+               int64_t t1) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  if (g_callback == nullptr) {
+    PyGILState_Release(gil);
+    return;
+  }
+  NoTorchFunction no_tf;
+  ++tls_suppress;
+  const auto& arguments = schema.arguments();
+  PyObject* pos = PyList_New(0);
+  PyObject* kw = PyDict_New();
+  bool ok = pos != nullptr && kw != nullptr;
+  for (size_t i = 0; ok && i < args.size() && i < arguments.size(); ++i) {
+    PyObject* value = ivalue_to_py(args[i]);
+    if (value == nullptr) {
+      ok = false;
+    } else if (arguments[i].kwarg_only()) {
+      ok = PyDict_SetItemString(kw, arguments[i].name().c_str(), value) == 0;
+    } else {
+      ok = PyList_Append(pos, value) == 0;
+    }
+    Py_XDECREF(value);
+  }
+  PyObject* result = !ok ? nullptr : out.isNone() ? Py_NewRef(Py_None) : ivalue_to_py(out);
+  PyObject* tuple = result != nullptr ? PyList_AsTuple(pos) : nullptr;
+  PyObject* r = tuple == nullptr
+                    ? nullptr
+                    : PyObject_CallFunction(g_callback, "OiOOOLL", g_py_names[info.index],
+                                            info.kind, tuple, kw, result,
+                                            static_cast<long long>(t0),
+                                            static_cast<long long>(t1));
+  if (r == nullptr) {
+    g_errors.fetch_add(1, std::memory_order_relaxed);
+    PyErr_WriteUnraisable(g_callback);  // as pybind11's discard_as_unraisable did
+  }
+  Py_XDECREF(r);
+  Py_XDECREF(tuple);
+  Py_XDECREF(result);
+  Py_XDECREF(pos);
+  Py_XDECREF(kw);
+  --tls_suppress;
+  PyGILState_Release(gil);
+}
+
+void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  auto found = g_ops.find(&schema);
+  const size_t nargs = schema.arguments().size();
+  const size_t base = stack->size() - nargs;
+  c10::DispatchKeySet next = ks & kAfterBS;
+  if (found == g_ops.end()) {  // cannot happen: only registered ops come here
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  const OpInfo& info = found->second;
+  if (info.to_copy) next = to_copy_keys(*stack, base);
+  if (!g_on.load(std::memory_order_relaxed) || tls_suppress > 0 ||
+      !(tls_owner || torch::autograd::get_current_node() != nullptr)) {
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  if (tls_depth > 1) {  // inside another op's kernel: not an op a dispatch mode would see
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  if (tls_folding) {
+    push(tls_fold, static_cast<int16_t>(info.index));
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  if (info.kind == kAlias) {
+    g_internal.fetch_add(1, std::memory_order_relaxed);
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  if (on_meta(*stack, base, nargs)) {
+    op.redispatchBoxed(next, stack);
+    return;
+  }
+  // The arguments are consumed by the call: keep them (reference counts only, no data).
+  std::vector<c10::IValue> args(stack->begin() + base, stack->end());
+  const int64_t t0 = now_ns();
+  op.redispatchBoxed(next, stack);
+  const int64_t t1 = now_ns();
+  c10::IValue out = schema.returns().size() == 1 && !stack->empty() ? stack->back()
+                                                                     : c10::IValue();
+  call_back(info, schema, args, out, t0, t1);
+}
+
+// Unboxed kernels for the two observed ops autograd and optimizers call most (AccumulateGrad's
+// detach, copy_): the same decisions as `kernel` without boxing the arguments for the calls
+// that only re-dispatch or fold (almost all); an implicit copy_ goes through `kernel` boxed.
+int g_detach_index = -1;
+int g_copy_index = -1;
+
+// 0: only re-dispatch; 1: fold (index appended); 2: record (alias: counted; copy: boxed path)
+inline int decide(int index) {
+  if (index < 0 || !g_on.load(std::memory_order_relaxed) || tls_suppress > 0 ||
+      !(tls_owner || torch::autograd::get_current_node() != nullptr) || tls_depth > 1)
+    return 0;
+  if (tls_folding) {
+    push(tls_fold, static_cast<int16_t>(index));
+    return 1;
+  }
+  return 2;
+}
+
+at::Tensor detach_kernel(c10::DispatchKeySet ks, const at::Tensor& self) {
+  if (decide(g_detach_index) == 2) g_internal.fetch_add(1, std::memory_order_relaxed);
+  return at::_ops::detach::redispatch(ks & kAfterBS, self);
+}
+
+at::Tensor& copy__kernel(c10::DispatchKeySet ks, at::Tensor& self, const at::Tensor& src,
+                         bool non_blocking) {
+  if (decide(g_copy_index) == 2) {
+    if (!tls_folding) {  // decide() appends only when folding: an implicit copy_
+      static const c10::OperatorHandle op =
+          c10::Dispatcher::singleton().findSchemaOrThrow("aten::copy_", "");
+      torch::jit::Stack stack{self, src, non_blocking};
+      kernel(op, ks, &stack);
+      return self;
+    }
+  }
+  return at::_ops::copy_::redispatch(ks & kAfterBS, self, src, non_blocking);
+}
+
+struct OpSpec {
+  std::string name, overload, display;
+  int kind;
+};
+
+// install's list of (qualified name, overload, kind, display name); false with an error set.
+bool parse_ops(PyObject* ops, std::vector<OpSpec>& out) {
+  PyObject* seq = PySequence_Fast(ops, "install: a list of (name, overload, kind, display)");
+  if (seq == nullptr) return false;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq); ++i) {
+    const char *name, *overload, *display;
+    int kind;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "ssis", &name, &overload, &kind,
+                          &display)) {
+      Py_DECREF(seq);
+      return false;
+    }
+    out.push_back({name, overload, display, kind});
+  }
+  Py_DECREF(seq);
+  return true;
+}
+
+int install(const std::vector<OpSpec>& ops) {
+  auto& dispatcher = c10::Dispatcher::singleton();
+  SilentWarnings silent;  // "Overriding a previously registered kernel" for _to_copy
+  c10::WarningUtils::WarningHandlerGuard guard(&silent);
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
+                                              std::optional<c10::DispatchKey>(), __FILE__,
+                                              __LINE__);
+  for (const auto& [name, overload, display, kind] : ops) {
+    auto handle = dispatcher.findSchema(c10::OperatorName(name, overload));
+    if (!handle) continue;
+    const c10::FunctionSchema* schema = &handle->schema();
+    if (g_ops.count(schema) == 0) {
+      OpInfo info;
+      info.index = static_cast<int>(g_py_names.size());
+      info.kind = kind;
+      info.to_copy = name == "aten::_to_copy" && overload.empty();
+      PyObject* interned = PyUnicode_InternFromString(display.c_str());
+      if (interned == nullptr) throw std::runtime_error("install: out of memory");
+      g_py_names.push_back(interned);
+      g_ops.emplace(schema, info);
+    }
+    std::string short_name = name.substr(name.find("::") + 2);
+    if (!overload.empty()) short_name += "." + overload;
+    const int index = g_ops[schema].index;
+    if (name == "aten::detach" && overload.empty()) {
+      g_detach_index = index;
+      lib->impl("detach", torch::dispatch(c10::DispatchKey::BackendSelect,
+                                          TORCH_FN(detach_kernel)));
+      continue;
+    }
+    if (name == "aten::copy_" && overload.empty()) {
+      g_copy_index = index;
+      lib->impl("copy_", torch::dispatch(c10::DispatchKey::BackendSelect,
+                                         TORCH_FN(copy__kernel)));
+      continue;
+    }
+    lib->impl(short_name.c_str(),
+              torch::dispatch(c10::DispatchKey::BackendSelect,
+                              torch::CppFunction::makeFromBoxedFunction<&kernel>()));
+  }
+  g_lib = std::move(lib);
+  counted_names();
+  if (g_rf != 0 && g_rf_thread != std::this_thread::get_id()) g_rf = 0;  // left on another thread
+  if (g_rf == 0) {
+    g_rf = at::addThreadLocalCallback(at::RecordFunctionCallback(&rf_start, &rf_end)
+                                          .needsInputs(false)
+                                          .needsOutputs(false)
+                                          .scopes({at::RecordScope::FUNCTION,
+                                                   at::RecordScope::BACKWARD_FUNCTION}));
+    g_rf_thread = std::this_thread::get_id();
+  }
+  return static_cast<int>(g_ops.size());
+}
+
+PyObject* py_bool(bool v) { return Py_NewRef(v ? Py_True : Py_False); }
+
+}  // namespace
+
+// A compiled region: no op of it is observed, and the depth callback pauses on this thread.
+void suppress_region() {
+  ++tls_suppress;
+  if (g_rf != 0 && tls_rf_paused == 0 && g_rf_thread == std::this_thread::get_id()) {
+    at::disableCallback(g_rf);
+    tls_rf_paused = 1;
+  }
+}
+
+void unsuppress_region() {
+  if (tls_suppress > 0) --tls_suppress;
+  if (tls_suppress == 0 && tls_rf_paused != 0) {
+    tls_rf_paused = 0;
+    if (g_rf != 0) at::reenableCallback(g_rf);
+  }
+}
+
+// install(ops, callback) -> registered op count (see observer.pyi)
+PyObject* py_install(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  if (!arity(nargs, 2, "install(ops, callback)")) return nullptr;
+  if (!g_lib) {
+    std::vector<OpSpec> ops;
+    if (!parse_ops(argv[0], ops)) return nullptr;
+    try {
+      install(ops);
+    } catch (const std::exception& err) {
+      PyErr_SetString(PyExc_RuntimeError, err.what());
+      return nullptr;
+    }
+    set_slot(g_callback, argv[1]);
+  }
+  return PyLong_FromSize_t(g_ops.size());
+}
+
+PyObject* py_uninstall(PyObject*, PyObject*) {
+  g_on.store(false);
+  if (g_rf != 0 && g_rf_thread == std::this_thread::get_id()) {
+    at::removeCallback(g_rf);
+    g_rf = 0;
+  }
+  if (g_lib) {
+    SilentWarnings silent;
+    c10::WarningUtils::WarningHandlerGuard guard(&silent);
+    g_lib.reset();  // deregisters: torch's own _to_copy BackendSelect kernel is back
+  }
+  Py_CLEAR(g_callback);
+  Py_RETURN_NONE;
+}
+
+PyObject* py_set_enabled(PyObject*, PyObject* on) {
+  const int v = PyObject_IsTrue(on);
+  if (v < 0) return nullptr;
+  g_on.store(v == 1);
+  Py_RETURN_NONE;
+}
+
+PyObject* py_enabled(PyObject*, PyObject*) { return py_bool(g_on.load()); }
+
+PyObject* py_set_owner(PyObject*, PyObject* owner) {
+  const int v = PyObject_IsTrue(owner);
+  if (v < 0) return nullptr;
+  tls_owner = v == 1;
+  Py_RETURN_NONE;
+}
+
+PyObject* py_suppress(PyObject*, PyObject*) {
+  suppress_region();
+  Py_RETURN_NONE;
+}
+
+PyObject* py_unsuppress(PyObject*, PyObject*) {
+  unsuppress_region();
+  Py_RETURN_NONE;
+}
+
+PyObject* py_suppressed(PyObject*, PyObject*) { return PyLong_FromLong(tls_suppress); }
+
+PyObject* py_begin_fold(PyObject*, PyObject*) {
+  tls_fold.size = 0;
+  tls_folding = true;
+  Py_RETURN_NONE;
+}
+
+PyObject* py_end_fold(PyObject*, PyObject*) {
+  tls_folding = false;
+  return fold_names();
+}
+
+PyObject* py_internal_detaches(PyObject*, PyObject*) {
+  return PyLong_FromLongLong(g_internal.exchange(0));
+}
+
+PyObject* py_errors(PyObject*, PyObject*) { return PyLong_FromLongLong(g_errors.exchange(0)); }
+
+PyObject* py_depth(PyObject*, PyObject*) { return PyLong_FromLong(tls_depth); }
+
+}  // namespace copytrace

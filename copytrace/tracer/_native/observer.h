@@ -1,0 +1,230 @@
+// copytrace's observer: what its units share. Each unit includes its own torch headers first
+// (none for the Python-only units) and this header last.
+//
+// The units, by responsibility (module.cpp holds the one list of entry points):
+//   kernels.cpp    BackendSelect kernels of aten's copy/alias ops, op depth, folding
+//   api_mode.cpp   the C __torch_function__, the recorded call and its one-call fast path (*)
+//   warn_shim.cpp  warnings.warn counting stacklevel as untraced            (Python only)
+//   versions.cpp   version counters of fresh copies
+//   lean.cpp       level lean's C wrappers and descriptors                  (*)
+//   hotpatch.cpp   level lean's hot-patched method tables                   (*)
+//   facts.cpp      a tensor's facts in one call; copy_slots
+//   frames.cpp     call sites, frame variables                              (Python only)
+//   record.cpp     an API call's whole event in one call
+//   compiled.cpp   the compiled-call hooks                                  (*)
+//   module.cpp     the method table and the module's init                   (Python only)
+// (*) Python and ATen's/c10's mode TLS headers only (no Tensor type). The units that include
+//     Tensor's headers (kernels, versions, facts, record) are built as one translation unit,
+//     torch_units.cpp, which includes them: one parse of those headers instead of four.
+//
+// Cross-unit state is declared here. Thread-local counters are `__thread` plain data (no C++
+// thread_local wrapper call at each access) and everything declared here has hidden
+// visibility, so their accesses stay as cheap as in one unit.
+#pragma once
+
+#if defined(COPYTRACE_TORCH_TLS)
+#include <ATen/PythonTorchFunctionTLS.h>
+#endif
+#include <Python.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <vector>
+
+#pragma GCC visibility push(hidden)
+
+namespace copytrace {
+
+// A growable stack in thread-local plain data (no destructor: a thread's buffer is a few
+// hundred bytes, kept until the process ends).
+template <typename T>
+struct TlsStack {
+  T* data;
+  size_t size;
+  size_t cap;
+};
+
+template <typename T>
+inline void push(TlsStack<T>& s, T value) {
+  if (s.size == s.cap) {
+    const size_t cap = s.cap != 0 ? 2 * s.cap : 64;
+    T* grown = static_cast<T*>(std::realloc(s.data, cap * sizeof(T)));
+    if (grown == nullptr) return;  // out of memory: the fold misses a name
+    s.data = grown;
+    s.cap = cap;
+  }
+  s.data[s.size++] = value;
+}
+
+// --- kernels.cpp ------------------------------------------------------------------------------
+extern std::atomic<bool> g_on;
+extern std::atomic<int64_t> g_internal;
+extern std::atomic<int64_t> g_errors;
+extern std::vector<PyObject*> g_py_names;  // interned Python str per op index (owned)
+extern __thread bool tls_owner;
+extern __thread int tls_suppress;
+extern __thread int tls_depth;
+extern __thread bool tls_folding;
+extern __thread TlsStack<int16_t> tls_fold;
+void suppress_region();
+void unsuppress_region();
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// The folded aten names since folding began, as a new tuple (the fold emptied).
+inline PyObject* fold_names() {
+  PyObject* names = PyTuple_New(static_cast<Py_ssize_t>(tls_fold.size));
+  if (names == nullptr) return nullptr;
+  for (size_t i = 0; i < tls_fold.size; ++i)
+    PyTuple_SET_ITEM(names, static_cast<Py_ssize_t>(i), Py_NewRef(g_py_names[tls_fold.data[i]]));
+  tls_fold.size = 0;
+  return names;
+}
+
+// An error in copytrace's own hook: counted, never raised into the program.
+inline void swallow() {
+  g_errors.fetch_add(1, std::memory_order_relaxed);
+  PyErr_Clear();
+}
+
+// A global reference set from Python: `value` (None stores null) is taken, the old released.
+inline void set_slot(PyObject*& slot, PyObject* value) {
+  PyObject* old = slot;
+  slot = value == Py_None ? nullptr : Py_NewRef(value);
+  Py_XDECREF(old);
+}
+
+// Argument count check of a METH_FASTCALL entry point: false with TypeError(signature).
+inline bool arity(Py_ssize_t nargs, Py_ssize_t want, const char* signature) {
+  if (nargs == want) return true;
+  PyErr_SetString(PyExc_TypeError, signature);
+  return false;
+}
+
+inline PyObject* call_through(PyObject* func, PyObject* args, PyObject* kwargs) {
+  if (kwargs == nullptr || kwargs == Py_None || !PyDict_Check(kwargs) ||
+      PyDict_GET_SIZE(kwargs) == 0)
+    return PyObject_Call(func, args, nullptr);
+  return PyObject_Call(func, args, kwargs);
+}
+
+// --- api_mode.cpp -----------------------------------------------------------------------------
+extern PyObject* g_table;  // dict: torch callable -> op name (null: no recorder connected)
+// Frames of handle_torch_function that re-entered a Python-level torch function through
+// copytrace's mode, innermost last (borrowed: each is on the stack while listed).
+extern __thread TlsStack<PyObject*> tls_entry_frames;
+PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs, bool lean);
+
+// --- versions.cpp -----------------------------------------------------------------------------
+PyObject* version_of(PyObject*, PyObject* obj);
+bool versions_init(PyObject* module);
+
+// --- lean.cpp ---------------------------------------------------------------------------------
+extern std::atomic<bool> g_wrappers_on;
+extern std::atomic<bool> g_lean_mode;
+extern PyObject* g_data_get;  // Tensor.data.__get__ / __set__ of the original descriptor
+extern PyObject* g_data_set;
+bool in_quiet_code();
+
+#if defined(COPYTRACE_TORCH_TLS)
+// Whether the lean wrappers record this call: as a mode would, nothing while torch function
+// handling is off (torch's internals, copytrace's bookkeeping), nothing while copytrace's mode
+// is on the stack (set_lean_mode: it records instead).
+inline bool wrappers_record() {
+  return g_wrappers_on.load(std::memory_order_relaxed) && tls_owner && !tls_folding &&
+         tls_suppress == 0 && g_table != nullptr &&
+         !g_lean_mode.load(std::memory_order_relaxed) &&
+         at::impl::PythonTorchFunctionTLS::get_disabled_state() !=
+             at::impl::TorchFunctionDisabledState::ALL_DISABLED;
+}
+
+// Torch function handling off (modes and subclasses) while copytrace's own Python code runs:
+// no other mode sees copytrace's bookkeeping (reading .requires_grad, .grad_fn, ...).
+struct NoTorchFunction {
+  at::impl::TorchFunctionDisabledState prev;
+  NoTorchFunction() : prev(at::impl::PythonTorchFunctionTLS::get_disabled_state()) {
+    at::impl::PythonTorchFunctionTLS::set_disabled_state(
+        at::impl::TorchFunctionDisabledState::ALL_DISABLED);
+  }
+  ~NoTorchFunction() { at::impl::PythonTorchFunctionTLS::set_disabled_state(prev); }
+};
+#endif
+
+// --- facts.cpp --------------------------------------------------------------------------------
+// A tensor's facts, by index (the Facts struct sequence's fields, in this order).
+#define COPYTRACE_FACTS(X)                                                                      \
+  X(shape) X(dtype) X(device) X(requires_grad) X(is_leaf) X(grad_fn) X(grad_fn_name) X(storage) \
+  X(storage_bytes) X(logical_bytes) X(offset) X(stride) X(version) X(fake)
+enum Fact : int {
+#define COPYTRACE_FACT_ENUM(name) FACT_##name,
+  COPYTRACE_FACTS(COPYTRACE_FACT_ENUM)
+#undef COPYTRACE_FACT_ENUM
+  FACT_COUNT
+};
+// Fills items (new references) for a plain tensor: 1; not one (the Python readers decide): 0;
+// an error set: -1 (items all null).
+int read_facts(PyObject* t, bool with_grad_fn, PyObject* items[FACT_COUNT]);
+PyObject* copy_slots(PyObject*, PyObject* proto);
+bool facts_init(PyObject* module);
+// A tensor's grad_fn's sequence number in *seq (-1: no grad_fn; unchanged: not a tensor);
+// false where reading it failed.
+bool grad_fn_sequence_nr(PyObject* t, long long* seq);
+
+// --- frames.cpp -------------------------------------------------------------------------------
+PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs);
+PyObject* innermost_frame_of(PyObject* code);
+PyObject* frame_var_of(PyFrameObject* frame, PyObject* name);  // new reference or null
+
+// --- record.cpp -------------------------------------------------------------------------------
+PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs);
+bool record_init(PyObject* module);
+
+// --- compiled.cpp -----------------------------------------------------------------------------
+extern __thread bool tls_cfs_thread;
+
+// --- entry points (module.cpp lists them, with their documentation) ---------------------------
+#define COPYTRACE_NOARGS(name) PyObject* name(PyObject*, PyObject*);
+#define COPYTRACE_O(name) PyObject* name(PyObject*, PyObject*);
+#define COPYTRACE_FAST(name) PyObject* name(PyObject*, PyObject* const*, Py_ssize_t);
+// kernels.cpp
+COPYTRACE_FAST(py_install) COPYTRACE_NOARGS(py_uninstall) COPYTRACE_O(py_set_enabled)
+COPYTRACE_NOARGS(py_enabled) COPYTRACE_O(py_set_owner) COPYTRACE_NOARGS(py_suppress)
+COPYTRACE_NOARGS(py_unsuppress) COPYTRACE_NOARGS(py_suppressed) COPYTRACE_NOARGS(py_begin_fold)
+COPYTRACE_NOARGS(py_end_fold) COPYTRACE_NOARGS(py_internal_detaches) COPYTRACE_NOARGS(py_errors)
+COPYTRACE_NOARGS(py_depth)
+// api_mode.cpp
+COPYTRACE_FAST(py_set_api_hooks) COPYTRACE_FAST(py_set_fast_events) COPYTRACE_FAST(py_set_fast_api)
+COPYTRACE_O(py_set_watch_writes) COPYTRACE_FAST(py_set_copy_hooks) COPYTRACE_O(py_bind_torch_function)
+COPYTRACE_NOARGS(py_entry_frames) COPYTRACE_NOARGS(py_has_entry_frames)
+// warn_shim.cpp
+COPYTRACE_O(py_make_warn)
+// versions.cpp
+COPYTRACE_O(py_version_delta) COPYTRACE_O(py_version_final)
+// lean.cpp
+COPYTRACE_FAST(py_wrap_api) COPYTRACE_FAST(py_data_descriptor) COPYTRACE_O(py_set_wrappers)
+COPYTRACE_O(py_set_quiet_codes) COPYTRACE_O(py_set_lean_mode)
+// hotpatch.cpp
+COPYTRACE_FAST(py_hot_install) COPYTRACE_NOARGS(py_hot_restore) COPYTRACE_NOARGS(py_hot_count)
+// facts.cpp
+COPYTRACE_FAST(py_facts)
+// frames.cpp
+COPYTRACE_NOARGS(py_clear_sites) COPYTRACE_FAST(py_frame_var)
+// record.cpp
+COPYTRACE_FAST(py_record_setup)
+// compiled.cpp
+COPYTRACE_O(py_callback_from_stance) COPYTRACE_FAST(py_cfs_install) COPYTRACE_O(py_cfs_begin)
+COPYTRACE_NOARGS(py_compiled_enter) COPYTRACE_FAST(py_compiled_backward)
+COPYTRACE_FAST(py_user_fn_install) COPYTRACE_FAST(py_cc_install)
+#undef COPYTRACE_NOARGS
+#undef COPYTRACE_O
+#undef COPYTRACE_FAST
+
+}  // namespace copytrace
+
+#pragma GCC visibility pop

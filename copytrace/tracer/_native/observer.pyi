@@ -1,0 +1,234 @@
+# The C++ observer's entry points (module.cpp's method table), typed. The module itself is
+# built and loaded by copytrace.tracer._native.load() under a name keyed by the build; this
+# stub documents and types what the Python side calls. Times are host ns (as
+# time.perf_counter_ns); None clears a setter's references. tests/test_native_stub.py checks
+# that the stub and the module list the same names.
+from collections.abc import Callable, Iterable, Sequence
+from types import CodeType, FrameType
+from typing import Any, Final
+
+import torch
+
+# --- facts.cpp ------------------------------------------------------------------------------
+class Facts(tuple[Any, ...]):
+    """A plain tensor's facts (a struct sequence: index it or read the names); the same fields,
+    in the same order, as copytrace.tracer._facts.Facts."""
+
+    n_fields: Final[int]
+    n_sequence_fields: Final[int]
+    n_unnamed_fields: Final[int]
+    @property
+    def shape(self) -> tuple[int, ...]: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def requires_grad(self) -> bool: ...
+    @property
+    def is_leaf(self) -> bool | None: ...
+    @property
+    def grad_fn(self) -> Any | None: ...
+    @property
+    def grad_fn_name(self) -> str | None: ...
+    @property
+    def storage(self) -> torch.UntypedStorage: ...
+    @property
+    def storage_bytes(self) -> int: ...
+    @property
+    def logical_bytes(self) -> int: ...
+    @property
+    def offset(self) -> int: ...
+    @property
+    def stride(self) -> tuple[int, ...]: ...
+    @property
+    def version(self) -> int | None: ...
+    @property
+    def fake(self) -> bool: ...
+
+def facts(t: object, with_grad_fn: bool = False, /) -> Facts | None:
+    """A plain tensor's facts; None for anything else (the Python readers decide)."""
+
+def copy_slots(proto: object, /) -> Any:
+    """A shallow copy of a __slots__ object (a new CopyEvent from a prototype), not tracked by
+    the cycle collector."""
+
+# --- kernels.cpp: the aten level ------------------------------------------------------------
+def install(
+    ops: Iterable[tuple[str, str, int, str]],
+    callback: Callable[[str, int, tuple[Any, ...], dict[str, Any], Any, int, int], object],
+    /,
+) -> int:
+    """Register the BackendSelect kernels of the (qualified name, overload, kind, display name)
+    ops; callback(name, kind, args, kwargs, result, t0, t1) gets each implicit copy. Returns
+    how many ops are registered (a second install keeps the first)."""
+
+def uninstall() -> None: ...
+def set_enabled(on: bool, /) -> None: ...
+def enabled() -> bool: ...
+def set_owner(owner: bool, /) -> None:
+    """Mark the calling thread as the traced one (thread-local)."""
+
+def suppress() -> None:
+    """Enter a region the observer ignores (a compiled call), on this thread."""
+
+def unsuppress() -> None: ...
+def suppressed() -> int: ...
+def begin_fold() -> None: ...
+def end_fold() -> tuple[str, ...]:
+    """Stop folding; the aten names seen since begin_fold."""
+
+def internal_detaches() -> int:
+    """Autograd's own detach/alias calls since the last call."""
+
+def errors() -> int:
+    """Errors counted in copytrace's hooks since the last call."""
+
+def depth() -> int: ...
+
+# --- api_mode.cpp: the API level ------------------------------------------------------------
+def set_api_hooks(
+    table: dict[Callable[..., Any], str] | None,
+    before: Callable[[str, Callable[..., Any], tuple[Any, ...], dict[str, Any] | None], Any] | None,
+    after: Callable[[Any, Any, type[BaseException] | None, int, int, tuple[str, ...]], object]
+    | None,
+    write_hook: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any] | None], object]
+    | None,
+    /,
+) -> None:
+    """The API table (callable -> op name) and the hooks of a recorded call:
+    before(op, func, args, kwargs) -> token (None: not recorded), after(token, result, error
+    type, t0, t1, aten names)."""
+
+def set_fast_api(
+    ops: frozenset[str] | None,
+    types: tuple[type, ...] | None,
+    after: Callable[
+        [str, tuple[Any, ...], Any, type[BaseException] | None, int, int, tuple[str, ...]], object
+    ]
+    | None,
+    /,
+) -> None:
+    """The one-call path: ops whose call with no keywords on an exact `types` first argument
+    goes to after(op, args, result, error type, t0, t1, aten names)."""
+
+def set_fast_events(
+    rec: Any | None,
+    copies: Any | None,
+    tail: Callable[[str, Any, Any, Any, Any, Any], object] | None,
+    ops: frozenset[str] | None,
+    /,
+) -> None:
+    """The recorder, its FreshCopies, tail(op, src, out, event, grad_fn, placed) and the ops
+    whose whole event may be made in C."""
+
+def set_watch_writes(on: bool, /) -> None: ...
+def set_copy_hooks(
+    fresh: dict[int, Any] | None,
+    written: dict[int, Any] | None,
+    hook: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any] | None], object] | None,
+    getitem: Callable[..., Any] | None,
+    /,
+) -> None: ...
+def bind_torch_function(mode: object, /) -> Callable[..., Any]:
+    """The C __torch_function__ bound to `mode` (torch requires it as __self__)."""
+
+def entry_frames() -> tuple[FrameType, ...]: ...
+def has_entry_frames() -> bool: ...
+
+# --- warn_shim.cpp --------------------------------------------------------------------------
+def make_warn(orig: Callable[..., None], /) -> Callable[..., None]:
+    """A warnings.warn calling `orig` with the stacklevel counted as untraced."""
+
+# --- versions.cpp ---------------------------------------------------------------------------
+class VersionRef:
+    """A tensor's version counter and its value when read (holds no tensor)."""
+
+def version_of(t: object, /) -> VersionRef | None: ...
+def version_delta(handle: VersionRef, /) -> int: ...
+def version_final(handle: VersionRef, /) -> int | None: ...
+
+# --- lean.cpp -------------------------------------------------------------------------------
+def wrap_api(name: str, original: Callable[..., Any], method: bool, /) -> Any:
+    """A C function named `name` recording calls of `original`; method: a descriptor that
+    binds it to Tensor instances and gives `original` on the class."""
+
+def data_descriptor(
+    original: Any, get: Callable[..., Any], set: Callable[..., Any], /
+) -> Any:
+    """A data descriptor for Tensor.data recording its reads and writes."""
+
+def set_wrappers(on: bool, /) -> None: ...
+def set_quiet_codes(codes: set[CodeType] | None, /) -> None: ...
+def set_lean_mode(on: bool, /) -> None: ...
+
+# --- hotpatch.cpp ---------------------------------------------------------------------------
+def hot_install(
+    callables: Sequence[Callable[..., Any]],
+    data: Any | None,
+    get: Callable[..., Any] | None,
+    set: Callable[..., Any] | None,
+    /,
+) -> list[bool]:
+    """Hot-patch torch's pointers: a bool per callable, then one for Tensor.data."""
+
+def hot_restore() -> None: ...
+def hot_count() -> int: ...
+
+# --- frames.cpp -----------------------------------------------------------------------------
+def call_site(
+    classify: Callable[[CodeType], int], /
+) -> tuple[str, int, str, str | None] | None:
+    """The user's (file, line, function, via) on this thread's stack, or None."""
+
+def clear_sites() -> None: ...
+def frame_var(frame: FrameType, name: str, /) -> Any:
+    """A running frame's variable without f_locals; NameError where it has none."""
+
+# --- record.cpp -----------------------------------------------------------------------------
+RECORD_FIELDS: Final[tuple[str, ...]]
+"""The event fields record writes; record_setup checks them against the schema's."""
+
+def record_setup(fields: Sequence[str], always_alias: frozenset[str], /) -> None:
+    """The schema's event field names and the ops whose result is always an alias; ValueError
+    naming a field of RECORD_FIELDS the schema lacks."""
+
+def record(
+    state: tuple[Any, Any, Callable[[CodeType], int], CodeType, dict[int, str]],
+    op: str,
+    src: torch.Tensor,
+    out: Any,
+    src_requires_grad: bool | None,
+    seq: int,
+    start: int,
+    end: int,
+    aten: tuple[str, ...],
+    step: int,
+    in_optimizer: bool,
+    /,
+) -> tuple[Any, Any, Any] | bool | None:
+    """An API call's event as (event, grad_fn, placed or module frame); False: no event; None:
+    the Python readers record it. state: (prototype event, StorageIds, classify,
+    Module._call_impl's code, thread names by ident)."""
+
+# --- compiled.cpp ---------------------------------------------------------------------------
+def callback_from_stance(callback: Any, /) -> Any: ...
+def cfs_install(orig: Any | None, state: Any | None, wrap: Any | None, /) -> None: ...
+def cfs_begin(codes: list[CodeType] | None, /) -> None: ...
+def compiled_enter() -> Callable[[], None] | Any: ...
+def compiled_backward(fn: Callable[..., Any], /, *args: Any) -> Any: ...
+def user_fn_install(
+    orig: Any | None, partial: Any | None, run: Any | None, /
+) -> Callable[..., Any] | None: ...
+def cc_install(
+    state: Any | None,
+    rec: Any | None,
+    raw: list[tuple[Any, ...]] | None,
+    code_graphs: dict[CodeType, int | None] | None,
+    graph_runs: dict[int, int] | None,
+    sources: dict[int, tuple[Any, Any]] | None,
+    graphs: dict[int, Any] | None,
+    nothing: Any | None,
+    /,
+) -> bool:
+    """Connect the compiled-call hooks (None x 8 clears); whether a call was still open."""

@@ -1,0 +1,375 @@
+// record(state, op, src, out, src_requires_grad, seq, start, end, aten, step, in_optimizer):
+// the common case of Recorder._record_api (copytrace/tracer/_recorder.py) in one call: a new
+// event with its tensor facts, call site and storage ids, for an API call on plain tensors that
+// did not raise (the caller leaves numpy, deepcopy and calls inside a deepcopy group to
+// Python). state: (prototype event, Watch.ids (StorageIds), call-site classify,
+// Module._call_impl's code, the recorder's thread names by ident). Returns (event, result's
+// grad_fn or None, where): where is True when the event's phase, module and thread are set too
+// (outside backward, no module call in progress, a thread named before), else the innermost
+// Module._call_impl frame or None for Recorder._place; False when the call is no event (a
+// zero-dim integer index: a view); None when a tensor is not a plain one, or before
+// record_setup (the caller records it with the Python readers). Sets exactly the fields the
+// Python path sets, in the same order of storage ids (input, then result).
+//
+// The event's field table is the schema's: record_setup(fields, always_alias) hands over the
+// schema's field names (copytrace/tracer/_native/__init__.py reads them) and the recorder's
+// always-alias ops; the fields this unit writes (RECORD_FIELDS) must all be among them, and
+// their slots are found by name in the event's class.
+#include <torch/csrc/Storage.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <structmember.h>
+
+#include <cstring>
+
+#include "observer.h"
+
+// The fields record writes (each spelled once, as its name in the schema).
+#define COPYTRACE_RECORD_FIELDS(X)                                                           \
+  X(seq) X(op) X(aten) X(bytes_allocated) X(bytes_logical) X(alias) X(noop) X(shape)       \
+  X(dtype) X(src_dtype) X(src_device) X(dst_device) X(transfer) X(requires_grad)           \
+  X(src_requires_grad) X(grad_fn) X(is_leaf) X(graph) X(step) X(file) X(line) X(function)  \
+  X(via) X(start_ns) X(end_ns) X(pinned) X(src_storage) X(src_offset) X(src_stride)        \
+  X(src_version) X(dst_storage) X(dst_version) X(fake) X(phase) X(thread_id) X(thread_name)
+
+namespace copytrace {
+namespace {
+
+enum Field : int {
+#define COPYTRACE_FIELD_ENUM(name) F_##name,
+  COPYTRACE_RECORD_FIELDS(COPYTRACE_FIELD_ENUM)
+#undef COPYTRACE_FIELD_ENUM
+  F_COUNT
+};
+const char* const kFieldNames[F_COUNT] = {
+#define COPYTRACE_FIELD_NAME(name) #name,
+    COPYTRACE_RECORD_FIELDS(COPYTRACE_FIELD_NAME)
+#undef COPYTRACE_FIELD_NAME
+};
+
+PyTypeObject* g_event_type = nullptr;  // the type g_offsets belong to (borrowed, compared only)
+Py_ssize_t g_offsets[F_COUNT];
+bool g_schema_checked = false;  // record_setup found every field of ours in the schema's
+// interned strings: op names compared, values stored, attribute names read
+PyObject *s_copy_, *s_index, *s_attached, *s_detached, *s_h2d, *s_d2h, *s_d2d, *s_cpu, *s_none,
+    *s_ids, *s_next, *s_limit, *s_of_storage, *s_is_pinned, *s_optimizer, *s_other;
+PyObject* g_always_alias = nullptr;  // frozenset of op names whose result is an alias
+
+bool interned_names() {
+  if (s_copy_ != nullptr) return true;
+  struct { PyObject** slot; const char* text; } names[] = {
+      {&s_copy_, "copy_"}, {&s_index, "index"}, {&s_attached, "attached"},
+      {&s_detached, "detached"}, {&s_h2d, "h2d"}, {&s_d2h, "d2h"}, {&s_d2d, "d2d"},
+      {&s_cpu, "cpu"}, {&s_none, "none"}, {&s_ids, "_ids"}, {&s_next, "_next"},
+      {&s_limit, "_limit"}, {&s_of_storage, "of_storage"}, {&s_is_pinned, "is_pinned"},
+      {&s_optimizer, "optimizer"}, {&s_other, "other"}};
+  for (auto& n : names) {
+    *n.slot = PyUnicode_InternFromString(n.text);
+    if (*n.slot == nullptr) return false;
+  }
+  return true;
+}
+
+// The slots of the event class: found by name once per class.
+bool event_type_setup(PyTypeObject* type) {
+  if (type == g_event_type) return true;
+  if (type->tp_members == nullptr || type->tp_dictoffset != 0) {
+    PyErr_SetString(PyExc_TypeError, "record: the prototype's class must have __slots__");
+    return false;
+  }
+  for (int f = 0; f < F_COUNT; ++f) {
+    g_offsets[f] = -1;
+    for (PyMemberDef* m = type->tp_members; m->name != nullptr; ++m) {
+      if (m->type == T_OBJECT_EX && std::strcmp(m->name, kFieldNames[f]) == 0) {
+        g_offsets[f] = m->offset;
+        break;
+      }
+    }
+    if (g_offsets[f] < 0) {
+      PyErr_Format(PyExc_TypeError, "record: the event has no field %s", kFieldNames[f]);
+      return false;
+    }
+  }
+  g_event_type = type;
+  return true;
+}
+
+// Store `value` (a new reference, may be NULL after an error: then false) in field f of ev.
+inline bool put(PyObject* ev, Field f, PyObject* value) {
+  if (value == nullptr) return false;
+  PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(ev) + g_offsets[f]);
+  PyObject* old = *slot;
+  *slot = value;
+  Py_XDECREF(old);
+  return true;
+}
+
+inline bool same_op(PyObject* op, PyObject* name) {
+  return op == name || (PyUnicode_Check(op) && PyUnicode_Compare(op, name) == 0);
+}
+
+// _recorder._transfer(src, dst) for two different device names
+PyObject* transfer_of(PyObject* src, PyObject* dst) {
+  if (PyUnicode_Compare(src, dst) == 0) return Py_NewRef(s_none);
+  const bool src_host = PyUnicode_Compare(src, s_cpu) == 0;
+  const bool dst_host = PyUnicode_Compare(dst, s_cpu) == 0;
+  if (src_host && !dst_host) return Py_NewRef(s_h2d);
+  if (dst_host && !src_host) return Py_NewRef(s_d2h);
+  if (src_host && dst_host) return Py_NewRef(s_none);
+  return Py_NewRef(s_d2d);
+}
+
+// StorageIds.of_storage(storage) (copytrace/tracer/_watch.py): its dict read and its insert
+// in C; a full table (to be pruned) goes to the Python method.
+PyObject* storage_id(PyObject* ids, PyObject* storage) {
+  PyObject* table = PyObject_GetAttr(ids, s_ids);
+  if (table == nullptr) return nullptr;
+  PyObject* key = PyLong_FromVoidPtr(storage);  // id(storage)
+  if (key == nullptr || !PyDict_Check(table)) {
+    Py_DECREF(table);
+    Py_XDECREF(key);
+    return key == nullptr ? nullptr : PyObject_CallMethodOneArg(ids, s_of_storage, storage);
+  }
+  PyObject* entry = PyDict_GetItemWithError(table, key);  // borrowed
+  if (entry != nullptr && PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 2 &&
+      PyWeakref_Check(PyTuple_GET_ITEM(entry, 0)) &&
+      PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(entry, 0)) == storage) {
+    PyObject* uid = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
+    Py_DECREF(key);
+    Py_DECREF(table);
+    return uid;
+  }
+  PyObject* result = nullptr;
+  PyObject* limit = PyErr_Occurred() ? nullptr : PyObject_GetAttr(ids, s_limit);
+  PyObject* uid = limit == nullptr ? nullptr : PyObject_GetAttr(ids, s_next);
+  if (uid != nullptr) {
+    const Py_ssize_t size = PyDict_GET_SIZE(table);
+    const long long lim = PyLong_AsLongLong(limit);
+    if (lim == -1 && PyErr_Occurred()) {
+      // result stays NULL
+    } else if (size >= lim) {
+      result = PyObject_CallMethodOneArg(ids, s_of_storage, storage);  // prunes the table
+    } else {
+      PyObject* one = PyLong_FromLong(1);
+      PyObject* next = one == nullptr ? nullptr : PyNumber_Add(uid, one);
+      Py_XDECREF(one);
+      PyObject* ref = next == nullptr ? nullptr : PyWeakref_NewRef(storage, nullptr);
+      PyObject* value = ref == nullptr ? nullptr : PyTuple_Pack(2, ref, uid);
+      Py_XDECREF(ref);
+      if (value != nullptr && PyObject_SetAttr(ids, s_next, next) == 0 &&
+          PyDict_SetItem(table, key, value) == 0) {
+        result = Py_NewRef(uid);
+      }
+      Py_XDECREF(next);
+      Py_XDECREF(value);
+    }
+  }
+  Py_XDECREF(uid);
+  Py_XDECREF(limit);
+  Py_DECREF(key);
+  Py_DECREF(table);
+  return result;
+}
+
+}  // namespace
+
+PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  if (nargs != 11 || !PyTuple_Check(argv[0]) || PyTuple_GET_SIZE(argv[0]) != 5) {
+    PyErr_SetString(PyExc_TypeError,
+                    "record(state, op, src, out, src_requires_grad, seq, start, end, aten, step, "
+                    "in_optimizer)");
+    return nullptr;
+  }
+  if (!g_schema_checked || g_always_alias == nullptr) Py_RETURN_NONE;  // before record_setup
+  PyObject* state = argv[0];
+  PyObject *op = argv[1], *src = argv[2], *out = argv[3], *src_rg_arg = argv[4];
+  PyObject* proto = PyTuple_GET_ITEM(state, 0);
+  PyObject* ids = PyTuple_GET_ITEM(state, 1);
+  if (!THPVariable_CheckExact(src) || !THPVariable_CheckExact(out)) Py_RETURN_NONE;
+  if (!event_type_setup(Py_TYPE(proto))) return nullptr;
+  // The facts of both tensors, read in place (no Facts tuple): released at return.
+  struct Facts {
+    PyObject* items[FACT_COUNT];
+    ~Facts() { for (PyObject* o : items) Py_XDECREF(o); }
+  } fs, fo;
+  if (read_facts(src, false, fs.items) != 1 || read_facts(out, true, fo.items) != 1)
+    Py_RETURN_NONE;
+  auto S = [&](Fact i) { return fs.items[i]; };
+  auto O = [&](Fact i) { return fo.items[i]; };
+  PyObject* ev = copy_slots(nullptr, proto);
+  if (ev == nullptr) return nullptr;
+  struct Drop { PyObject* o; ~Drop() { Py_DECREF(o); } } drop{ev};
+  auto R = [](PyObject* o) { return Py_NewRef(o); };
+  bool ok = put(ev, F_op, R(op)) && put(ev, F_aten, R(argv[8])) && put(ev, F_seq, R(argv[5])) &&
+            put(ev, F_start_ns, R(argv[6])) && put(ev, F_end_ns, R(argv[7]));
+  PyObject* src_device = S(FACT_device);
+  PyObject* src_rg = src_rg_arg == Py_None ? S(FACT_requires_grad) : src_rg_arg;
+  PyObject* dst_device = O(FACT_device);
+  PyObject* rg = O(FACT_requires_grad);
+  PyObject* grad_fn = O(FACT_grad_fn);
+  ok = ok && put(ev, F_src_dtype, R(S(FACT_dtype))) && put(ev, F_src_device, R(src_device)) &&
+       put(ev, F_src_requires_grad, R(src_rg)) && put(ev, F_shape, R(O(FACT_shape))) &&
+       put(ev, F_dtype, R(O(FACT_dtype))) && put(ev, F_dst_device, R(dst_device)) &&
+       put(ev, F_bytes_logical, R(O(FACT_logical_bytes))) && put(ev, F_requires_grad, R(rg)) &&
+       put(ev, F_grad_fn, R(O(FACT_grad_fn_name))) && put(ev, F_is_leaf, R(O(FACT_is_leaf)));
+  if (!ok) return nullptr;
+  bool noop = false, alias = false;
+  if (same_op(op, s_copy_)) {
+    alias = false;  // written into an existing tensor: 0 bytes allocated
+  } else if (out == src) {
+    noop = alias = true;
+    ok = put(ev, F_noop, R(Py_True)) && put(ev, F_alias, R(Py_True));
+  } else {
+    const int always = PySet_Contains(g_always_alias, op);
+    if (always < 0) return nullptr;
+    if (always == 1) {
+      alias = true;
+    } else {
+      PyObject* storage = O(FACT_storage);
+      PyObject* src_storage = S(FACT_storage);
+      alias = storage != Py_None && src_storage != Py_None &&
+              (storage == src_storage ||
+               THPStorage_Unpack(storage).unsafeGetStorageImpl() ==
+                   THPStorage_Unpack(src_storage).unsafeGetStorageImpl());
+    }
+    ok = put(ev, F_alias, R(alias ? Py_True : Py_False));
+    if (ok && !alias) {
+      if (O(FACT_fake) == Py_True) {
+        ok = put(ev, F_fake, R(Py_True));  // a copy of no real memory: logical bytes only
+      } else {
+        ok = put(ev, F_bytes_allocated, R(O(FACT_storage_bytes)));
+      }
+    }
+  }
+  if (!ok) return nullptr;
+  if (grad_fn != Py_None || (noop && rg == Py_True)) {
+    ok = put(ev, F_graph, R(s_attached));
+  } else if (src_rg == Py_True) {
+    ok = put(ev, F_graph, R(s_detached));
+  }
+  if (!ok) return nullptr;
+  if (alias && same_op(op, s_index)) Py_RETURN_FALSE;  // a zero-dim integer index: a view
+  if (src_device != dst_device) {  // interned names: equal names are one object
+    PyObject* transfer = transfer_of(src_device, dst_device);
+    if (!put(ev, F_transfer, transfer)) return nullptr;
+    if (transfer == s_h2d) {
+      PyObject* pinned = PyObject_CallMethodNoArgs(src, s_is_pinned);
+      if (!put(ev, F_pinned, pinned)) return nullptr;
+    }
+  }
+  // Recorder._context's call site
+  PyObject* classify = PyTuple_GET_ITEM(state, 2);
+  PyObject* site = call_site(nullptr, &classify, 1);
+  if (site == nullptr) return nullptr;
+  if (site != Py_None) {
+    ok = put(ev, F_file, R(PyTuple_GET_ITEM(site, 0))) &&
+         put(ev, F_line, R(PyTuple_GET_ITEM(site, 1))) &&
+         put(ev, F_function, R(PyTuple_GET_ITEM(site, 2))) &&
+         put(ev, F_via, R(PyTuple_GET_ITEM(site, 3)));
+  }
+  Py_DECREF(site);
+  if (!ok || !put(ev, F_step, R(argv[9]))) return nullptr;
+  // Watch._event's storage facts
+  PyObject* sid = storage_id(ids, S(FACT_storage));
+  if (!put(ev, F_src_storage, sid)) return nullptr;
+  if (S(FACT_offset) != Py_None) {
+    ok = put(ev, F_src_offset, R(S(FACT_offset))) && put(ev, F_src_stride, R(S(FACT_stride))) &&
+         put(ev, F_src_version, R(S(FACT_version)));
+  }
+  if (ok) {
+    ok = put(ev, F_dst_storage, out == src ? R(sid) : storage_id(ids, O(FACT_storage))) &&
+         put(ev, F_dst_version, R(O(FACT_version)));
+  }
+  if (!ok) return nullptr;
+  PyObject* frame = innermost_frame_of(PyTuple_GET_ITEM(state, 3));
+  if (frame == nullptr) return nullptr;
+  if (frame == Py_None && torch::autograd::get_current_graph_task_id() < 0) {
+    // Recorder._place's common case: not in backward, no module call: module None
+    PyObject* ident = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    if (ident == nullptr) {
+      Py_DECREF(frame);
+      return nullptr;
+    }
+    PyObject* name = PyDict_GetItemWithError(PyTuple_GET_ITEM(state, 4), ident);  // borrowed
+    if (name != nullptr) {
+      const int optimizer = PyObject_IsTrue(argv[10]);
+      if (optimizer < 0 || !put(ev, F_phase, R(optimizer ? s_optimizer : s_other)) ||
+          !put(ev, F_thread_name, R(name))) {
+        Py_DECREF(ident);
+        Py_DECREF(frame);
+        return nullptr;
+      }
+      put(ev, F_thread_id, ident);  // takes the reference
+      ident = nullptr;
+      Py_DECREF(frame);
+      frame = Py_NewRef(Py_True);
+    }
+    Py_XDECREF(ident);
+    if (PyErr_Occurred()) {
+      Py_DECREF(frame);
+      return nullptr;
+    }
+  }
+  PyObject* result = PyTuple_New(3);
+  if (result == nullptr) {
+    Py_DECREF(frame);
+    return nullptr;
+  }
+  PyTuple_SET_ITEM(result, 0, R(ev));
+  PyTuple_SET_ITEM(result, 1, R(grad_fn));
+  PyTuple_SET_ITEM(result, 2, frame);
+  return result;
+}
+
+
+// record_setup(fields, always_alias): the schema's event field names (a sequence of str) and
+// the ops whose result is always an alias (_rules.RULES.always_alias, a frozenset). ValueError
+// naming a field this unit writes that the schema does not have.
+PyObject* py_record_setup(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  if (!arity(nargs, 2, "record_setup(fields, always_alias)")) return nullptr;
+  if (!interned_names()) return nullptr;
+  if (!PyFrozenSet_Check(argv[1])) {
+    PyErr_SetString(PyExc_TypeError, "record_setup: always_alias must be a frozenset");
+    return nullptr;
+  }
+  PyObject* fields = PySequence_Fast(argv[0], "record_setup: fields must be a sequence");
+  if (fields == nullptr) return nullptr;
+  g_schema_checked = false;
+  for (int f = 0; f < F_COUNT; ++f) {
+    bool found = false;
+    for (Py_ssize_t i = 0; !found && i < PySequence_Fast_GET_SIZE(fields); ++i) {
+      PyObject* name = PySequence_Fast_GET_ITEM(fields, i);
+      found = PyUnicode_Check(name) && PyUnicode_CompareWithASCIIString(name, kFieldNames[f]) == 0;
+    }
+    if (!found) {
+      Py_DECREF(fields);
+      PyErr_Format(PyExc_ValueError, "record_setup: the schema has no event field %s",
+                   kFieldNames[f]);
+      return nullptr;
+    }
+  }
+  Py_DECREF(fields);
+  set_slot(g_always_alias, argv[1]);
+  g_schema_checked = true;
+  Py_RETURN_NONE;
+}
+
+// RECORD_FIELDS: the event fields record writes, in the order it knows them.
+bool record_init(PyObject* module) {
+  PyObject* names = PyTuple_New(F_COUNT);
+  if (names == nullptr) return false;
+  for (int f = 0; f < F_COUNT; ++f) {
+    PyObject* name = PyUnicode_InternFromString(kFieldNames[f]);
+    if (name == nullptr) {
+      Py_DECREF(names);
+      return false;
+    }
+    PyTuple_SET_ITEM(names, f, name);
+  }
+  const bool ok = PyModule_AddObjectRef(module, "RECORD_FIELDS", names) == 0;
+  Py_DECREF(names);
+  return ok;
+}
+
+}  // namespace copytrace
