@@ -310,3 +310,38 @@ def test_index_result_at_level_full_holds_no_weakref_and_a_lost_write_is_still_f
     assert index.write_site is not None and index.write_site.endswith(" lose_a_write")
     assert index.inplace_writes == 1  # zero_ bumped the gather's counter once
     assert t.stats["errors"] == 0
+
+
+@pytest.mark.skipif(_native.load() is None, reason="the Python fallback's modes are the mechanism")
+def test_default_level_keeps_the_mode_stacks_while_an_index_result_and_a_data_alias_live():
+    import weakref
+
+    w = torch.nn.Parameter(torch.randn(4))
+    idx = torch.tensor([0, 2])
+
+    def stacks() -> tuple[int, int]:
+        return torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()
+
+    with copytrace.trace(write=False) as t:  # the default level: lean
+        before = stacks()
+        loss = (w * w).sum()  # mul saves w: the write through the alias below is hidden
+        gather = w.detach()[idx]  # a fresh gather, not a view
+        alias = w.data  # autograd cannot see writes through it
+        during = stacks()
+        gather.zero_()
+        alias.mul_(2.0)
+        written = stacks()
+        refs = [weakref.getweakrefcount(x) for x in (gather, alias, w)]
+        loss.backward()  # reads the overwritten w: data-inplace
+        del gather  # written and never used: lost-inplace-write
+        after = stacks()
+    assert before == during == written == after == (0, 0)
+    assert refs == [0, 0, 0]
+    (index,) = [e for e in t.events if e.op == "index"]
+    (data,) = [e for e in t.events if e.op == "data_get"]
+    site = " test_default_level_keeps_the_mode_stacks_while_an_index_result_and_a_data_alias_live"
+    assert index.write_site is not None and index.write_site.endswith(site)
+    assert data.inplace_writes == 1 and data.write_site.endswith(site)
+    # w * w saves w twice (self and other, read in dir() order)
+    assert data.saved_by == ("MulBackward0.other", "MulBackward0.self")
+    assert t.stats["errors"] == 0

@@ -24,13 +24,15 @@ Two hazards read that fact:
   and no torch call used it after that write, the event gets ``write_site``, the
   ``file:line function`` of the first lost write.
 
-The write site and the uses need the function mode's calls: ``args[0]`` of every call while an
-index result (or a copy counted by calls) is alive, and every argument (one level into lists
-and tuples, and keyword values) only while a written index result waits for a use. At level
-``lean`` the mode joins the stack, at its bottom, only while an index result is alive
-(``on_index``; ``_observer.LeanWatch``); inference tensors that are not index results are not
-counted there. A write into an index result made by ``out=`` or by C++ code below a torch call
-gives no write site.
+The write site and the uses need the torch calls on the result. At levels ``full`` and
+``api``, the function mode's: ``args[0]`` of every call while an index result (or a copy
+counted by calls) is alive, and every argument (one level into lists and tuples, and keyword
+values) only while a written index result waits for a use; a write made by ``out=`` or by C++
+code below a torch call gives no write site there. At level ``lean`` (no mode), the C++
+observer's write watch (``_native/watch_cb.cpp``, :meth:`Fresh.watched_op`): each outermost
+aten op on the result or a view of it, written where the op's schema marks the argument
+``Tensor(a!)`` (``out=`` included), read otherwise; inference tensors that are not index
+results are counted by the API's own calls only.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from copytrace.tracer._callsite import user_frame
 if TYPE_CHECKING:
     from copytrace.schema import CopyEvent
 
-__all__ = ["Fresh", "INDEX_OPS", "is_inplace"]
+__all__ = ["Fresh", "INDEX_OPS", "WATCH_ALIAS", "WATCH_INDEX", "is_inplace"]
 
 #: Ops whose result is a fresh gather of selected elements (``x[idx]`` is ``index``).
 INDEX_OPS = ("index", "index_select", "masked_select", "take", "gather", "take_along_dim")
@@ -66,6 +68,8 @@ _NOT_WRITES = frozenset((
     "_fix_weakref", "register_hook_",
 ))  # fmt: skip
 _INPLACE: dict[Any, bool] = {}
+#: kinds of the C++ write watch (``watch_tensor``): a ``.data`` alias, an index result
+WATCH_ALIAS, WATCH_INDEX = 1, 2
 
 
 def is_inplace(func: Any, kwargs: dict | None = None) -> bool:
@@ -99,12 +103,12 @@ class _Entry:
     Nothing is held on the copy itself where the C++ observer gives a handle on its version
     counter (``version``): the copy is named by ``key`` (its ``id``) and ``cdata`` (its
     TensorImpl's address), and is alive while another holder shares the counter; its death is
-    found at the next watched call, flush or stop (:meth:`Fresh.reap`). ``ref``: a weak
-    reference whose callback is :meth:`Fresh._gone`, only for a copy without a counter (the
-    Python fallback, inference tensors) and at level ``lean`` (``on_index`` set), whose mode
-    must leave torch's stack as soon as the last index result dies."""
+    found at the next watched call, step boundary, flush or stop (:meth:`Fresh.reap`). ``ref``:
+    a weak reference whose callback is :meth:`Fresh._gone`, only for a copy without a counter
+    (the Python fallback, inference tensors). ``counter``: at level ``lean``, the key under
+    which the C++ write watch knows the result (its version counter's address), else None."""
 
-    __slots__ = ("key", "cdata", "ev", "index", "site", "used", "version", "ref")
+    __slots__ = ("key", "cdata", "ev", "index", "site", "used", "version", "ref", "counter")
 
     def is_(self, t: Any, final: Any) -> bool:
         """Whether this entry's copy is ``t`` (``final``: the observer's ``version_final``)."""
@@ -132,8 +136,8 @@ class Fresh:
     * ``fresh``: the others, by ``id(tensor)``, as :class:`_Entry` (index results, whose
       writes need a site and a use, and copies without a version counter: the Python fallback,
       inference tensors); ``written``: the written index results that no call has used since;
-      ``index``: the live index results (``on_index(alive)`` is told when the first one
-      appears and when the last one dies: level lean's mode).
+      ``index``: the live index results; ``counters``: at level lean, the index results by
+      their key in the C++ write watch (``lean``: ``(watch_tensor, unwatch)`` of the observer).
 
     The dicts are never replaced (the C++ observer holds ``fresh`` and ``written``)."""
 
@@ -146,7 +150,8 @@ class Fresh:
         self.version_of: Any = None
         self.version_final: Any = None
         self.version_delta: Any = None
-        self.on_index: Any = None
+        self.lean: tuple[Any, Any] | None = None
+        self.counters: dict[int, _Entry] = {}
         self._note_error = note_error
         self._callback = self._gone
         self._calls = 0  # watched calls since the last reap (many index results alive)
@@ -182,9 +187,8 @@ class Fresh:
         entry.site = None  # first in-place write
         entry.used = False  # a torch call used the result after its first write
         entry.version = version
-        if version is None or self.on_index is not None:
-            # no counter to follow it by, or level lean, whose mode must leave the stack when
-            # the last index result dies (its callback): a weak reference
+        entry.counter = None
+        if version is None:  # no counter to follow it by: a weak reference
             ref = entry.ref = _Ref(out, self._callback)
             ref.entry = entry
             entry.cdata = 0
@@ -198,8 +202,11 @@ class Fresh:
         fresh[key] = entry
         if index:
             table[key] = entry
-            if len(table) == 1 and self.on_index is not None:
-                self.on_index(True)
+            lean = self.lean
+            if lean is not None and version is not None:  # the C++ write watch (level lean)
+                entry.counter = counter = lean[0](out, WATCH_INDEX)
+                if counter is not None:
+                    self.counters[counter] = entry
 
     def _prune(self) -> None:
         """Give the copies that are gone (with all their views) their final count."""
@@ -272,8 +279,11 @@ class Fresh:
         table = self.index
         if table.get(key) is entry:
             del table[key]
-            if not table and self.on_index is not None:
-                self.on_index(False)
+        counter = entry.counter
+        if counter is not None and self.counters.get(counter) is entry:
+            del self.counters[counter]
+            if self.lean is not None:
+                self.lean[1](counter, WATCH_INDEX)
 
     def call(self, func: Any, args: tuple, kwargs: dict) -> None:
         """A torch call with a watched tensor among its arguments. Never raises."""
@@ -293,6 +303,30 @@ class Fresh:
                 found = user_frame(sys._getframe(1))
                 entry.site = f"{found[0]}:{found[1]} {found[2]}" if found else "?"
                 self.written[id(target)] = entry
+        except Exception as err:
+            self._note_error(err)
+
+    def watched_op(self, hits: tuple[tuple[int, bool, Any], ...]) -> None:
+        """Level lean: an outermost aten op on watched tensors (the C++ write watch's
+        ``(key, written, storage)`` hits): a write into an index result notes its site, a read
+        of a written one is its use. Called from the watch's hook; never raises."""
+        try:
+            counters = self.counters
+            if self.index:
+                self._tick()
+            written = self.written
+            for key, wrote, _ in hits:
+                entry = counters.get(key)
+                if entry is None:
+                    continue
+                if wrote:
+                    if entry.site is None:
+                        found = user_frame(sys._getframe(2))
+                        entry.site = f"{found[0]}:{found[1]} {found[2]}" if found else "?"
+                        written[entry.key] = entry
+                elif written.get(entry.key) is entry:
+                    entry.used = True
+                    del written[entry.key]
         except Exception as err:
             self._note_error(err)
 
@@ -330,7 +364,5 @@ class Fresh:
         self._limit = _MIN_KEPT
         self.fresh.clear()
         self.written.clear()
-        if self.index:
-            self.index.clear()
-            if self.on_index is not None:
-                self.on_index(False)
+        self.index.clear()
+        self.counters.clear()  # the C++ watch's keys go with set_watch_hook(None)

@@ -56,6 +56,7 @@ class Watch(AliasWrites, Retention):
         self.ids = StorageIds()
         #: id(alias tensor) -> entry; the dispatch mode checks writes only while non-empty.
         self.aliases: dict[int, _Alias] = {}
+        self.alias_counters: dict[int, _Alias] = {}  # level lean: by C++ write-watch key
         self._alias_calls = 0  # watched calls since the last prune_aliases (many aliases)
         self.writes: dict[int, _Pending] = {}  # id(storage) -> pending write
         self.rebinds: dict[int, _Pending] = {}  # id(storage) -> pending `.data =` rebinding
@@ -191,6 +192,7 @@ class Watch(AliasWrites, Retention):
         """Last checks when tracing stops; then drop every watch."""
         self.step_end(final=True)
         self.aliases.clear()
+        self.alias_counters.clear()  # the C++ watch's keys go with set_watch_hook(None)
         self.writes.clear()
         self.rebinds.clear()
         self.snapshots.clear()

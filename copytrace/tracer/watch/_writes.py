@@ -4,7 +4,9 @@
   autograd cannot see an in-place write through it. While one is alive
   (:attr:`AliasWrites.aliases` non-empty) each in-place write into it is noted as a *pending
   write*: the dispatch mode calls :meth:`AliasWrites.before_op`, the C handler
-  :meth:`AliasWrites.before_api`.
+  :meth:`AliasWrites.before_api`, and at level ``lean`` (no mode) the C++ observer's write
+  watch :meth:`AliasWrites.watched_op` (``_native/watch_cb.cpp``: a RecordFunction callback,
+  registered only while an alias or an index result is watched, reading each aten op's schema).
 * A ``.data =`` rebinding is noted as a pending rebinding.
 * At ``Tensor.backward``, ``torch.autograd.backward`` or ``torch.autograd.grad``
   (:meth:`AliasWrites.check_backward`), while one is pending, the graph about to run is walked
@@ -25,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from copytrace.tracer._callsite import user_frame
+from copytrace.tracer._fresh import WATCH_ALIAS
 from copytrace.tracer.watch._graph import _backward_roots, _saved_tensors, _unpacked, _walk
 
 if TYPE_CHECKING:
@@ -59,9 +62,10 @@ class _Alias:
     :func:`_identity`, ``version`` the C++ observer's handle on its version counter (the
     alias is alive while another holder shares the counter: ``version_final`` is None).
     ``ref``: only on the Python fallback, which has no counter handle, a weak reference.
-    ``src``: the :func:`_identity` of the alias's source."""
+    ``src``: the :func:`_identity` of the alias's source. ``counter``: at level lean, its key in
+    the C++ write watch."""
 
-    __slots__ = ("ident", "version", "ref", "src", "ev")
+    __slots__ = ("ident", "version", "ref", "src", "ev", "counter")
 
     def __init__(
         self, ident: tuple[int, int], version: Any, ref: Any, src: tuple[int, int], ev: CopyEvent
@@ -71,6 +75,7 @@ class _Alias:
         self.ref = ref
         self.src = src
         self.ev = ev
+        self.counter: int | None = None
 
 
 class _Pending:
@@ -119,6 +124,7 @@ class AliasWrites:
 
     host: WatchHost
     aliases: dict[int, _Alias]
+    alias_counters: dict[int, _Alias]
     writes: dict[int, _Pending]
     rebinds: dict[int, _Pending]
     _written: dict[Any, Any]
@@ -135,12 +141,15 @@ class AliasWrites:
         version = version_of(alias) if version_of is not None else None
         ev.inplace_writes = 0
         # the source (a parameter, which the program may swap_tensors) by identity only
-        if version is not None and copies.on_index is None:
+        if version is not None:
             # the alias by identity and its own version counter
-            aliases[key] = _Alias(ident, version, None, _identity(src), ev)
+            entry = aliases[key] = _Alias(ident, version, None, _identity(src), ev)
+            if copies.lean is not None:  # level lean: the C++ write watch sees its writes
+                entry.counter = counter = copies.lean[0](alias, WATCH_ALIAS)
+                if counter is not None:
+                    self.alias_counters[counter] = entry
         else:
-            # the Python fallback (no counter handle), and level lean, whose mode must leave
-            # torch's stack the moment the last alias dies: a weak reference with a callback
+            # the Python fallback (no counter handle): a weak reference with a callback
 
             def gone(ref: weakref.ref, key: int = key) -> None:
                 entry = aliases.get(key)
@@ -177,9 +186,17 @@ class AliasWrites:
             return
         dead = [k for k, e in aliases.items() if e.ref is None and final(e.version) is not None]
         for key in dead:
-            del aliases[key]
+            self._unwatch_counter(aliases.pop(key))
         if dead and not aliases:
             self._watch_writes(False)
+
+    def _unwatch_counter(self, entry: _Alias) -> None:
+        counter = entry.counter
+        if counter is not None and self.alias_counters.get(counter) is entry:
+            del self.alias_counters[counter]
+            lean = self.copies.lean
+            if lean is not None:
+                lean[1](counter, WATCH_ALIAS)
 
     def _tick_aliases(self) -> None:
         if len(self.aliases) <= 8:
@@ -264,12 +281,31 @@ class AliasWrites:
             self.host.note_error(err)
 
     def _note_write(self, entry: _Alias, alias: torch.Tensor) -> None:
+        self._pending_write(entry, alias.untyped_storage(), _site(sys._getframe(2)))
+
+    def _pending_write(self, entry: _Alias, storage: Any, site: str | None) -> None:
         ev = entry.ev
         ev.inplace_writes = (ev.inplace_writes or 0) + 1
-
-        storage = alias.untyped_storage()
-        site = _site(sys._getframe(2))
         self.writes[id(storage)] = _Pending(weakref.ref(storage), _seq_nr(), site, entry)
+
+    # -- the C++ write watch (level lean) -----------------------------------------------------
+    def watched_op(self, hits: tuple[tuple[int, bool, Any], ...]) -> None:
+        """An outermost aten op on watched tensors (``_native/watch_cb.cpp``): ``(key, written,
+        storage)`` per watched version counter among its inputs, ``storage`` the written
+        alias's (else None). A write into a ``.data`` alias is a pending write; the index
+        results' hits go to :meth:`Fresh.watched_op`. Never raises."""
+        try:
+            if self.aliases:
+                self._tick_aliases()
+            counters = self.alias_counters
+            for key, written, storage in hits:
+                entry = counters.get(key)
+                if entry is not None and written and storage is not None:
+                    self._pending_write(entry, storage, _site(sys._getframe(1)))
+        except Exception as err:
+            self.host.note_error(err)
+        if self.copies.counters:
+            self.copies.watched_op(hits)
 
     # -- backward ---------------------------------------------------------------------------
     def backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
