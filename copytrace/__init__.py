@@ -11,6 +11,10 @@ Usage::
     t.report("report.html")
 
 Importing copytrace imports torch lazily: ``import copytrace`` alone is cheap.
+
+PYTEST_DONT_REWRITE: under ``COPYTRACE=1`` the start-up hook imports this package before
+pytest starts; the marker tells pytest's assertion rewriter (``mark_rewrite``) that the package
+is not one to rewrite, so it does not warn "Module already imported so cannot be rewritten".
 """
 
 from __future__ import annotations

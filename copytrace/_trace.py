@@ -311,9 +311,9 @@ def trace(output_dir: str | os.PathLike[str] | None = None, **options: Any) -> T
         schedule, exporters, tracer_provider, compression, flush_events, flush_seconds: see
             :class:`Trace`.
         level: ``"lean"`` (default, or ``$COPYTRACE_LEVEL``): every API and aten copy with no
-            Python mode on the hot path (C wrappers on the copying API; copytrace's function
-            mode joins torch's stack only while a write it must see can happen: a ``.data``
-            alias of a tensor that requires grad, or an advanced-indexing result, is alive);
+            Python mode on the hot path (C wrappers on the copying API; writes into a ``.data``
+            alias of a tensor that requires grad or an advanced-indexing result are seen by a
+            RecordFunction callback of the C++ observer while one is alive: no mode ever);
             needs the C++ observer, else as ``"full"``. ``"full"``: the same events with
             copytrace's function mode always on the stack. ``"api"``: the function mode only,
             but no implicit copies (backward, autocast, composites), no aten op names, no count

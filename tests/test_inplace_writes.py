@@ -1,6 +1,6 @@
 """``inplace_writes`` of fresh copies: the version counter's advance while the copy lived (the
 C++ observer, levels full and lean), the in-place calls on it (the Python fallback); and level
-lean's function mode, on the stack only while an advanced indexing result is alive."""
+lean's write watch (a RecordFunction callback of the C++ observer, no mode)."""
 
 from __future__ import annotations
 
@@ -77,45 +77,47 @@ def test_count_is_final_for_copies_dead_before_a_flush_and_alive_at_stop(level: 
 
 
 @needs_native
-def test_lean_mode_joins_only_while_an_index_result_lives() -> None:
+def test_lean_watches_an_index_result_without_a_mode() -> None:
     x = torch.arange(6.0)
     idx = torch.tensor([1, 4])
     with copytrace.trace(write=False, level="lean", observer="native") as t:
-        assert _get_current_function_mode_stack() == []
         rows = x[idx]
-        assert len(_get_current_function_mode_stack()) == 1
-        y = x.clone()  # recorded once: the wrappers stand aside while the mode records
+        stacks = [torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()]
+        y = x.clone()  # recorded once, by the wrappers
         rows.zero_()
         total = rows.sum()  # a use after the write: the write is not lost
         del rows
-        assert _get_current_function_mode_stack() == []
         x[idx].fill_(1.0)  # lost: written, then dropped unused
-        assert _get_current_function_mode_stack() == []
+    assert stacks == [0, 0]
     assert [e.op for e in t.events] == ["index", "clone", "index"]
     assert [e.inplace_writes for e in t.events] == [1, 0, 1]
     assert [e.write_site is None for e in t.events] == [True, True, False]
-    assert t.events[2].write_site.endswith(" test_lean_mode_joins_only_while_an_index_result_lives")
+    assert t.events[2].write_site.endswith(" test_lean_watches_an_index_result_without_a_mode")
     assert torch.equal(x, torch.arange(6.0)) and total.item() == 0.0 and y.shape == (6,)
 
 
 @needs_native
-def test_lean_mode_leaves_at_the_next_step_when_the_result_dies_on_another_thread() -> None:
+def test_lean_write_watch_ends_with_the_result_also_when_it_dies_on_another_thread() -> None:
+    native = _native.load()
     x = torch.arange(6.0)
     box = []
     with copytrace.trace(write=False, level="lean", observer="native") as t:
         box.append(x[torch.tensor([0, 2])])
-        assert len(_get_current_function_mode_stack()) == 1
+        watching = native.watched()  # (keys, callback registered)
+        box[0].add_(1)
         thread = threading.Thread(target=box.clear)  # the last reference dies there
         thread.start()
         thread.join()
-        assert len(_get_current_function_mode_stack()) == 1  # this thread's stack: not yet
-        t.step()
-        assert _get_current_function_mode_stack() == []
-    assert [e.op for e in t.events] == ["index"]
+        t.step()  # the step boundary finds it dead: its key is unwatched, the callback gone
+        after = native.watched()
+    assert watching == (1, True) and after == (0, False)
+    assert [(e.op, e.inplace_writes, e.write_site is None) for e in t.events] == [
+        ("index", 1, False)
+    ]
 
 
 @needs_native
-def test_a_program_mode_above_lean_mode_keeps_its_place() -> None:
+def test_a_program_mode_sees_only_the_program_calls_at_level_lean() -> None:
     from torch.overrides import TorchFunctionMode
 
     seen: list[str] = []
@@ -131,13 +133,11 @@ def test_a_program_mode_above_lean_mode_keeps_its_place() -> None:
         warnings.simplefilter("error")
         with copytrace.trace(write=False, level="lean", observer="native") as t:
             with Log() as log:
-                rows = x[idx]  # the mode joins below the program's
+                rows = x[idx]
                 stack = _get_current_function_mode_stack()
-                assert stack[-1] is log and len(stack) == 2
                 rows.mul_(2)
-                del rows  # and leaves from below it
-                assert _get_current_function_mode_stack() == [log]
-            assert _get_current_function_mode_stack() == []
+                del rows
+    assert stack == [log]
     assert seen == ["__getitem__", "mul_"]  # the program's mode sees the program's calls only
     assert [(e.op, e.inplace_writes, e.write_site is None) for e in t.events] == [
         ("index", 1, False)

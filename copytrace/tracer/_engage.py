@@ -68,7 +68,7 @@ class Engagement:
         if native is not None:
             fmode = _observer.engage(rec, native, full=self.level != "api")
             if self.level == "lean":  # no mode: the API's callables are wrapped in C instead
-                _observer.install_wrappers(rec, native, fmode)
+                _observer.install_wrappers(rec, native)
                 _recorder.install_patches()
                 self.lean_mode = fmode
             else:

@@ -24,13 +24,15 @@ Two hazards read that fact:
   and no torch call used it after that write, the event gets ``write_site``, the
   ``file:line function`` of the first lost write.
 
-The write site and the uses need the function mode's calls: ``args[0]`` of every call while an
-index result (or a copy counted by calls) is alive, and every argument (one level into lists
-and tuples, and keyword values) only while a written index result waits for a use. At level
-``lean`` the mode joins the stack, at its bottom, only while an index result is alive
-(``on_index``; ``_observer.LeanWatch``); inference tensors that are not index results are not
-counted there. A write into an index result made by ``out=`` or by C++ code below a torch call
-gives no write site.
+The write site and the uses need the torch calls on the result. At levels ``full`` and
+``api``, the function mode's: ``args[0]`` of every call while an index result (or a copy
+counted by calls) is alive, and every argument (one level into lists and tuples, and keyword
+values) only while a written index result waits for a use; a write made by ``out=`` or by C++
+code below a torch call gives no write site there. At level ``lean`` (no mode), the C++
+observer's write watch (``_native/watch_cb.cpp``, :meth:`Fresh.watched_op`): each outermost
+aten op on the result or a view of it, written where the op's schema marks the argument
+``Tensor(a!)`` (``out=`` included), read otherwise; inference tensors that are not index
+results are counted by the API's own calls only.
 """
 
 from __future__ import annotations
@@ -46,12 +48,13 @@ from copytrace.tracer._callsite import user_frame
 if TYPE_CHECKING:
     from copytrace.schema import CopyEvent
 
-__all__ = ["Fresh", "INDEX_OPS", "is_inplace"]
+__all__ = ["Fresh", "INDEX_OPS", "WATCH_ALIAS", "WATCH_INDEX", "is_inplace"]
 
 #: Ops whose result is a fresh gather of selected elements (``x[idx]`` is ``index``).
 INDEX_OPS = ("index", "index_select", "masked_select", "take", "gather", "take_along_dim")
 
 _Tensor = torch.Tensor
+_NoTorchFunction = torch._C.DisableTorchFunction
 _MAX_FRESH = 100_000
 _MIN_KEPT = 4096
 _INPLACE_DUNDERS = frozenset((
@@ -65,6 +68,8 @@ _NOT_WRITES = frozenset((
     "_fix_weakref", "register_hook_",
 ))  # fmt: skip
 _INPLACE: dict[Any, bool] = {}
+#: kinds of the C++ write watch (``watch_tensor``): a ``.data`` alias, an index result
+WATCH_ALIAS, WATCH_INDEX = 1, 2
 
 
 def is_inplace(func: Any, kwargs: dict | None = None) -> bool:
@@ -85,14 +90,40 @@ def is_inplace(func: Any, kwargs: dict | None = None) -> bool:
     return known or bool(kwargs and kwargs.get("inplace") is True)
 
 
-class _Entry(weakref.ref):
-    """A weak reference to a fresh copy that must see torch calls (an index result, or a copy
-    without a version counter), with what is known of its writes: one object per such copy
-    (its callback is :meth:`Fresh._gone`)."""
+class _Ref(weakref.ref):
+    """The weak reference of an :class:`_Entry` without a version counter."""
 
-    __slots__ = ("key", "ev", "index", "site", "used", "version")
-    # No __new__/__init__ of its own: weakref.ref's C ones are 8x faster (Fresh.watch sets
-    # the fields).
+    __slots__ = ("entry",)
+
+
+class _Entry:
+    """A fresh copy that must see torch calls (an index result, or a copy without a version
+    counter), with what is known of its writes: one object per such copy.
+
+    Nothing is held on the copy itself where the C++ observer gives a handle on its version
+    counter (``version``): the copy is named by ``key`` (its ``id``) and ``cdata`` (its
+    TensorImpl's address), and is alive while another holder shares the counter; its death is
+    found at the next watched call, step boundary, flush or stop (:meth:`Fresh.reap`). ``ref``:
+    a weak reference whose callback is :meth:`Fresh._gone`, only for a copy without a counter
+    (the Python fallback, inference tensors). ``counter``: at level ``lean``, the key under
+    which the C++ write watch knows the result (its version counter's address), else None."""
+
+    __slots__ = ("key", "cdata", "ev", "index", "site", "used", "version", "ref", "counter")
+
+    def is_(self, t: Any, final: Any) -> bool:
+        """Whether this entry's copy is ``t`` (``final``: the observer's ``version_final``)."""
+        ref = self.ref
+        if ref is not None:
+            return ref() is t
+        with _NoTorchFunction():
+            cdata = t._cdata
+        return cdata == self.cdata and final(self.version) is None
+
+    def alive(self, final: Any) -> bool:
+        ref = self.ref
+        if ref is not None:
+            return ref() is not None
+        return final(self.version) is None
 
 
 class Fresh:
@@ -105,8 +136,8 @@ class Fresh:
     * ``fresh``: the others, by ``id(tensor)``, as :class:`_Entry` (index results, whose
       writes need a site and a use, and copies without a version counter: the Python fallback,
       inference tensors); ``written``: the written index results that no call has used since;
-      ``index``: the live index results (``on_index(alive)`` is told when the first one
-      appears and when the last one dies: level lean's mode).
+      ``index``: the live index results; ``counters``: at level lean, the index results by
+      their key in the C++ write watch (``lean``: ``(watch_tensor, unwatch)`` of the observer).
 
     The dicts are never replaced (the C++ observer holds ``fresh`` and ``written``)."""
 
@@ -119,13 +150,16 @@ class Fresh:
         self.version_of: Any = None
         self.version_final: Any = None
         self.version_delta: Any = None
-        self.on_index: Any = None
+        self.lean: tuple[Any, Any] | None = None
+        self.counters: dict[int, _Entry] = {}
         self._note_error = note_error
         self._callback = self._gone
+        self._calls = 0  # watched calls since the last reap (many index results alive)
 
     def events(self) -> list[CopyEvent]:
         """The events of the copies still alive (their ``inplace_writes`` may still grow)."""
         self._prune()
+        self.reap()
         return [entry.ev for entry in list(self.fresh.values())] + [ev for _, ev in self.kept]
 
     def watch(self, out: torch.Tensor, ev: CopyEvent, index: bool) -> None:
@@ -146,21 +180,33 @@ class Fresh:
         if len(fresh) >= _MAX_FRESH:
             return
         ev.inplace_writes = 0
-        entry = _Entry(out, self._callback)
+        entry = _Entry()
         entry.key = key = id(out)
         entry.ev = ev
         entry.index = index
         entry.site = None  # first in-place write
         entry.used = False  # a torch call used the result after its first write
         entry.version = version
+        entry.counter = None
+        if version is None:  # no counter to follow it by: a weak reference
+            ref = entry.ref = _Ref(out, self._callback)
+            ref.entry = entry
+            entry.cdata = 0
+        else:
+            entry.ref = None
+            with _NoTorchFunction():
+                entry.cdata = out._cdata
         table = self.index
         if table and key in table:  # the same tensor watched again: its old entry ends now
             self._drop(table[key])
         fresh[key] = entry
         if index:
             table[key] = entry
-            if len(table) == 1 and self.on_index is not None:
-                self.on_index(True)
+            lean = self.lean
+            if lean is not None and version is not None:  # the C++ write watch (level lean)
+                entry.counter = counter = lean[0](out, WATCH_INDEX)
+                if counter is not None:
+                    self.counters[counter] = entry
 
     def _prune(self) -> None:
         """Give the copies that are gone (with all their views) their final count."""
@@ -182,7 +228,31 @@ class Fresh:
         self.kept = alive
         self._limit = max(_MIN_KEPT, 2 * len(alive))
 
-    def _gone(self, entry: _Entry) -> None:
+    def reap(self) -> None:
+        """Stop watching the index results found dead (no tensor shares their version counter
+        any more): their final count, a lost write's site, level lean's mode. Never raises."""
+        final = self.version_final
+        index = self.index
+        if final is None or not index:
+            return
+        try:
+            for entry in [e for e in index.values() if e.ref is None and final(e.version) is not None]:
+                if self.fresh.get(entry.key) is entry:
+                    self._drop(entry)
+        except Exception as err:
+            self._note_error(err)
+
+    def _tick(self) -> None:
+        if len(self.index) <= 8:
+            self.reap()
+            return
+        self._calls += 1
+        if self._calls >= 64:
+            self._calls = 0
+            self.reap()
+
+    def _gone(self, ref: _Ref) -> None:
+        entry = ref.entry
         fresh = self.fresh
         key = entry.key
         if fresh.get(key) is not entry:
@@ -204,23 +274,28 @@ class Fresh:
         written = self.written
         if written.get(key) is entry:
             del written[key]
-            if not entry.used and entry() is None:  # written, then dropped unused: lost
+            if not entry.used and not entry.alive(self.version_final):  # written, unused: lost
                 entry.ev.write_site = entry.site
         table = self.index
         if table.get(key) is entry:
             del table[key]
-            if not table and self.on_index is not None:
-                self.on_index(False)
+        counter = entry.counter
+        if counter is not None and self.counters.get(counter) is entry:
+            del self.counters[counter]
+            if self.lean is not None:
+                self.lean[1](counter, WATCH_INDEX)
 
     def call(self, func: Any, args: tuple, kwargs: dict) -> None:
         """A torch call with a watched tensor among its arguments. Never raises."""
         try:
+            if self.index and self.version_final is not None:
+                self._tick()
             target = args[0]
             inplace = is_inplace(func, kwargs)
             if self.written:
                 self._uses(args, kwargs, target if inplace else None)
             entry = self.fresh.get(id(target))
-            if entry is None or entry() is not target or not inplace:
+            if entry is None or not inplace or not entry.is_(target, self.version_final):
                 return
             if entry.version is None:  # no version counter: count the calls
                 entry.ev.inplace_writes = (entry.ev.inplace_writes or 0) + 1
@@ -228,6 +303,30 @@ class Fresh:
                 found = user_frame(sys._getframe(1))
                 entry.site = f"{found[0]}:{found[1]} {found[2]}" if found else "?"
                 self.written[id(target)] = entry
+        except Exception as err:
+            self._note_error(err)
+
+    def watched_op(self, hits: tuple[tuple[int, bool, Any], ...]) -> None:
+        """Level lean: an outermost aten op on watched tensors (the C++ write watch's
+        ``(key, written, storage)`` hits): a write into an index result notes its site, a read
+        of a written one is its use. Called from the watch's hook; never raises."""
+        try:
+            counters = self.counters
+            if self.index:
+                self._tick()
+            written = self.written
+            for key, wrote, _ in hits:
+                entry = counters.get(key)
+                if entry is None:
+                    continue
+                if wrote:
+                    if entry.site is None:
+                        found = user_frame(sys._getframe(2))
+                        entry.site = f"{found[0]}:{found[1]} {found[2]}" if found else "?"
+                        written[entry.key] = entry
+                elif written.get(entry.key) is entry:
+                    entry.used = True
+                    del written[entry.key]
         except Exception as err:
             self._note_error(err)
 
@@ -242,12 +341,13 @@ class Fresh:
                 if item is target or not isinstance(item, _Tensor):
                     continue
                 entry = written.get(id(item))
-                if entry is not None and entry() is item:
+                if entry is not None and entry.is_(item, self.version_final):
                     entry.used = True
                     del written[id(item)]
 
     def finish(self) -> None:
         """Tracing stops: the final counts of the copies still alive; then watch nothing."""
+        self.reap()  # lost writes into index results that died since the last call
         try:
             delta = self.version_delta
             for version, ev in self.kept:
@@ -264,7 +364,5 @@ class Fresh:
         self._limit = _MIN_KEPT
         self.fresh.clear()
         self.written.clear()
-        if self.index:
-            self.index.clear()
-            if self.on_index is not None:
-                self.on_index(False)
+        self.index.clear()
+        self.counters.clear()  # the C++ watch's keys go with set_watch_hook(None)

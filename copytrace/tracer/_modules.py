@@ -43,8 +43,8 @@ class Modules:
         self._root_counts: dict[str, int] = {}
         # autograd node sequence number -> module path of the forward copy that made the node
         self._nodes: dict[int, str] = {}
-        # id(tensor) -> (weakref to tensor, name) of the owners found by a heap search
-        self._owners: dict[int, tuple[Any, str | None]] = {}
+        # (id(tensor), TensorImpl address) -> name of the owners found by a heap search
+        self._owners: dict[tuple[int, int], str | None] = {}
 
     def name(self, module: torch.nn.Module) -> str:
         """Path of ``module``: ``Root.child.grandchild``, the root named by its class."""
@@ -111,17 +111,30 @@ class Modules:
                 for name, value in table.items():
                     if value is t:
                         return f"{path}.{name}"
-        known = self._owners.get(id(t))
-        if known is not None and known[0]() is t:
-            return known[1]
+        key = (id(t), t._cdata)  # identity while t lives; nothing held on t
+        if key in self._owners:
+            return self._owners[key]
         if len(self._owners) >= _MAX_SEARCHES:
             return None
-        name = self._search(t)
-        try:
-            self._owners[id(t)] = (weakref.ref(t), name)
-        except TypeError:
-            pass
+        name = self._owners[key] = self._search(t)
         return name
+
+    def owner_name_by_identity(self, key: int, cdata: int) -> str | None:
+        """:meth:`owner_name` of the live tensor with ``id`` ``key`` and TensorImpl address
+        ``cdata`` (found among the named modules, else on the garbage collector's heap: only
+        for a hazard's message); None when it is gone or is no parameter or buffer."""
+        for entry in list(self.names.values()):
+            module = entry[0]()
+            if module is None:
+                continue
+            for table in (module._parameters, module._buffers):
+                for value in table.values():
+                    if id(value) == key and value._cdata == cdata:
+                        return self.owner_name(value)
+        for obj in gc.get_objects():
+            if id(obj) == key and issubclass(type(obj), torch.Tensor) and obj._cdata == cdata:
+                return self.owner_name(obj)
+        return None
 
     def _search(self, t: torch.Tensor) -> str | None:
         owner = _holder(t, ("_parameters", "_buffers"))

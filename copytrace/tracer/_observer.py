@@ -16,7 +16,10 @@ function pointers behind the API table's callables (``Tensor.clone``, ``torch.cl
 ``Tensor.to``..., and ``Tensor.data``'s get and set) so that each call is recorded by a C
 function of the extension as the mode's handler would record it; the few with no C pointer
 (``Tensor.__deepcopy__``, ``Tensor.backward``, ``Tensor.__getitem__``) are replaced as
-attributes by C wrappers. Every other torch call runs untouched.
+attributes by C wrappers. Every other torch call runs untouched. The in-place writes the
+``data-inplace`` and ``lost-inplace-write`` hazards need are seen by the C++ write watch
+(``_native/watch_cb.cpp``: a RecordFunction callback registered only while a ``.data`` alias
+or an index result lives), so nothing joins torch's mode stacks.
 
 Where the extension cannot be had, :mod:`copytrace.tracer._recorder`'s Python modes do the
 same work (see :func:`copytrace.tracer._native.load`).
@@ -32,7 +35,6 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from copytrace.tracer import _patches, _recorder, _rules, _warnshim
-from copytrace.tracer.compiled.stepaside import FUNCTION_STACK, lift
 
 __all__ = ["NativeFunctionMode", "engage", "disengage", "aten_ops", "install_wrappers"]
 
@@ -181,7 +183,7 @@ def _hot_keys(table: dict[Any, str]) -> list[Any]:
     return [fn for fn in table if type(fn) in kinds]
 
 
-def install_wrappers(rec: Any, native: Any, mode: NativeFunctionMode) -> int:
+def install_wrappers(rec: Any, native: Any) -> int:
     """Level ``lean``: have copytrace's C code record the API table's callables and
     ``Tensor.data``. Where torch implements them in C, by hot-patching torch's own function
     pointers (``hot_install``, ``_native/hotpatch.cpp``: the objects stay torch's, and a method
@@ -213,11 +215,10 @@ def install_wrappers(rec: Any, native: Any, mode: NativeFunctionMode) -> int:
             patches.append((owner, name, owner.__dict__.get(name, _recorder.MISSING), new))
         _PATCHES = ((hot, done[-1]), patches)
     _recorder.EXTRA_PATCHES[:] = _PATCHES[1]
-    rec.lean_watch = lean = LeanWatch(mode, native)
-    copies = rec.watch.copies  # the mode also joins while an index result is alive (_fresh.py)
-    copies.on_index = lean.watch_index
-    if copies.index:
-        lean.watch_index(True)
+    # no mode: writes into `.data` aliases and index results are seen by the C++ write watch
+    rec.lean = True
+    rec.watch.copies.lean = (native.watch_tensor, native.unwatch)
+    native.set_watch_hook(rec.watch.watched_op)
     native.set_quiet_codes(_quiet_codes())
     native.set_wrappers(True)
     return len(hot) + int(done[-1]) + len(_PATCHES[1])
@@ -297,71 +298,12 @@ def _quiet_codes() -> set[Any]:
     return _QUIET
 
 
-class LeanWatch:
-    """Level ``lean``'s function mode, on the stack only while it must see every torch call:
-    while a ``.data`` alias of a tensor that requires grad is alive (the ``data-inplace``
-    hazard needs every in-place write through it: ``Recorder.watch``), and while an advanced
-    indexing result is alive (the ``lost-inplace-write`` hazard needs the site of a write into
-    it and whether a later call used it: ``_fresh.Fresh``). Meanwhile the wrappers stand aside
-    and the mode records, as at level full. torch's mode stacks are thread-local: a change
-    asked for on another thread (an alias or a result freed there) waits for :meth:`settle`
-    on the traced thread."""
-
-    def __init__(self, mode: NativeFunctionMode, native: Any) -> None:
-        self.mode = mode
-        self.native = native
-        self.pushed = False
-        self.aliases = False  # a `.data` alias is alive
-        self.indexes = False  # an advanced indexing result is alive
-
-    @property
-    def wanted(self) -> bool:
-        return self.aliases or self.indexes
-
-    def watch(self, on: bool) -> None:
-        self.aliases = on
-        if threading.get_ident() == _patches._THREAD:
-            self.settle()
-
-    def watch_index(self, on: bool) -> None:
-        self.indexes = on
-        if threading.get_ident() == _patches._THREAD:
-            self.settle()
-
-    def settle(self, final: bool = False) -> None:
-        """Push or remove the mode as last asked (on the traced thread). A mode that is not on
-        the stack when it should leave is off it only for the moment (torch takes a mode off
-        while its handler runs, and a result can die in there): it stays marked as pushed,
-        and the next call removes it, unless ``final``."""
-        wanted = self.aliases or self.indexes
-        if wanted and not self.pushed:
-            # at the bottom of the stack: a program's mode exits by popping the top one
-            length, _, pop, push = FUNCTION_STACK
-            n = length()
-            above = [pop() for _ in range(n)] if n else ()  # top first
-            push(self.mode)
-            for mode in reversed(above):
-                push(mode)
-            self.pushed = True
-            self.native.set_lean_mode(True)
-        elif not wanted and self.pushed:
-            if lift(*FUNCTION_STACK, self.mode) is None and not final:
-                return
-            self.pushed = False
-            self.native.set_lean_mode(False)
-
-    def remove(self) -> None:
-        self.aliases = self.indexes = False
-        self.settle(final=True)
-
-
 def remove_wrappers(rec: Any, native: Any) -> None:
     """Undo :func:`install_wrappers` (the patches themselves go with ``remove_patches``)."""
-    lean = rec.lean_watch
-    if lean is not None:
-        rec.watch.copies.on_index = None
-        lean.remove()
-        rec.lean_watch = None
+    if rec.lean:
+        native.set_watch_hook(None)  # unwatches every key; the callback goes on this thread
+        rec.watch.copies.lean = None
+        rec.lean = False
     native.set_wrappers(False)
     native.hot_restore()
     native.set_quiet_codes(None)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from copytrace.tracer import _handover
+from copytrace.tracer import _handover, _slots
 
 if TYPE_CHECKING:
     from copytrace.tracer._recorder import Recorder
@@ -143,9 +143,13 @@ MISSING = object()
 def install_patches(stepping_aside: bool = False) -> None:
     """Install copytrace's patches (``stepping_aside``: back after a compiled call, where the
     ``torch.Tensor`` ones stayed)."""
+    getitem = False
     for owner, name, _, new in EXTRA_PATCHES:
         if not (stepping_aside and owner is _Tensor):
             setattr(owner, name, new)
+            getitem = getitem or name == "__getitem__"
+    if getitem:  # CPython also fills Tensor's sq_item for a __getitem__ attribute: clear it
+        _slots.settle()
     copy.deepcopy = _traced_deepcopy
     copy.copy = _traced_copy
     torch.utils.swap_tensors = _traced_swap_tensors
@@ -158,6 +162,7 @@ def remove_patches(stepping_aside: bool = False) -> None:
     """Remove copytrace's patches (``stepping_aside``: for a compiled call, which sees
     ``torch.Tensor``'s own methods through the wrappers' descriptors and whose wrappers stand
     aside by themselves; changing ``torch.Tensor``'s attributes costs a type-cache flush each)."""
+    getitem = False
     for owner, name, orig, new in EXTRA_PATCHES:
         if stepping_aside and owner is _Tensor:
             continue
@@ -166,6 +171,9 @@ def remove_patches(stepping_aside: bool = False) -> None:
                 delattr(owner, name)
             else:
                 setattr(owner, name, orig)
+            getitem = getitem or name == "__getitem__"
+    if getitem:  # removing the attribute leaves CPython's generic sq_item: clear it
+        _slots.settle()
     if copy.deepcopy is _traced_deepcopy:
         copy.deepcopy = _ORIG_DEEPCOPY
     if copy.copy is _traced_copy:

@@ -167,8 +167,9 @@ class Recorder(ApiEvents, ImplicitEvents):
         self.watch = Watch(self, Handovers(self))
         #: the C++ observer module while it is engaged (copytrace/tracer/_native), else None
         self.native: Any = None
-        #: level lean: the mode pushed while ``.data`` writes are watched (_observer.LeanWatch)
-        self.lean_watch: Any = None
+        #: level lean: no mode; ``.data`` writes are seen by the C++ write watch instead
+        #: (``_native/watch_cb.cpp``, set up by ``_observer.install_wrappers``)
+        self.lean = False
         self._native_state: tuple | None = None  # observer.cpp record's first argument
         for fn in BACKWARD_FUNCTIONS:
             self.api_table[fn] = "backward"
@@ -188,15 +189,17 @@ class Recorder(ApiEvents, ImplicitEvents):
         """:class:`~copytrace.tracer.watch.WatchHost`: have every torch call checked for an
         in-place write into a ``.data`` alias (``on``), or stop."""
         native = self.native
-        if native is not None:
+        if native is not None and not self.lean:  # level lean: the C++ write watch instead
             native.set_watch_writes(on)
-            lean = self.lean_watch
-            if lean is not None:  # level lean: a mode only while writes are watched
-                lean.watch(on)
 
     def owner_name(self, t: torch.Tensor) -> str | None:
         """:class:`~copytrace.tracer.watch.WatchHost`: ``Module.path.param`` of ``t``."""
         return self.modules.owner_name(t)
+
+    def owner_name_by_identity(self, key: int, cdata: int) -> str | None:
+        """:class:`~copytrace.tracer.watch.WatchHost`: ``Module.path.param`` of the live
+        tensor ``(id, TensorImpl address)`` names, or None."""
+        return self.modules.owner_name_by_identity(key, cdata)
 
     def module_name(self, module: torch.nn.Module) -> str:
         """Path of ``module``: ``Root.child.grandchild``, the root named by its class."""

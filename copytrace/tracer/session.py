@@ -271,9 +271,7 @@ class Session:
         now = time.perf_counter_ns()
         ended = rec.step_index
         rec.step(now)
-        lean = rec.lean_watch
-        if lean is not None and (lean.pushed or lean.aliases or lean.indexes):
-            lean.settle()  # an alias freed on another thread
+        rec.watch.copies.reap()  # index results that died since the last watched op
         if not self.running:
             return rec.step_index
         buf.end_step(ended, self._action in S.RECORDING, now)

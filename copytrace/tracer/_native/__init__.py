@@ -38,8 +38,8 @@ __all__ = ["load", "status", "cache_dir", "OBSERVER_CHOICES"]
 OBSERVER_CHOICES = _env.OBSERVERS
 _HERE = Path(__file__).parent
 #: The translation units, module.cpp (the entry points) last. torch_units.cpp includes the
-#: units that read torch's C++ types (kernels, versions, facts, record): one parse of torch's
-#: Tensor headers for the four.
+#: units that read torch's C++ types (kernels, versions, facts, record, watch_cb): one parse of
+#: torch's Tensor headers for the five.
 _UNITS = (
     "torch_units.cpp", "api_mode.cpp", "warn_shim.cpp", "lean.cpp", "hotpatch.cpp",
     "frames.cpp", "compiled.cpp", "module.cpp",

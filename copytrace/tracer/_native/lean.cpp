@@ -18,7 +18,6 @@
 namespace copytrace {
 
 std::atomic<bool> g_wrappers_on{false};
-std::atomic<bool> g_lean_mode{false};  // copytrace's function mode is on the traced stack
 PyObject* g_data_get = nullptr;
 PyObject* g_data_set = nullptr;
 
@@ -200,8 +199,6 @@ PyObject* py_data_descriptor(PyObject*, PyObject* const* argv, Py_ssize_t nargs)
 }
 
 PyObject* py_set_wrappers(PyObject*, PyObject* on) { return set_flag(g_wrappers_on, on); }
-
-PyObject* py_set_lean_mode(PyObject*, PyObject* on) { return set_flag(g_lean_mode, on); }
 
 PyObject* py_set_quiet_codes(PyObject*, PyObject* codes) {
   set_slot(g_quiet_codes, codes);

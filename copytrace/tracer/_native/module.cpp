@@ -63,8 +63,15 @@ PyMethodDef g_methods[] = {
     {"set_wrappers", py_set_wrappers, METH_O, "Record calls through the wrappers (level lean)"},
     {"set_quiet_codes", py_set_quiet_codes, METH_O,
      "Code objects inside which the wrappers record nothing (a set; None clears)"},
-    {"set_lean_mode", py_set_lean_mode, METH_O,
-     "Level lean's function mode is on the traced thread's stack: the wrappers stand aside"},
+    // watch_cb.cpp
+    {"watch_tensor", FN(py_watch_tensor), METH_FASTCALL,
+     "watch_tensor(tensor, kind) -> key of its version counter (None: none); level lean's "
+     "write watch hands the ops on it to the watch hook"},
+    {"unwatch", FN(py_unwatch), METH_FASTCALL, "unwatch(key, kind): stop watching it for kind"},
+    {"set_watch_hook", py_set_watch_hook, METH_O,
+     "set_watch_hook(hook): hook(((key, written, storage or None), ...)) per outermost op on a "
+     "watched tensor (None clears every watch)"},
+    {"watched", py_watched, METH_NOARGS, "(watched keys, callback registered) (tests)"},
     // hotpatch.cpp
     {"hot_install", FN(py_hot_install), METH_FASTCALL,
      "hot_install(callables, data, get, set): hot-patch torch's pointers of these callables "

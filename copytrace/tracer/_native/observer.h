@@ -11,11 +11,12 @@
 //   facts.cpp      a tensor's facts in one call; copy_slots
 //   frames.cpp     call sites, frame variables                              (Python only)
 //   record.cpp     an API call's whole event in one call
+//   watch_cb.cpp   level lean's write watch: a RecordFunction callback while a tensor is watched
 //   compiled.cpp   the compiled-call hooks                                  (*)
 //   module.cpp     the method table and the module's init                   (Python only)
 // (*) Python and ATen's/c10's mode TLS headers only (no Tensor type). The units that include
-//     Tensor's headers (kernels, versions, facts, record) are built as one translation unit,
-//     torch_units.cpp, which includes them: one parse of those headers instead of four.
+//     Tensor's headers (kernels, versions, facts, record, watch_cb) are built as one translation
+//     unit, torch_units.cpp, which includes them: one parse of those headers instead of five.
 //
 // Cross-unit state is declared here. Thread-local counters are `__thread` plain data (no C++
 // thread_local wrapper call at each access) and everything declared here has hidden
@@ -127,19 +128,16 @@ bool versions_init(PyObject* module);
 
 // --- lean.cpp ---------------------------------------------------------------------------------
 extern std::atomic<bool> g_wrappers_on;
-extern std::atomic<bool> g_lean_mode;
 extern PyObject* g_data_get;  // Tensor.data.__get__ / __set__ of the original descriptor
 extern PyObject* g_data_set;
 bool in_quiet_code();
 
 #if defined(COPYTRACE_TORCH_TLS)
 // Whether the lean wrappers record this call: as a mode would, nothing while torch function
-// handling is off (torch's internals, copytrace's bookkeeping), nothing while copytrace's mode
-// is on the stack (set_lean_mode: it records instead).
+// handling is off (torch's internals, copytrace's bookkeeping).
 inline bool wrappers_record() {
   return g_wrappers_on.load(std::memory_order_relaxed) && tls_owner && !tls_folding &&
          tls_suppress == 0 && g_table != nullptr &&
-         !g_lean_mode.load(std::memory_order_relaxed) &&
          at::impl::PythonTorchFunctionTLS::get_disabled_state() !=
              at::impl::TorchFunctionDisabledState::ALL_DISABLED;
 }
@@ -208,7 +206,7 @@ COPYTRACE_O(py_make_warn)
 COPYTRACE_O(py_version_delta) COPYTRACE_O(py_version_final)
 // lean.cpp
 COPYTRACE_FAST(py_wrap_api) COPYTRACE_FAST(py_data_descriptor) COPYTRACE_O(py_set_wrappers)
-COPYTRACE_O(py_set_quiet_codes) COPYTRACE_O(py_set_lean_mode)
+COPYTRACE_O(py_set_quiet_codes)
 // hotpatch.cpp
 COPYTRACE_FAST(py_hot_install) COPYTRACE_NOARGS(py_hot_restore) COPYTRACE_NOARGS(py_hot_count)
 // facts.cpp
@@ -217,6 +215,9 @@ COPYTRACE_FAST(py_facts)
 COPYTRACE_NOARGS(py_clear_sites) COPYTRACE_FAST(py_frame_var)
 // record.cpp
 COPYTRACE_FAST(py_record_setup)
+// watch_cb.cpp
+COPYTRACE_FAST(py_watch_tensor) COPYTRACE_FAST(py_unwatch) COPYTRACE_O(py_set_watch_hook)
+COPYTRACE_NOARGS(py_watched)
 // compiled.cpp
 COPYTRACE_O(py_callback_from_stance) COPYTRACE_FAST(py_cfs_install) COPYTRACE_O(py_cfs_begin)
 COPYTRACE_NOARGS(py_compiled_enter) COPYTRACE_FAST(py_compiled_backward)

@@ -63,6 +63,10 @@ class WatchHost(Protocol):
     def owner_name(self, t: torch.Tensor) -> str | None:
         """``Module.path.param`` of a parameter or buffer, or None."""
 
+    def owner_name_by_identity(self, key: int, cdata: int) -> str | None:
+        """:meth:`owner_name` of the live tensor with ``id`` ``key`` and TensorImpl address
+        ``cdata``, or None."""
+
 
 class HeldEvents(Protocol):
     """The hold-back contract between a watch and the session's flush."""

@@ -15,6 +15,8 @@ from typing import Any
 import torch
 
 _Tensor = torch.Tensor
+_NoTorchFunction = torch._C.DisableTorchFunction
+_NODE = torch.autograd.graph.Node  # autograd's C++ nodes and BackwardCFunction (an ABC)
 _MAX_NODES = 200_000  # nodes walked at most from one set of roots
 
 _LIFE = "copytrace.life"  # key in grad_fn.metadata: a token that lives as long as the node
@@ -73,10 +75,15 @@ def _backward_roots(func: Any, args: tuple, kwargs: dict) -> list[Any]:
         tensors = args[0] if args else kwargs.get("tensors")
     if isinstance(tensors, _Tensor):
         tensors = (tensors,)
+    elif not isinstance(tensors, (list, tuple)):
+        return []  # None, or a tensor-like of __torch_function__ (torch hands it the call)
     roots = []
-    for t in tensors or ():
-        grad_fn = getattr(t, "grad_fn", None)
-        if grad_fn is not None:
+    for t in tensors:
+        if not isinstance(t, _Tensor):
+            continue  # a tensor-like's `grad_fn` may be anything (a function...): not read
+        with _NoTorchFunction():  # a subclass's __torch_function__ does not see the read
+            grad_fn = t.grad_fn
+        if isinstance(grad_fn, _NODE):
             roots.append(grad_fn)
     return roots
 

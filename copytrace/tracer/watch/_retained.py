@@ -29,6 +29,7 @@ from copytrace.tracer.watch._graph import (
 
 if TYPE_CHECKING:
     from copytrace.schema import CopyEvent
+    from copytrace.tracer._fresh import Fresh
     from copytrace.tracer._handover import Handovers
     from copytrace.tracer.watch import WatchHost
 
@@ -45,6 +46,7 @@ class Retention:
     host: WatchHost
     attached: list[tuple[Any, CopyEvent, Any, int]]
     snapshots: list[tuple[Any, ...]]
+    copies: Fresh
     handovers: Handovers
     _attached_prune: int
     _backward_seq: int
@@ -162,7 +164,20 @@ class Retention:
 
     def _check_snapshots(self) -> None:
         keep = []
+        delta = self.copies.version_delta
         for entry in self.snapshots:
+            if len(entry) == 4:  # (counter handle, event, storage, its use count without the alias)
+                handle, ev, storage_ref, alone = entry
+                storage = storage_ref()
+                count = _use_count(storage) if storage is not None else -1
+                del storage
+                if count < 0 or count <= alone:
+                    continue  # nobody but the source holds the storage any more
+                if delta(handle) != 0:
+                    ev.stale = True
+                    continue
+                keep.append(entry)
+                continue
             ref, version, ev, storage_ref, src_ref, alone = entry
             t = ref()
             if t is None:

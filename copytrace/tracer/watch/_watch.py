@@ -56,8 +56,10 @@ class Watch(AliasWrites, Retention):
         self.ids = StorageIds()
         #: id(alias tensor) -> entry; the dispatch mode checks writes only while non-empty.
         self.aliases: dict[int, _Alias] = {}
+        self.alias_counters: dict[int, _Alias] = {}  # level lean: by C++ write-watch key
+        self._alias_calls = 0  # watched calls since the last prune_aliases (many aliases)
         self.writes: dict[int, _Pending] = {}  # id(storage) -> pending write
-        self.rebinds: dict[int, _Pending] = {}  # id(tensor) -> pending `.data =` rebinding
+        self.rebinds: dict[int, _Pending] = {}  # id(storage) -> pending `.data =` rebinding
         # this step's attached copies: (result, event, life token of its grad_fn, its seq nr)
         self.attached: list[tuple[weakref.ref, CopyEvent, Any, int]] = []
         self._attached_prune = _PRUNE_ATTACHED  # list length at which dead entries are dropped
@@ -74,12 +76,13 @@ class Watch(AliasWrites, Retention):
     def live_events(self) -> list[CopyEvent]:
         """Events whose late facts (:data:`~copytrace.tracer.watch.LATE_FIELDS`) a later check
         may still change: the session holds them back from the export (``HeldEvents``)."""
+        self.prune_aliases()
         # copy() first: weakref callbacks (an alias dying during a GC) may change the dict
         events = [entry.ev for entry in self.aliases.copy().values()]
         for table in (self.writes, self.rebinds):
             events.extend(p.alias.ev for p in table.values())
         events.extend(entry[1] for entry in self.attached)
-        events.extend(entry[2] for entry in self.snapshots)
+        events.extend(entry[1] if len(entry) == 4 else entry[2] for entry in self.snapshots)
         events.extend(self.copies.events())
         events.extend(self.handovers.events())
         return events
@@ -167,16 +170,29 @@ class Watch(AliasWrites, Retention):
             ev.snapshot = True
             if len(self.snapshots) < _MAX_SNAPSHOTS:
                 storage = out.untyped_storage()
-                self.snapshots.append((
-                    weakref.ref(out), _F.version(out), ev, weakref.ref(storage),
-                    weakref.ref(src), _use_count(storage) - 1,
-                ))  # fmt: skip
+                version_of = self.copies.version_of  # the C++ observer's counter handles
+                handle = version_of(out) if version_of is not None else None
+                if handle is not None:
+                    # detach() shares the source's version counter: a handle on it (not on
+                    # either tensor) sees every write through the source or the alias
+                    self.snapshots.append((handle, ev, weakref.ref(storage), _use_count(storage) - 1))
+                else:  # the Python fallback: weak references (see docs/observer-effects.md)
+                    self.snapshots.append((
+                        weakref.ref(out), _F.version(out), ev, weakref.ref(storage),
+                        weakref.ref(src), _use_count(storage) - 1,
+                    ))  # fmt: skip
                 del storage
+
+    def step_end(self, final: bool = False) -> None:
+        """A step boundary: drop the dead ``.data`` aliases, then the retention checks."""
+        self.prune_aliases()
+        super().step_end(final)
 
     def finish(self) -> None:
         """Last checks when tracing stops; then drop every watch."""
         self.step_end(final=True)
         self.aliases.clear()
+        self.alias_counters.clear()  # the C++ watch's keys go with set_watch_hook(None)
         self.writes.clear()
         self.rebinds.clear()
         self.snapshots.clear()

@@ -4,7 +4,9 @@
   autograd cannot see an in-place write through it. While one is alive
   (:attr:`AliasWrites.aliases` non-empty) each in-place write into it is noted as a *pending
   write*: the dispatch mode calls :meth:`AliasWrites.before_op`, the C handler
-  :meth:`AliasWrites.before_api`.
+  :meth:`AliasWrites.before_api`, and at level ``lean`` (no mode) the C++ observer's write
+  watch :meth:`AliasWrites.watched_op` (``_native/watch_cb.cpp``: a RecordFunction callback,
+  registered only while an alias or an index result is watched, reading each aten op's schema).
 * A ``.data =`` rebinding is noted as a pending rebinding.
 * At ``Tensor.backward``, ``torch.autograd.backward`` or ``torch.autograd.grad``
   (:meth:`AliasWrites.check_backward`), while one is pending, the graph about to run is walked
@@ -25,16 +27,19 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from copytrace.tracer._callsite import user_frame
+from copytrace.tracer._fresh import WATCH_ALIAS
 from copytrace.tracer.watch._graph import _backward_roots, _saved_tensors, _unpacked, _walk
 
 if TYPE_CHECKING:
     from copytrace.schema import CopyEvent
+    from copytrace.tracer._fresh import Fresh
     from copytrace.tracer.watch import WatchHost
 
 __all__ = ["AliasWrites"]
 
 _Tensor = torch.Tensor
 _seq_nr = torch._C._autograd._get_sequence_nr
+_NoTorchFunction = torch._C.DisableTorchFunction
 
 
 def _site(frame: Any) -> str | None:
@@ -44,15 +49,33 @@ def _site(frame: Any) -> str | None:
     return f"{found[0]}:{found[1]} {found[2]}"
 
 
+def _identity(t: torch.Tensor) -> tuple[int, int]:
+    """``(id(t), address of its TensorImpl)``: names ``t`` while it lives, holding nothing on it
+    (``torch.utils.swap_tensors`` refuses a tensor with a weak reference, Python's or c10's)."""
+    with _NoTorchFunction():
+        return id(t), t._cdata
+
+
 class _Alias:
-    """A live ``.data`` alias of a tensor that requires grad."""
+    """A live ``.data`` alias of a tensor that requires grad (or, for a pending rebinding,
+    the rebound tensor), held by nothing on the tensor itself: ``ident`` is its
+    :func:`_identity`, ``version`` the C++ observer's handle on its version counter (the
+    alias is alive while another holder shares the counter: ``version_final`` is None).
+    ``ref``: only on the Python fallback, which has no counter handle, a weak reference.
+    ``src``: the :func:`_identity` of the alias's source. ``counter``: at level lean, its key in
+    the C++ write watch."""
 
-    __slots__ = ("ref", "src", "ev")
+    __slots__ = ("ident", "version", "ref", "src", "ev", "counter")
 
-    def __init__(self, ref: weakref.ref, src: weakref.ref, ev: CopyEvent) -> None:
+    def __init__(
+        self, ident: tuple[int, int], version: Any, ref: Any, src: tuple[int, int], ev: CopyEvent
+    ) -> None:
+        self.ident = ident
+        self.version = version
         self.ref = ref
         self.src = src
         self.ev = ev
+        self.counter: int | None = None
 
 
 class _Pending:
@@ -62,7 +85,7 @@ class _Pending:
     __slots__ = ("ref", "marker", "site", "alias")
 
     def __init__(self, ref: weakref.ref, marker: int, site: str | None, alias: _Alias) -> None:
-        self.ref = ref  # the written storage (write) or the rebound tensor (rebind)
+        self.ref = ref  # the written storage (write) or the rebound tensor's (rebind)
         self.marker = marker  # autograd sequence number at the write: older nodes are < it
         self.site = site
         self.alias = alias
@@ -101,25 +124,89 @@ class AliasWrites:
 
     host: WatchHost
     aliases: dict[int, _Alias]
+    alias_counters: dict[int, _Alias]
     writes: dict[int, _Pending]
     rebinds: dict[int, _Pending]
     _written: dict[Any, Any]
     _backward_seq: int
+    copies: Fresh
+    _alias_calls: int
 
     def _watch_alias(self, alias: torch.Tensor, src: torch.Tensor, ev: CopyEvent) -> None:
-        key = id(alias)
+        ident = _identity(alias)
+        key = ident[0]
         aliases = self.aliases
-
-        def gone(ref: weakref.ref, key: int = key) -> None:
-            entry = aliases.get(key)
-            if entry is not None and entry.ref is ref:
-                del aliases[key]
-                if not aliases:
-                    self._watch_writes(False)
-
+        copies = self.copies
+        version_of = copies.version_of
+        version = version_of(alias) if version_of is not None else None
         ev.inplace_writes = 0
-        aliases[key] = _Alias(weakref.ref(alias, gone), weakref.ref(src), ev)
+        # the source (a parameter, which the program may swap_tensors) by identity only
+        if version is not None:
+            # the alias by identity and its own version counter
+            entry = aliases[key] = _Alias(ident, version, None, _identity(src), ev)
+            if copies.lean is not None:  # level lean: the C++ write watch sees its writes
+                entry.counter = counter = copies.lean[0](alias, WATCH_ALIAS)
+                if counter is not None:
+                    self.alias_counters[counter] = entry
+        else:
+            # the Python fallback (no counter handle): a weak reference with a callback
+
+            def gone(ref: weakref.ref, key: int = key) -> None:
+                entry = aliases.get(key)
+                if entry is not None and entry.ref is ref:
+                    del aliases[key]
+                    if not aliases:
+                        self._watch_writes(False)
+
+            aliases[key] = _Alias(ident, None, weakref.ref(alias, gone), _identity(src), ev)
         self._watch_writes(True)
+
+    def _alias_of(self, t: torch.Tensor) -> _Alias | None:
+        """The watched alias ``t`` is, if any (a dead one found on the way is dropped)."""
+        entry = self.aliases.get(id(t))
+        if entry is None:
+            return None
+        if entry.ref is not None:
+            return entry if entry.ref() is t else None
+        with _NoTorchFunction():
+            cdata = t._cdata
+        if self.copies.version_final(entry.version) is not None:  # its tensor died
+            self.prune_aliases()
+            return None
+        return entry if entry.ident[1] == cdata else None
+
+    def prune_aliases(self) -> None:
+        """Drop the aliases that died (no tensor shares their version counter any more); stop
+        watching writes when none is left. Run on the C++ observer's path only, where no
+        callback tells an alias's death: at every watched call (every 64th while more than 8
+        aliases live), at step boundaries and at each flush."""
+        aliases = self.aliases
+        final = self.copies.version_final
+        if not aliases or final is None:
+            return
+        dead = [k for k, e in aliases.items() if e.ref is None and final(e.version) is not None]
+        for key in dead:
+            self._unwatch_counter(aliases.pop(key))
+        if dead and not aliases:
+            self._watch_writes(False)
+
+    def _unwatch_counter(self, entry: _Alias) -> None:
+        counter = entry.counter
+        if counter is not None and self.alias_counters.get(counter) is entry:
+            del self.alias_counters[counter]
+            lean = self.copies.lean
+            if lean is not None:
+                lean[1](counter, WATCH_ALIAS)
+
+    def _tick_aliases(self) -> None:
+        if len(self.aliases) <= 8:
+            self.prune_aliases()
+            return
+        self._alias_calls += 1
+        if self._alias_calls >= 64:
+            self._alias_calls = 0
+            self.prune_aliases()
+
     def _watch_writes(self, on: bool) -> None:
         """Have every torch call checked for a write (only while a ``.data`` alias of a tensor
         that requires grad is alive): the recorder tells its C handler and level lean's mode."""
@@ -130,9 +217,14 @@ class AliasWrites:
 
 
     def _watch_rebind(self, dst: torch.Tensor, ev: CopyEvent) -> None:
+        """A ``.data =`` rebinding of ``dst`` (a parameter, which the program may
+        ``swap_tensors``): followed by the storage it now holds and its identity."""
         site = f"{ev.file}:{ev.line} {ev.function}" if ev.file else None
-        entry = _Alias(weakref.ref(dst), weakref.ref(dst), ev)
-        self.rebinds[id(dst)] = _Pending(entry.ref, _seq_nr(), site, entry)
+        ident = _identity(dst)
+        with _NoTorchFunction():
+            storage = dst.untyped_storage()
+        entry = _Alias(ident, None, None, ident, ev)
+        self.rebinds[id(storage)] = _Pending(weakref.ref(storage), _seq_nr(), site, entry)
 
     # -- dispatch mode, only while a `.data` alias is alive --------------------------------
     def before_op(self, func: Any, args: tuple, kwargs: dict) -> None:
@@ -141,9 +233,10 @@ class AliasWrites:
             written = self._written.get(func)
             if written is None:
                 written = self._written[func] = _written_args(func)
+            if self.copies.version_final is not None:
+                self._tick_aliases()
             if not written:
                 return
-            aliases = self.aliases
             for index, name in written:
                 value = args[index] if index < len(args) else kwargs.get(name)
                 targets = value if isinstance(value, (list, tuple)) else (value,)
@@ -152,8 +245,8 @@ class AliasWrites:
                         continue
                     base = t._base
                     root = t if base is None else base
-                    entry = aliases.get(id(root))
-                    if entry is not None and entry.ref() is root:
+                    entry = self._alias_of(root)
+                    if entry is not None:
                         self._note_write(entry, root)
         except Exception as err:
             self.host.note_error(err)
@@ -166,8 +259,9 @@ class AliasWrites:
             written = self._written.get(func)
             if written is None:
                 written = self._written[func] = _written_api(func)
-            aliases = self.aliases
-            if not aliases:
+            if self.copies.version_final is not None:
+                self._tick_aliases()
+            if not self.aliases:
                 return
             targets: list[Any] = []
             if written and args:
@@ -180,19 +274,38 @@ class AliasWrites:
                     continue
                 base = t._base
                 root = t if base is None else base
-                entry = aliases.get(id(root))
-                if entry is not None and entry.ref() is root:
+                entry = self._alias_of(root)
+                if entry is not None:
                     self._note_write(entry, root)
         except Exception as err:
             self.host.note_error(err)
 
     def _note_write(self, entry: _Alias, alias: torch.Tensor) -> None:
+        self._pending_write(entry, alias.untyped_storage(), _site(sys._getframe(2)))
+
+    def _pending_write(self, entry: _Alias, storage: Any, site: str | None) -> None:
         ev = entry.ev
         ev.inplace_writes = (ev.inplace_writes or 0) + 1
-
-        storage = alias.untyped_storage()
-        site = _site(sys._getframe(2))
         self.writes[id(storage)] = _Pending(weakref.ref(storage), _seq_nr(), site, entry)
+
+    # -- the C++ write watch (level lean) -----------------------------------------------------
+    def watched_op(self, hits: tuple[tuple[int, bool, Any], ...]) -> None:
+        """An outermost aten op on watched tensors (``_native/watch_cb.cpp``): ``(key, written,
+        storage)`` per watched version counter among its inputs, ``storage`` the written
+        alias's (else None). A write into a ``.data`` alias is a pending write; the index
+        results' hits go to :meth:`Fresh.watched_op`. Never raises."""
+        try:
+            if self.aliases:
+                self._tick_aliases()
+            counters = self.alias_counters
+            for key, written, storage in hits:
+                entry = counters.get(key)
+                if entry is not None and written and storage is not None:
+                    self._pending_write(entry, storage, _site(sys._getframe(1)))
+        except Exception as err:
+            self.host.note_error(err)
+        if self.copies.counters:
+            self.copies.watched_op(hits)
 
     # -- backward ---------------------------------------------------------------------------
     def backward(self, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -221,12 +334,8 @@ class AliasWrites:
     def _check_backward(self, func: Any, args: tuple, kwargs: dict) -> None:
         roots = _backward_roots(func, args, kwargs)
         writes = {k: w for k, w in self.writes.items() if w.ref() is not None}
-        rebinds: dict[int, tuple[torch.Tensor, _Pending]] = {}
-        for pending in self.rebinds.values():
-            t = pending.ref()
-            if t is not None:
-                rebinds[id(t.untyped_storage())] = (t, pending)
-        markers = [p.marker for p in writes.values()] + [p[1].marker for p in rebinds.values()]
+        rebinds = {k: p for k, p in self.rebinds.items() if p.ref() is not None}
+        markers = [p.marker for p in writes.values()] + [p.marker for p in rebinds.values()]
         if not markers:
             self.writes, self.rebinds = {}, {}
             return
@@ -248,10 +357,10 @@ class AliasWrites:
                 if write is not None and seq < write.marker and write.ref() is storage:
                     self._hazard(write, node, name)
                     hits.add(id(write))
-                found = rebinds.get(key)
-                if found is not None and seq < found[1].marker:
-                    dst, pending = found
-                    if _unpacked(node, name) is dst:
+                pending = rebinds.get(key)
+                if pending is not None and seq < pending.marker and pending.ref() is storage:
+                    unpacked = _unpacked(node, name)
+                    if unpacked is not None and _identity(unpacked) == pending.alias.ident:
                         self._hazard(pending, node, name)
                         hits.add(id(pending))
 
@@ -272,12 +381,5 @@ class AliasWrites:
         if ev.write_site is None:
             ev.write_site = pending.site
         if ev.src_name is None:
-            src = pending.alias.src()
-            if src is not None:
-                ev.src_name = self._name_of(src)
-
-
-    def _name_of(self, t: torch.Tensor) -> str | None:
-        """``Module.path.param`` of a parameter or buffer of a module (see
-        :meth:`copytrace.tracer._modules.Modules.owner_name`)."""
-        return self.host.owner_name(t)
+            # the alias's source, or the rebound tensor: (id, TensorImpl address)
+            ev.src_name = self.host.owner_name_by_identity(*pending.alias.src)

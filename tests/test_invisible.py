@@ -1,0 +1,347 @@
+"""copytrace's touches on the process, one test each: a program cannot observe them.
+
+``docs/observer-effects.md`` lists every way copytrace changes the process while it traces and
+after; each entry names the test here that shows a program cannot tell. Every test compares a
+traced run against the same code untraced (or the process before and after a trace), through
+what a program itself can read: results, exceptions, warnings, ``weakref.getweakrefs``,
+torch's mode stacks, dispatch calls a subclass sees, torch's hook dicts, and the C function
+pointers and type slots CPython calls through (read with ctypes, checked against their names).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import warnings
+
+import pytest
+import torch
+
+import copytrace
+from copytrace.tracer import _native
+
+_PTR = ctypes.sizeof(ctypes.c_void_p)
+
+
+def _ptr(address: int) -> int:
+    return ctypes.c_void_p.from_address(address).value or 0
+
+
+def _name_at(address: int) -> str:
+    return ctypes.string_at(_ptr(address)).decode()
+
+
+def _c_pointers() -> dict[str, int]:
+    """Every C pointer CPython calls ``torch.Tensor``'s methods, torch's functions, ``.data``
+    and ``x[i]`` through: ``ml_meth`` and ``vectorcall`` of each method descriptor of
+    ``TensorBase`` (Include/descrobject.h: PyDescr_COMMON, then d_method and vectorcall), the
+    ``vectorcall`` and ``ml_meth`` of each builtin function of ``torch``
+    (Include/cpython/methodobject.h), the get/set of ``Tensor.data``'s PyGetSetDef, and the
+    ``__getitem__`` slots of ``torch.Tensor`` and ``nn.Parameter``. Each method definition
+    read is checked by its name, so a wrong offset fails instead of comparing garbage."""
+    out: dict[str, int] = {}
+    method_descriptor = type(torch._C.TensorBase.clone)
+    for name, value in vars(torch._C.TensorBase).items():
+        if type(value) is method_descriptor:
+            method = _ptr(id(value) + 5 * _PTR)  # d_method
+            assert _name_at(method) == name
+            out[f"TensorBase.{name}.ml_meth"] = _ptr(method + _PTR)
+            out[f"TensorBase.{name}.vectorcall"] = _ptr(id(value) + 6 * _PTR)
+    builtin = type(torch.clone)
+    for name in dir(torch):
+        value = getattr(torch, name, None)
+        if type(value) is builtin and getattr(value, "__self__", None) is not None:
+            method = _ptr(id(value) + 2 * _PTR)  # m_ml
+            if _name_at(method) != name:
+                continue  # an alias bound under another name (its own entry is read)
+            out[f"torch.{name}.ml_meth"] = _ptr(method + _PTR)
+            out[f"torch.{name}.vectorcall"] = _ptr(id(value) + 6 * _PTR)
+    data = vars(torch._C.TensorBase)["data"]
+    getset = _ptr(id(data) + 5 * _PTR)  # d_getset
+    assert _name_at(getset) == "data"
+    out["TensorBase.data.get"] = _ptr(getset + _PTR)
+    out["TensorBase.data.set"] = _ptr(getset + 2 * _PTR)
+    get_slot = ctypes.pythonapi.PyType_GetSlot
+    get_slot.restype, get_slot.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_int]
+    for cls in (torch.Tensor, torch.nn.Parameter):
+        for slot, number in (("sq_item", 44), ("mp_subscript", 5)):  # Include/typeslots.h
+            out[f"{cls.__name__}.{slot}"] = get_slot(cls, number) or 0
+    return out
+
+
+def _exercise() -> None:
+    """Calls that reach every kind of patch of the default level."""
+    w = torch.nn.Parameter(torch.randn(4, 3))
+    x = w.clone().to(torch.float64)
+    x[torch.tensor([0, 2])].zero_()
+    w.data.mul_(1.0)
+    torch.clone(w.detach())
+    _ = x[1:3]
+
+
+# --- C pointers and type slots ---------------------------------------------------------------
+def test_no_c_pointer_or_type_slot_left_changed_after_tracing():
+    before = _c_pointers()
+    assert len(before) > 500  # every Tensor method and torch function was read
+    with copytrace.trace(write=False):
+        _exercise()
+    after = _c_pointers()
+    changed = sorted(k for k in before if before[k] != after.get(k))
+    assert changed == []
+
+
+def test_tensor_sequence_slot_unchanged_while_tracing():
+    # torch.Tensor has no sq_item (TensorBase sets only mp_subscript): a tensor is no sequence
+    # for CPython's abstract API, which torch.tensor([...]) relies on.
+    before = _c_pointers()
+    with copytrace.trace(write=False):
+        during = _c_pointers()
+    for cls in ("Tensor", "Parameter"):
+        assert during[f"{cls}.sq_item"] == before[f"{cls}.sq_item"] == 0
+
+
+# --- torch.tensor of sequences of tensors -----------------------------------------------------
+def _constructor_forms() -> list:
+    a, b, c = torch.tensor(1.0), torch.tensor(2.0), torch.tensor(3.0, requires_grad=True)
+    v, u = torch.ones(2), torch.zeros(2)
+    return [
+        lambda: torch.tensor([a, b, c.detach()]),
+        lambda: torch.tensor([a, 2.5, b]),
+        lambda: torch.tensor([[a, b], [b, a]]),
+        lambda: torch.tensor([v, u]),  # torch refuses: not 1-element tensors
+        # (not of c itself: torch warns of that once per process, TORCH_WARN_ONCE)
+        lambda: torch.tensor([c.detach() * 2, a]),
+        lambda: torch.as_tensor([a, b]),
+        lambda: torch.as_tensor([[1, a], [b, 4]], dtype=torch.float64),
+        lambda: torch.tensor([[v[0], v[1]]]),
+        lambda: torch.Tensor([a, b]),
+        lambda: torch.FloatTensor([a, 3]),
+        lambda: torch.tensor([a]).new_tensor([b, a]),
+    ]
+
+
+def _outcomes(forms: list) -> list:
+    out = []
+    for form in forms:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            try:
+                result = form()
+                got = ("ok", result.dtype, tuple(result.shape), result.tolist())
+            except Exception as err:
+                got = ("raised", type(err), str(err))
+        out.append((got, [(w.category, str(w.message)) for w in caught]))
+    return out
+
+
+def test_tensor_constructors_of_tensor_sequences_unchanged():
+    forms = _constructor_forms()
+    untraced = _outcomes(forms)
+    assert untraced[0][0] == ("ok", torch.float32, (3,), [1.0, 2.0, 3.0])
+    assert untraced[3][0][0] == "raised"  # a sequence of 2-element tensors
+    with copytrace.trace(write=False):
+        traced = _outcomes(forms)
+        with torch.device("meta"):
+            meta = _outcomes(forms[:3])
+    after = _outcomes(forms)
+    with torch.device("meta"):
+        meta_untraced = _outcomes(forms[:3])
+    assert traced == untraced
+    assert after == untraced  # and nothing is left broken once tracing stopped
+    assert meta == meta_untraced
+
+
+# --- tensor-likes --------------------------------------------------------------------------
+class _TensorLike:
+    """Not a tensor: takes every torch call through ``__torch_function__`` (as in torch's own
+    override tests) and has a ``grad_fn`` that is a plain function."""
+
+    grad_fn = staticmethod(lambda: None)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        return ("handled", func.__name__)
+
+
+@pytest.mark.parametrize("level", ["lean", "full"])
+def test_tensor_like_with_function_grad_fn_causes_no_internal_error(level):
+    like = _TensorLike()
+    calls = [
+        lambda: torch.autograd.backward(like),
+        lambda: torch.autograd.backward([like, like]),
+        lambda: torch.autograd.grad(like, [like]),
+        lambda: torch.Tensor.backward(like),
+    ]
+    untraced = [call() for call in calls]
+    with copytrace.trace(write=False, level=level) as t:
+        traced = [call() for call in calls]
+    assert traced == untraced == [("handled", "backward")] * 2 + [("handled", "grad")] + [
+        ("handled", "backward")
+    ]
+    assert t.stats["errors"] == 0
+
+
+# --- the start-up hook and pytest ----------------------------------------------------------
+def test_traced_pytest_session_under_warnings_as_errors(tmp_path):
+    # COPYTRACE=1 makes the start-up hook (copytrace_hook.pth) import copytrace before pytest
+    # runs; pytest then marks the plugin's package for assertion rewriting and, for a package
+    # already imported, issues a config-time warning, which -W error turns into an abort.
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "test_tiny.py").write_text(
+        "import torch\n\n\ndef test_clone():\n    assert torch.ones(3).clone().sum() == 3\n"
+    )
+    env = {**os.environ, "COPYTRACE": "1", "COPYTRACE_REPORT": "0"}
+    env.pop("PYTEST_ADDOPTS", None)
+    cmd = [sys.executable, "-W", "error", "-m", "pytest", "-q", "-W", "error",
+           "-p", "no:cacheprovider", "test_tiny.py"]  # fmt: skip
+    done = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output
+    assert "1 passed" in output and "Warning" not in output
+    assert list((tmp_path / "copytrace-out").glob("copytrace-*")), "the session was not traced"
+
+
+# --- references to user tensors ------------------------------------------------------------
+def _weakref_counts(module) -> list[int]:
+    import weakref
+
+    return [len(weakref.getweakrefs(p)) for p in module.parameters()]
+
+
+@pytest.mark.skipif(
+    _native.load() is None, reason="the Python fallback still follows state_dict() aliases weakly"
+)
+def test_state_dict_leaves_no_weakref_and_the_swap_path_works():
+    # torch.utils.swap_tensors (Module.to on the swap path) refuses a tensor with a weakref
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
+    torch.__future__.set_swap_module_params_on_conversion(True)
+    try:
+        with copytrace.trace(write=False) as t:
+            state = model.state_dict()  # detach() aliases of every parameter
+            counts = _weakref_counts(model)
+            model.to(torch.float64)
+            dtypes = {p.dtype for p in model.parameters()}
+        del state
+    finally:
+        torch.__future__.set_swap_module_params_on_conversion(False)
+    assert counts == [0, 0, 0, 0]
+    assert dtypes == {torch.float64}
+    assert t.stats["errors"] == 0
+
+
+@pytest.mark.skipif(
+    _native.load() is None, reason="the Python fallback follows a .data alias weakly"
+)
+def test_data_alias_and_rebinding_leave_no_weakref_and_both_can_be_swapped():
+    import weakref
+
+    w = torch.nn.Parameter(torch.randn(3))
+    # level full: at level lean the alias keeps a weakref while its mode watches it
+    with copytrace.trace(write=False, level="full") as t:
+        loss = (w * w).sum()  # mul saves w: the backward below reads the rebound tensor
+        alias = w.data  # watched for in-place writes while it lives
+        alias.mul_(2.0)
+        w.data = torch.ones(3)  # a rebinding, pending until the next backward
+        refs = [len(weakref.getweakrefs(x)) for x in (w, alias)]
+        loss.backward()  # (torch's swap_tensors refuses a tensor a live graph saved)
+        del loss
+        torch.utils.swap_tensors(alias, torch.full((3,), 5.0))
+        torch.utils.swap_tensors(w, torch.nn.Parameter(torch.zeros(3)))
+        saved_by = [ev.saved_by for ev in t.events if ev.op == "data_set"]
+    assert refs == [0, 0]
+    assert alias.tolist() == [5.0, 5.0, 5.0] and w.tolist() == [0.0, 0.0, 0.0]
+    # w * w saves w twice (self and other, read in dir() order): the rebinding is found
+    assert saved_by == [("MulBackward0.other", "MulBackward0.self")]
+    assert t.stats["errors"] == 0
+
+
+@pytest.mark.parametrize("observer", ["native", "python"])
+def test_rebound_parameter_holds_no_weakref_at_the_default_level(observer, monkeypatch):
+    import weakref
+
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
+    w = torch.nn.Parameter(torch.randn(3))
+    with copytrace.trace(write=False) as t:
+        loss = (w * 2.0).sum()
+        w.data = torch.ones(3)  # a pending rebinding until the backward below
+        refs = len(weakref.getweakrefs(w))
+        loss.backward()
+        torch.utils.swap_tensors(w, torch.nn.Parameter(torch.zeros(3)))
+    assert refs == 0 and w.tolist() == [0.0, 0.0, 0.0]
+    assert t.stats["errors"] == 0
+
+
+def test_data_alias_leaves_no_weakref_on_its_source():
+    w = torch.nn.Parameter(torch.randn(3))
+    with copytrace.trace(write=False):
+        alias = w.data  # copytrace watches writes through it while it lives
+        import weakref
+
+        assert weakref.getweakrefs(w) == []
+        torch.utils.swap_tensors(w, torch.nn.Parameter(torch.zeros(3)))
+        del alias
+    assert w.tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.skipif(
+    _native.load() is None, reason="the Python fallback follows an index result weakly"
+)
+def test_index_result_at_level_full_holds_no_weakref_and_a_lost_write_is_still_found():
+    import weakref
+
+    x = torch.randn(4)
+    idx = torch.tensor([0, 2])
+
+    def lose_a_write() -> tuple[int, torch.Tensor]:
+        gather = x[idx]  # a fresh gather, not a view: the write below is lost
+        gather.zero_()
+        refs = len(weakref.getweakrefs(gather))
+        torch.utils.swap_tensors(gather, torch.ones(2))  # a tensor with a weakref is refused
+        return refs, gather.clone()
+
+    with copytrace.trace(write=False, level="full") as t:
+        refs, after_swap = lose_a_write()
+        torch.ones(2).add_(1)  # the next watched call finds the gather gone
+    assert refs == 0 and after_swap.tolist() == [1.0, 1.0]
+    (index,) = [e for e in t.events if e.op == "index"]
+    assert index.write_site is not None and index.write_site.endswith(" lose_a_write")
+    assert index.inplace_writes == 1  # zero_ bumped the gather's counter once
+    assert t.stats["errors"] == 0
+
+
+@pytest.mark.skipif(_native.load() is None, reason="the Python fallback's modes are the mechanism")
+def test_default_level_keeps_the_mode_stacks_while_an_index_result_and_a_data_alias_live():
+    import weakref
+
+    w = torch.nn.Parameter(torch.randn(4))
+    idx = torch.tensor([0, 2])
+
+    def stacks() -> tuple[int, int]:
+        return torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack()
+
+    with copytrace.trace(write=False) as t:  # the default level: lean
+        before = stacks()
+        loss = (w * w).sum()  # mul saves w: the write through the alias below is hidden
+        gather = w.detach()[idx]  # a fresh gather, not a view
+        alias = w.data  # autograd cannot see writes through it
+        during = stacks()
+        gather.zero_()
+        alias.mul_(2.0)
+        written = stacks()
+        refs = [weakref.getweakrefcount(x) for x in (gather, alias, w)]
+        loss.backward()  # reads the overwritten w: data-inplace
+        del gather  # written and never used: lost-inplace-write
+        after = stacks()
+    assert before == during == written == after == (0, 0)
+    assert refs == [0, 0, 0]
+    (index,) = [e for e in t.events if e.op == "index"]
+    (data,) = [e for e in t.events if e.op == "data_get"]
+    site = " test_default_level_keeps_the_mode_stacks_while_an_index_result_and_a_data_alias_live"
+    assert index.write_site is not None and index.write_site.endswith(site)
+    assert data.inplace_writes == 1 and data.write_site.endswith(site)
+    # w * w saves w twice (self and other, read in dir() order)
+    assert data.saved_by == ("MulBackward0.other", "MulBackward0.self")
+    assert t.stats["errors"] == 0
