@@ -201,7 +201,7 @@ def _module_conversions(probe: Probe, m: torch.nn.Module, make: Callable[[], tor
     before = [id(p) for p in m.parameters()]
     probe.step("to_float64", m.to, torch.float64)
     probe.note("to_float64/state", _state(m))
-    probe.note("to_float64/output/identity", [id(p) == i for p, i in zip(m.parameters(), before)])
+    probe.note("to_float64/output/identity", [id(p) == i for p, i in zip(m.parameters(), before, strict=False)])
     del params
     with _Swap():
         swapped = make()

@@ -415,13 +415,13 @@ def _first_change(a: Any, b: Any, where: str) -> tuple[str, Any, Any]:
     """The path to the first leaf at which two fingerprints differ, and the two leaves (for
     tensor bytes: how many elements differ and the largest absolute difference)."""
     if isinstance(a, tuple) and isinstance(b, tuple) and a[:1] == b[:1] == ("tensor",):
-        for name, x, y in zip(META, a[1], b[1]):
+        for name, x, y in zip(META, a[1], b[1], strict=False):
             if x != y:
                 return f"{where}.{name}", x, y
         return f"{where}.values", *_value_detail(a, b)
     if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) == 2 and a[0] == b[0]:
         if isinstance(a[1], tuple) and isinstance(b[1], tuple) and len(a[1]) == len(b[1]):
-            for i, (x, y) in enumerate(zip(a[1], b[1])):
+            for i, (x, y) in enumerate(zip(a[1], b[1], strict=True)):
                 if x != y:
                     label = x[0] if isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) else i
                     if label != i and isinstance(y, tuple) and x[0] == y[0]:

@@ -66,9 +66,6 @@ KNOWN: list[Known] = [
     Known("lean/python", "*", "*/warnings", "*", "on the Python fallback a warning with a "
           "stacklevel from a Python torch function names copytrace's function mode (the C "
           "warnings shim exists on the C++ observer's path only)"),
-    Known("lean/python", "linalg.*nograd", "forward/output", "*", "the Python fallback's "
-          "dispatch mode makes linalg.svdvals/eigvalsh/cond compute vectors too "
-          "(_may_require_fw_or_bw_grad is true while any dispatch mode is on)"),
 ]
 
 OBSERVERS = ("native", "python")
