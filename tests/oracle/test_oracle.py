@@ -1,8 +1,8 @@
 """PyTorch's own test databases as the oracle, CI sample: a traced program cannot tell.
 
 Runs, untraced and inside ``copytrace.trace`` at the default level on both observer paths
-(the C++ observer, and the Python fallback), each op of ``op_db`` that supports float32 on the
-CPU on its first float32 sample (with gradients and without), every module of ``module_db`` on
+(the C++ observer, and the Python fallback), 400 ops of ``op_db`` (of those that support float32 on
+the CPU) on their first float32 sample (with gradients and without), every module of ``module_db`` on
 its first input and every optimizer of ``optim_db`` on its first input, and asserts that no
 output, gradient, state, exception, warning, mode stack length, weakref count, reference count
 or version counter differs, and that copytrace swallowed no internal error. See
@@ -63,20 +63,35 @@ KNOWN: list[Known] = [
     Known("lean/python", "*", "*", "*._version", "the Python fallback's dispatch mode makes "
           "autograd accumulate gradients out of place (isTensorSubclassLike is true for every "
           "tensor while any dispatch mode is on), so version counters differ"),
+    Known("lean/python", "*", "*", "*.grad_fn", "the Python fallback's dispatch mode makes "
+          "reshape a view (ViewBackward0) where untraced it is _reshape_alias "
+          "(ReshapeAliasBackward0): torch's reshape checks isTensorSubclassLike, true for "
+          "every tensor while any dispatch mode is on"),
     Known("lean/python", "*", "*/warnings", "*", "on the Python fallback a warning with a "
           "stacklevel from a Python torch function names copytrace's function mode (the C "
           "warnings shim exists on the C++ observer's path only)"),
 ]
 
 OBSERVERS = ("native", "python")
-#: at least this many ops on their first float32 sample
-MIN_OPS = 400
+#: ops run on their first float32 sample: this many, evenly spaced over op_db ...
+CI_OPS = 400
+#: ... and these, whose differences were found and fixed (each names its root cause in git)
+ALWAYS = ("linalg.svdvals", "linalg.eigvalsh", "linalg.cond", "linalg.matrix_rank", "norm.nuc")
+
+
+def ci_ops() -> list:
+    """The CI sample's ops: :data:`CI_OPS` of those supporting float32 on the CPU, evenly
+    spaced in op_db's order, plus :data:`ALWAYS`."""
+    ops = [op for op in _cases.op_db() if torch.float32 in op.supported_dtypes("cpu")]
+    step = len(ops) / CI_OPS
+    picked = {int(i * step) for i in range(min(CI_OPS, len(ops)))}
+    return [op for i, op in enumerate(ops) if i in picked or _cases.op_name(op) in ALWAYS]
 
 
 @pytest.fixture(scope="module")
 def report() -> _harness.Report:
     report = _harness.Report(_harness.configs(["lean"], OBSERVERS))
-    ops = [op for op in _cases.op_db() if torch.float32 in op.supported_dtypes("cpu")]
+    ops = ci_ops()
     for op in ops:
         _harness.run_cases(report, f"op {_cases.op_name(op)}", _cases.op_cases(op))
     for info in _cases.module_db():
@@ -88,7 +103,7 @@ def report() -> _harness.Report:
 
 
 def test_sample_size(report: _harness.Report) -> None:
-    assert report.op_groups >= MIN_OPS  # type: ignore[attr-defined]
+    assert report.op_groups >= CI_OPS  # type: ignore[attr-defined]
     groups = report.op_groups + len(_cases.module_db()) + len(_cases.optim_db())  # type: ignore[attr-defined]
     assert report.groups == groups
     # both paths really ran: the C++ observer and the Python fallback
