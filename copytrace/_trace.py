@@ -222,6 +222,12 @@ class Trace:
         return self.session.events
 
     @property
+    def first_error(self) -> str | None:
+        """The traceback (text) of the first internal error copytrace counted and swallowed
+        while tracing (``stats["errors"]`` counts them all), or None."""
+        return self.session._target()._rec.first_error
+
+    @property
     def stats(self) -> dict[str, int]:
         """Counters: ``events`` (recorded in traced steps, flushed or not), ``dropped``,
         ``errors``, ``internal_detaches``, ``steps``, ``steps_traced``, ``discarded`` (warmup

@@ -11,6 +11,7 @@ import sys
 import pytest
 import torch
 
+import copytrace
 from copytrace.schema import CopyEvent
 from copytrace.tracer import _callsite, _native
 from copytrace.tracer import _facts as F
@@ -240,6 +241,19 @@ def test_record_sets_every_field_as_the_python_path(level: str, monkeypatch) -> 
     assert [{**e, "aten": ()} for e in native] == [{**e, "aten": ()} for e in python]
     assert native[3]["noop"] and native[3]["dst_storage"] == native[3]["src_storage"]
     assert native[5]["inplace_writes"] == 1 and native[8]["bytes_allocated"] == 0
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.parametrize("layout", ["sparse_coo", "sparse_csr"])
+def test_record_of_a_sparse_source_leaves_it_to_the_python_readers(layout: str) -> None:
+    # record() reads the source's facts first; a sparse source has none (no single storage),
+    # so the result's are never read and record() must answer None, not crash
+    dense = torch.eye(3)
+    sparse = dense.to_sparse() if layout == "sparse_coo" else dense.to_sparse_csr()
+    with copytrace.trace(write=False) as t:
+        out = sparse.detach()
+    assert out.layout == sparse.layout and torch.equal(out.to_dense(), dense)
+    assert [e.op for e in t.events] == ["detach"] and t.stats["errors"] == 0
 
 
 def test_frame_var_reads_locals_cells_and_free_variables_like_f_locals() -> None:

@@ -85,6 +85,7 @@ class Engagement:
             dmode = _recorder.DispatchMode(rec)
             dmode.__enter__()
             self.modes.append(dmode)
+            fmode.dispatch = dmode
         self._engage_compiled(rec, optim_hooks, eager_fallback=self.level != "api")
 
     def _engage_compiled(self, rec: Any, optim_hooks: list[Any], eager_fallback: bool) -> None:

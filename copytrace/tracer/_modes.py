@@ -23,6 +23,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from copytrace.tracer._rules import _ALIAS, _BASIC_INDEX, _GETITEM, _aten_name, _basic_index
+from copytrace.tracer.compiled.stepaside import call_without
 
 if TYPE_CHECKING:
     from copytrace.tracer._recorder import Recorder
@@ -31,6 +32,19 @@ __all__ = ["FunctionMode", "DispatchMode", "warm_up"]
 
 _perf_ns = time.perf_counter_ns
 _NoTorchFunction = torch._C.DisableTorchFunction
+_Tensor = torch.Tensor
+# torch functions whose forward kernel computes more while any dispatch mode is on: torch's
+# _may_require_fw_or_bw_grad (aten/src/ATen/native/BatchLinearAlgebra.cpp, LinearAlgebra.cpp)
+# is true for every input then (isTensorSubclassLike: c10::impl::dispatch_mode_enabled()), so
+# svdvals/eigvalsh ask LAPACK for the vectors too and return other bits. The Python fallback
+# runs them with its dispatch mode stepped aside (their implicit copies go unrecorded).
+_MODE_SENSITIVE = frozenset(
+    (
+        torch.linalg.svdvals, torch.linalg.eigvalsh, torch.linalg.eigvals, torch.linalg.cond,
+        torch.linalg.matrix_rank, torch.linalg.matrix_norm, torch.linalg.norm,
+        torch.nuclear_norm, torch.norm, _Tensor.norm, torch.svd, _Tensor.svd,
+    )
+)  # fmt: skip
 
 
 class FunctionMode(TorchFunctionMode):
@@ -39,6 +53,8 @@ class FunctionMode(TorchFunctionMode):
     def __init__(self, rec: Recorder) -> None:
         super().__init__()
         self._rec = rec
+        #: the Python fallback's DispatchMode while it is on the stack (set by _engage.py)
+        self.dispatch: DispatchMode | None = None
         self._table = rec.api_table
         self._copies = rec.watch.copies  # in-place writes into fresh copies (_fresh.py)
         self._fresh = self._copies.fresh  # both dicts live as long as the watch
@@ -47,6 +63,8 @@ class FunctionMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
+        if self.dispatch is not None and func in _MODE_SENSITIVE:
+            return call_without(self.dispatch, func, args, kwargs)
         try:
             op = self._table.get(func)
         except TypeError:  # an unhashable callable

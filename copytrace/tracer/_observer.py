@@ -138,6 +138,7 @@ def disengage(rec: Any) -> None:
     if errors:
         rec.errors += errors
         rec.last_error = rec.last_error or "error in the C++ observer's callback"
+        rec.first_error = rec.first_error or "error in the C++ observer's callback (no traceback)"
     native.uninstall()
     rec.native = None
 

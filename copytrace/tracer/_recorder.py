@@ -30,6 +30,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+import traceback
 from typing import Any
 
 import torch
@@ -142,6 +143,8 @@ class Recorder(ApiEvents, ImplicitEvents):
         self.dropped = 0
         self.errors = 0
         self.last_error: str | None = None
+        #: the first internal error's traceback (text), kept for the report and the oracle
+        self.first_error: str | None = None
         self.internal_detaches = 0
         # Nesting depth of torch.compile'd calls running now on the traced thread (set by
         # copytrace.tracer.compiled): inside them copytrace's modes are off the stacks.
@@ -178,6 +181,8 @@ class Recorder(ApiEvents, ImplicitEvents):
     def note_error(self, err: BaseException) -> None:
         self.errors += 1
         self.last_error = f"{type(err).__name__}: {err}"
+        if self.first_error is None:
+            self.first_error = "".join(traceback.format_exception(err))
 
     def step(self, now_ns: int | None = None) -> int:
         self.watch.step_end()

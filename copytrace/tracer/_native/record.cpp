@@ -190,9 +190,10 @@ PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   if (!event_type_setup(Py_TYPE(proto))) return nullptr;
   // The facts of both tensors, read in place (no Facts tuple): released at return.
   struct Facts {
-    PyObject* items[FACT_COUNT];
+    // zeroed: when the source has no plain-tensor facts the result's are never read
+    PyObject* items[FACT_COUNT] = {};
     ~Facts() { for (PyObject* o : items) Py_XDECREF(o); }
-  } fs{}, fo{};  // zeroed: fo is never read when src has no facts
+  } fs, fo;
   if (read_facts(src, false, fs.items) != 1 || read_facts(out, true, fo.items) != 1)
     Py_RETURN_NONE;
   auto S = [&](Fact i) { return fs.items[i]; };

@@ -2,7 +2,8 @@
 
 Helpers of :mod:`copytrace.tracer.compiled`: a mode taken off torch's (thread-local) mode
 stacks wherever it is, the others left in order; copytrace's hooks taken out of torch's global
-hook dicts and put back in their order.
+hook dicts and put back in their order. The Python fallback's function mode also runs a few
+mode-sensitive linalg calls with its dispatch mode stepped aside (:func:`call_without`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import torch
 __all__ = [
     "DISPATCH_STACK",
     "FUNCTION_STACK",
+    "call_without",
     "hide_hooks",
     "hook_dicts",
     "lift",
@@ -62,6 +64,18 @@ DISPATCH_STACK = (
     _C._len_torch_dispatch_stack, _C._get_dispatch_stack_at,
     lambda: _C._pop_torch_dispatch_stack(None), _C._push_on_torch_dispatch_stack,
 )  # fmt: skip
+
+
+def call_without(mode: Any, func: Any, args: Any, kwargs: Any) -> Any:
+    """``func(*args, **kwargs)`` with dispatch ``mode`` taken off torch's dispatch mode stack
+    (the others left in order), and put back after, also when ``func`` raises."""
+    length, at, pop, push = DISPATCH_STACK
+    above = lift(length, at, pop, push, mode)
+    try:
+        return func(*args, **kwargs)
+    finally:
+        if above is not None:
+            lower(length, pop, push, mode, above)
 
 
 # --- global hooks -----------------------------------------------------------------------------
