@@ -23,7 +23,14 @@ from copytrace.tracer import _callsite, _modules
 from copytrace.tracer import _facts as _F
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._fresh import INDEX_OPS
-from copytrace.tracer._rules import IN_PYTHON, RULES, _basic_index, _storage_nbytes, _transfer
+from copytrace.tracer._rules import (
+    HOST_TO_DEVICE,
+    IN_PYTHON,
+    RULES,
+    _basic_index,
+    _storage_nbytes,
+    _transfer,
+)
 
 if TYPE_CHECKING:
     from copytrace.tracer._recorder import Recorder
@@ -247,7 +254,7 @@ class ApiEvents:
             return  # a zero-dim integer index selects a view: not a copy
         if src_device is not dst_device:  # interned names: equal names are one object
             transfer = ev.transfer = _transfer(src_device, dst_device)
-            if transfer == "h2d":
+            if transfer == HOST_TO_DEVICE:
                 ev.pinned = src.is_pinned()
         if native is not None:  # Recorder._context, inlined: the same walk in C
             site = native.call_site(_callsite._code_kind)

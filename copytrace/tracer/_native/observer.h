@@ -10,7 +10,7 @@
 //   hotpatch.cpp   level lean's hot-patched method tables                   (*)
 //   facts.cpp      a tensor's facts in one call; copy_slots
 //   frames.cpp     call sites, frame variables                              (Python only)
-//   record.cpp     an API call's whole event in one call
+//   record.cpp     an API call's whole event in one call, by the rule table (_rules.RULES)
 //   compiled.cpp   the compiled-call hooks                                  (*)
 //   module.cpp     the method table and the module's init                   (Python only)
 // (*) Python and ATen's/c10's mode TLS headers only (no Tensor type). The units that include
@@ -184,6 +184,10 @@ PyObject* frame_var_of(PyFrameObject* frame, PyObject* name);  // new reference 
 // --- record.cpp -------------------------------------------------------------------------------
 PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs);
 bool record_init(PyObject* module);
+// RULES.watched and RULES.not_fresh (frozensets borrowed from the rules set_record_rules keeps;
+// null while none are set): fast_finish's share of the rule table.
+extern PyObject* g_rule_watched;
+extern PyObject* g_rule_not_fresh;
 
 // --- compiled.cpp -----------------------------------------------------------------------------
 extern __thread bool tls_cfs_thread;
@@ -216,7 +220,7 @@ COPYTRACE_FAST(py_facts)
 // frames.cpp
 COPYTRACE_NOARGS(py_clear_sites) COPYTRACE_FAST(py_frame_var)
 // record.cpp
-COPYTRACE_FAST(py_record_setup)
+COPYTRACE_FAST(py_record_setup) COPYTRACE_O(py_set_record_rules)
 // compiled.cpp
 COPYTRACE_O(py_callback_from_stance) COPYTRACE_FAST(py_cfs_install) COPYTRACE_O(py_cfs_begin)
 COPYTRACE_NOARGS(py_compiled_enter) COPYTRACE_FAST(py_compiled_backward)

@@ -15,6 +15,7 @@ import torch
 from copytrace.tracer import _facts as _F
 from copytrace.tracer._fresh import INDEX_OPS as _INDEX_OPS
 from copytrace.tracer._fresh import Fresh
+from copytrace.tracer._rules import RULES
 from copytrace.tracer.watch._graph import _life_token, _use_count
 from copytrace.tracer.watch._ids import StorageIds
 from copytrace.tracer.watch._retained import _PRUNE_ATTACHED, Retention
@@ -36,10 +37,9 @@ BACKWARD_FUNCTIONS = (_Tensor.backward, torch.autograd.backward, torch.autograd.
 # Caps that keep the cold-path work bounded on huge graphs and long programs.
 _MAX_ATTACHED = 100_000
 _MAX_SNAPSHOTS = 100_000
-#: Results that are not a fresh copy the program goes on using: copy_ writes into its dst,
-#: deepcopy results are independent state, implicit copies are internal to torch.
-_NOT_FRESH = frozenset(("copy_", "deepcopy", "implicit", "data_set", "swap_tensors"))
-_WATCHED_OPS = frozenset(("data_get", "data_set", "detach"))  # see Watch._special
+# The rule table's share of the watch (the C observer's fast_finish reads the same sets).
+_NOT_FRESH = RULES.not_fresh
+_WATCHED_OPS = RULES.watched  # see Watch._special
 _UNREAD = object()  # Watch.follow: the result's grad_fn is not read yet
 
 class Watch(AliasWrites, Retention):
