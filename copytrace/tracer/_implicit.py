@@ -84,15 +84,15 @@ class ImplicitEvents:
         ev.seq = len(self.events) + self.dropped
         ev.start_ns = start
         ev.end_ns = end
-        ev.bytes_allocated = fd[_F.STORAGE_BYTES] if allocated < 0 else allocated
-        ev.src_dtype = fs[_F.DTYPE]
-        ev.src_device = fs[_F.DEVICE]
-        ev.src_requires_grad = fs[_F.REQUIRES_GRAD]
-        ev.shape = fd[_F.SHAPE]
-        ev.dtype = fd[_F.DTYPE]
-        ev.dst_device = fd[_F.DEVICE]
+        ev.bytes_allocated = fd.storage_bytes if allocated < 0 else allocated
+        ev.src_dtype = fs.dtype
+        ev.src_device = fs.device
+        ev.src_requires_grad = fs.requires_grad
+        ev.shape = fd.shape
+        ev.dtype = fd.dtype
+        ev.dst_device = fd.device
         ev.transfer = _transfer(ev.src_device, ev.dst_device)
-        ev.bytes_logical = fd[_F.LOGICAL_BYTES]
+        ev.bytes_logical = fd.logical_bytes
         ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
         # Dispatch-level tensors carry no autograd metadata: graph facts stay unknown ("none").
         self._context(ev)

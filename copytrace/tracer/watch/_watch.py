@@ -86,8 +86,8 @@ class Watch(AliasWrites, Retention):
 
     # -- every event ----------------------------------------------------------------------
     def event(
-        self, ev: CopyEvent, op: str, src: Any, out: Any, fs: tuple | None = None,
-        fo: tuple | None = None,
+        self, ev: CopyEvent, op: str, src: Any, out: Any, fs: _F.Facts | None = None,
+        fo: _F.Facts | None = None,
     ) -> None:  # fmt: skip
         """Add storage facts to ``ev`` and start the watches it calls for. ``fs``, ``fo``: the
         facts (``copytrace.tracer._facts``) of ``src`` and ``out`` when already read. Never
@@ -98,8 +98,11 @@ class Watch(AliasWrites, Retention):
             self.host.note_error(err)
 
     def _event(
-        self, ev: CopyEvent, op: str, src: Any, out: Any, fs: tuple | None, fo: tuple | None
+        self, ev: CopyEvent, op: str, src: Any, out: Any, fs: _F.Facts | None, fo: _F.Facts | None
     ) -> None:
+        # The facts are read by index here, not by name: every event the Python side records
+        # passes through this method, and a named field of the C observer's Facts (a struct
+        # sequence) costs about 40% more than an index (Python 3.11: ~22 vs ~16 ns a read).
         ids = self.ids
         if fs is None:
             fs = _F.py_facts(src)
