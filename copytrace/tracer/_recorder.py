@@ -148,7 +148,7 @@ class Recorder(ApiEvents, ImplicitEvents):
         self.native: Any = None
         #: level lean: the mode pushed while ``.data`` writes are watched (_observer.LeanWatch)
         self.lean_watch: Any = None
-        self._native_state: tuple | None = None  # observer.cpp record's first argument
+        self._native_state: tuple | None = None  # record.cpp's record: its first argument
         for fn in BACKWARD_FUNCTIONS:
             self.api_table[fn] = "backward"
 
