@@ -450,7 +450,7 @@ def test_patches_and_hooks_stand_aside_while_dynamo_compiles_and_in_cached_code(
 
 def test_depth_callback_pauses_in_compiled_calls_for_copytrace_alone() -> None:
     # In-process, backend "aot_eager" (a compiled region that runs aten ops). copytrace's depth
-    # callback (observer.cpp) pauses while a compiled call or its compiled backward runs, on
+    # callback (kernels.cpp, paused by compiled.cpp) pauses while a compiled call or its compiled backward runs, on
     # this thread and for itself only: a user's torch.profiler around them records the same
     # aten ops traced as untraced, and the depth is balanced after each region, so the eager
     # backward around it still has its implicit copy recorded, every time.

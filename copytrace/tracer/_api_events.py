@@ -7,7 +7,7 @@ the calls in its API table. A call is begun by :meth:`ApiEvents.api_before` and 
 call of the C++ observer's ``record`` for plain tensors, else by :meth:`ApiEvents._record_py`
 with the Python readers of :mod:`copytrace.tracer._facts`. Both set the same fields in the
 same order of storage ids (``tests/test_native_facts.py`` compares them). The C path's
-common case (``fast_event`` in ``observer.cpp``) calls nothing here.
+common case (``fast_event`` in ``_native/api_mode.cpp``) calls nothing here.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from copytrace.tracer import _facts as _F
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._fresh import INDEX_OPS
 from copytrace.tracer._rules import (
+    HOST_TO_DEVICE,
     IN_PYTHON,
     NO_MEMORY,
     RULES,
@@ -54,7 +55,7 @@ _NO_TENSOR_RESULT = ("numpy", "copy_", "data_set")  # ops whose result may be no
 _WRITES_INTO = RULES.writes_into
 _ALWAYS_ALIAS = RULES.always_alias
 _VIEW_NO_EVENT = RULES.view_is_no_event
-_IN_PYTHON = IN_PYTHON  # ops observer.cpp's record leaves to the Python readers
+_IN_PYTHON = IN_PYTHON  # ops record.cpp's record leaves to the Python readers
 
 
 class _Pending:
@@ -73,7 +74,7 @@ class ApiEvents:
     def api_before(self: Recorder, op: str, func: Any, args: tuple, kwargs: dict | None) -> Any:
         """Start recording the user's API call ``op``; ``None`` means: run it unrecorded.
 
-        Called by the C handler (``_native/observer.cpp``) or :meth:`api_call` before
+        Called by the C handler (``_native/api_mode.cpp``) or :meth:`api_call` before
         ``func(*args, **kwargs)`` runs; the token goes to :meth:`api_after`."""
         if op == "backward":
             self.watch.check_backward(func, args, kwargs or {})
@@ -112,7 +113,7 @@ class ApiEvents:
         aten: tuple,
     ) -> None:  # fmt: skip
         """Record a call the C observer ran without :meth:`api_before` (no keyword arguments, a
-        plain tensor first, an op in :data:`FAST_OPS`; ``observer.cpp``, ``fast_call``): as
+        plain tensor first, an op in :data:`FAST_OPS`; ``api_mode.cpp``, ``fast_call``): as
         :meth:`api_after` records it. Never raises."""
         try:
             name = error.__name__ if error is not None else None
@@ -149,9 +150,9 @@ class ApiEvents:
     def api_tail(
         self: Recorder, op: str, src: Any, out: Any, ev: CopyEvent, grad_fn: Any, where: Any
     ) -> None:
-        """The rest of an event observer.cpp's ``record`` made (``where``: True when its phase,
+        """The rest of an event record.cpp's ``record`` made (``where``: True when its phase,
         module and thread are set, else the frame to place it from): tag ``grad_fn``, start
-        the watches, keep the event. Called by :meth:`_record_api` and by observer.cpp's fast
+        the watches, keep the event. Called by :meth:`_record_api` and by api_mode.cpp's fast
         events for what they do not finish in C."""
         if where is not True:
             self._place(ev, where)
@@ -192,7 +193,7 @@ class ApiEvents:
             return  # t.type() with no argument returns a string
         native = self.native
         if native is not None and error is None and self.group is None and op not in _IN_PYTHON:
-            # the common case in one C call (observer.cpp, record): same fields, same ids
+            # the common case in one C call (record.cpp, record): same fields, same ids
             state = self._native_state
             if state is None:
                 state = self._native_state = (
@@ -234,19 +235,19 @@ class ApiEvents:
         ev.seq = len(self.events) + self.dropped
         ev.start_ns = start
         ev.end_ns = end
-        ev.src_dtype = src_dtype = fs[1]  # _facts.DTYPE
-        ev.src_device = src_device = fs[2]  # _facts.DEVICE
-        src_rg = fs[3] if src_requires_grad is None else src_requires_grad  # REQUIRES_GRAD
+        ev.src_dtype = src_dtype = fs.dtype
+        ev.src_device = src_device = fs.device
+        src_rg = fs.requires_grad if src_requires_grad is None else src_requires_grad
         ev.src_requires_grad = src_rg
         if kwargs:
             ev.non_blocking = bool(kwargs.get("non_blocking", False))
         fo = grad_fn = None
         if error is not None or op == "numpy":
             # Failed call, or an ndarray view of the tensor's memory (an alias).
-            ev.shape = fs[0]  # _facts.SHAPE
+            ev.shape = fs.shape
             ev.dtype = src_dtype
             ev.dst_device = dst_device = src_device
-            ev.bytes_logical = fs[9]  # _facts.LOGICAL_BYTES
+            ev.bytes_logical = fs.logical_bytes
             if op in _DST_FIRST and out is not src and isinstance(out, _Tensor):
                 # dst.copy_(src) that raised: the destination is where the data was to go
                 ev.shape = _F.shape(out)
@@ -261,14 +262,14 @@ class ApiEvents:
             fo = native.facts(out, True) if native is not None else None
             if fo is None:
                 fo = _py_facts(out, True)
-            dst_device = fo[2]  # _facts.DEVICE
-            grad_fn = fo[5]  # _facts.GRAD_FN
+            dst_device = fo.device
+            grad_fn = fo.grad_fn
             alias = self._classify(ev, op, src, out, fs, fo, src_rg)
         if alias and op in _VIEW_NO_EVENT:
             return  # a zero-dim integer index selects a view: not a copy
         if src_device is not dst_device:  # interned names: equal names are one object
             transfer = ev.transfer = _transfer(src_device, dst_device)
-            if transfer == "h2d":
+            if transfer == HOST_TO_DEVICE:
                 ev.pinned = src.is_pinned()
         if ev.fake or dst_device in NO_MEMORY:
             settle_unreal(ev)  # no real memory: nothing allocated, nothing moved
@@ -296,7 +297,7 @@ class ApiEvents:
             self.dropped += 1
 
     def _classify(
-        self: Recorder, ev: CopyEvent, op: str, src: Any, out: Any, fs: tuple, fo: tuple,
+        self: Recorder, ev: CopyEvent, op: str, src: Any, out: Any, fs: _F.Facts, fo: _F.Facts,
         src_rg: Any,
     ) -> bool:  # fmt: skip
         """Set the result's facts on ``ev`` (``fs``, ``fo``: the facts of ``src``, ``out``)
@@ -319,7 +320,7 @@ class ApiEvents:
         elif op in _ALWAYS_ALIAS:
             alias = ev.alias = True
         else:
-            src_storage = fs[7]  # _facts.STORAGE; same_storage(), inlined:
+            src_storage = fs.storage  # same_storage(), inlined:
             alias = ev.alias = (
                 storage is not None
                 and src_storage is not None

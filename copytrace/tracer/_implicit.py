@@ -84,16 +84,16 @@ class ImplicitEvents:
         ev.seq = len(self.events) + self.dropped
         ev.start_ns = start
         ev.end_ns = end
-        ev.bytes_allocated = fd[_F.STORAGE_BYTES] if allocated < 0 else allocated
-        ev.src_dtype = fs[_F.DTYPE]
-        ev.src_device = fs[_F.DEVICE]
-        ev.src_requires_grad = fs[_F.REQUIRES_GRAD]
-        ev.shape = fd[_F.SHAPE]
-        ev.dtype = fd[_F.DTYPE]
-        ev.dst_device = fd[_F.DEVICE]
+        ev.bytes_allocated = fd.storage_bytes if allocated < 0 else allocated
+        ev.src_dtype = fs.dtype
+        ev.src_device = fs.device
+        ev.src_requires_grad = fs.requires_grad
+        ev.shape = fd.shape
+        ev.dtype = fd.dtype
+        ev.dst_device = fd.device
         ev.transfer = _transfer(ev.src_device, ev.dst_device)
-        ev.bytes_logical = fd[_F.LOGICAL_BYTES]
-        if fd[_F.DEVICE] in NO_MEMORY or (type(dst) is not _Tensor and _F.is_fake(dst)):
+        ev.bytes_logical = fd.logical_bytes
+        if fd.device in NO_MEMORY or (type(dst) is not _Tensor and _F.is_fake(dst)):
             settle_unreal(ev)  # a meta or fake tensor: nothing allocated, nothing moved
         ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
         # Dispatch-level tensors carry no autograd metadata: graph facts stay unknown ("none").

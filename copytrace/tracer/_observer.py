@@ -102,8 +102,7 @@ def engage(rec: Any, native: Any, full: bool) -> NativeFunctionMode:
     native.set_fast_api(fast, (torch.Tensor, torch.nn.Parameter), rec.api_fast)
     native.set_fast_events(rec, watch.copies, rec.api_tail, fast - _rules.NOT_C_EVENT_OPS)
     native.set_watch_writes(bool(watch.aliases))
-    if hasattr(native, "set_record_rules"):  # observer.cpp's record reads the rules as data
-        native.set_record_rules(_rules.RULES)
+    native.set_record_rules(_rules.RULES)  # record.cpp's record reads the rules as data
     _warnshim.install(native)
     copies = watch.copies  # in-place writes into fresh copies (_fresh.py)
     copies.version_of, copies.version_final = native.version_of, native.version_final

@@ -173,7 +173,7 @@ class Recorder(ApiEvents, ImplicitEvents):
         #: level lean: no mode; ``.data`` writes are seen by the C++ write watch instead
         #: (``_native/watch_cb.cpp``, set up by ``_observer.install_wrappers``)
         self.lean = False
-        self._native_state: tuple | None = None  # observer.cpp record's first argument
+        self._native_state: tuple | None = None  # record.cpp's record: its first argument
         for fn in BACKWARD_FUNCTIONS:
             self.api_table[fn] = "backward"
 

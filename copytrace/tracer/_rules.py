@@ -2,9 +2,9 @@
 call's result is classed (alias, copy, write into an existing tensor).
 
 Two readers apply these tables: :meth:`copytrace.tracer._recorder.Recorder._record_api` (the
-Python path) and the C++ observer's ``record`` (``_native``). The observer receives
-:data:`RULES` at set-up (``set_record_rules``, where it has that entry point) instead of
-keeping its own copies, so the decision is written once, here. The op partitions below
+Python path, with :class:`~copytrace.tracer.watch.Watch`) and the C++ observer's ``record``
+and ``fast_finish`` (``_native``). The observer receives :data:`RULES` at set-up
+(``set_record_rules``) instead of keeping its own copies, so the decision is written once, here. The op partitions below
 (:data:`BEFORE_OPS`, :data:`NOT_C_EVENT_OPS`) reach the observer the same way, as sets built
 by :func:`copytrace.tracer._observer.engage`.
 
@@ -24,8 +24,8 @@ from copytrace.tracer import _facts as _F
 from copytrace.tracer._fresh import INDEX_OPS
 
 __all__ = [
-    "RULES", "RecordRules", "ALIAS", "COPY", "COPY_INTO", "api_table", "aten_table",
-    "aten_name", "transfer", "basic_index",
+    "RULES", "RecordRules", "HOST_TO_DEVICE", "ALIAS", "COPY", "COPY_INTO", "api_table",
+    "aten_table", "aten_name", "transfer", "basic_index",
 ]  # fmt: skip
 
 _Tensor = torch.Tensor
@@ -178,7 +178,13 @@ class RecordRules(NamedTuple):
       index selects a view).
     * ``host_device``: the device name of host memory.
     * ``transfers``: ``(source on host, result on host) -> transfer`` for two *different*
-      device names (equal names: ``"none"``).
+      device names (equal names: ``"none"``). The source's pinning is read for the
+      ``(True, False)`` transfer (host to device).
+    * ``watched``: ops whose event starts a watch of its own (``Watch._special``: ``.data``
+      reads and writes; a ``detach`` only when made by ``state_dict()``, i.e. with a ``via``).
+    * ``not_fresh``: ops whose result is not a fresh copy the program goes on using (``copy_``
+      writes into its dst, deepcopy results are independent state, implicit copies are
+      internal to torch): no in-place write watch (``_fresh.py``).
     * ``no_memory_devices``: device names whose tensors have no real storage (``meta``): a
       copy to or from one allocates nothing and moves nothing (transfer ``"none"``).
     """
@@ -188,6 +194,8 @@ class RecordRules(NamedTuple):
     view_is_no_event: frozenset[str]
     host_device: str
     transfers: dict[tuple[bool, bool], str]
+    watched: frozenset[str]
+    not_fresh: frozenset[str]
     no_memory_devices: frozenset[str]
 
 
@@ -197,11 +205,15 @@ RULES = RecordRules(
     view_is_no_event=frozenset(("index",)),
     host_device="cpu",
     transfers={(True, False): "h2d", (False, True): "d2h", (True, True): "none", (False, False): "d2d"},
+    watched=frozenset(("data_get", "data_set", "detach")),
+    not_fresh=frozenset(("copy_", "deepcopy", "implicit", "data_set", "swap_tensors")),
     no_memory_devices=frozenset(("meta",)),
 )
 _HOST = RULES.host_device
 _TRANSFERS = RULES.transfers
 _NO_MEMORY = RULES.no_memory_devices
+#: The transfer whose source's pinning is read (host to device).
+HOST_TO_DEVICE = _TRANSFERS[(True, False)]
 
 
 def _transfer(src: str, dst: str) -> str:
@@ -236,13 +248,13 @@ def settle_unreal_events(events: list) -> None:
 
 # Ops whose result always shares the input's storage (RULES.always_alias).
 _ALWAYS_ALIAS = RULES.always_alias
-# Ops whose event the Python path records (observer.cpp's record leaves them out).
+# Ops whose event the Python path records (record.cpp's record leaves them out).
 _IN_PYTHON = frozenset(("numpy", "deepcopy"))
 # Ops whose api_before has work to do for any call (a check before the call, a read of the
 # input's state, a memo or basic-index test): never on the C observer's one-call path.
 _BEFORE_OPS = frozenset(("backward", "deepcopy", "index", "detach_", "numpy"))
-# Fast ops whose whole event observer.cpp may finish in C (fast_event): not those _record_api
-# reads differently (a write into a tensor, a rebinding) nor the gathers (a fresh copy watched
+# Fast ops whose whole event the observer may finish in C (api_mode.cpp's fast_event): not
+# those _record_api reads differently (a write into a tensor, a rebinding) nor the gathers (a fresh copy watched
 # by identity, _fresh.py).
 _NOT_C_EVENT_OPS = frozenset(("copy_", "data_set", "data_get", "swap_tensors")) | frozenset(
     INDEX_OPS

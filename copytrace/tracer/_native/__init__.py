@@ -9,8 +9,9 @@ every unit the same flags, so they still get torch's include paths, which cost n
 It is built once per exact torch build with ``torch.utils.cpp_extension.load`` (g++ and ninja,
 the units in parallel) into a cache directory keyed by torch's version, its git revision, the
 Python version and a hash of every source and the header, and loaded from there afterwards (a
-few ms). After loading, :func:`load` hands the C record the schema's event field names and the
-recorder's always-alias ops (``record_setup``).
+few ms). After loading, :func:`load` hands the C record the schema's event field names
+(``record_setup``) and the rule table :data:`copytrace.tracer._rules.RULES`
+(``set_record_rules``).
 
 Where it cannot be built (no C++ compiler, no ninja, a failed build) copytrace falls back to its
 Python ``TorchDispatchMode`` and says so once on stderr. ``COPYTRACE_OBSERVER`` chooses:
@@ -149,10 +150,12 @@ def _event_fields() -> tuple[str, ...]:
 
 
 def _setup(module: ModuleType) -> ModuleType:
-    """Hand the C record its tables (``record_setup``); raises where they do not fit it."""
+    """Hand the C record its tables: the schema's fields (``record_setup``) and the rule
+    table (``set_record_rules``); raises where they do not fit it."""
     from copytrace.tracer import _rules
 
-    module.record_setup(_event_fields(), _rules.RULES.always_alias)
+    module.record_setup(_event_fields())
+    module.set_record_rules(_rules.RULES)
     return module
 
 

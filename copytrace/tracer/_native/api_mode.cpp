@@ -171,13 +171,17 @@ bool keep_version(PyObject* version, PyObject* ev) {
 }
 
 // The event's end, when nothing calls for Python: true when done (or an error counted).
+// Watch.follow's rules (copytrace/tracer/watch/_watch.py) by RULES.watched and RULES.not_fresh.
 bool fast_finish(PyObject* op, PyObject* src, PyObject* out, PyObject* ev) {
+  if (g_rule_watched == nullptr || g_rule_not_fresh == nullptr) return false;  // no rules set
   PyObject* alias_o = PyObject_GetAttr(ev, g_fn->alias);
   if (alias_o == nullptr) return false;
   const bool alias = alias_o == Py_True;
   Py_DECREF(alias_o);
-  if (PyUnicode_Check(op) && PyUnicode_Compare(op, g_fn->detach) == 0) {
-    PyObject* via = PyObject_GetAttr(ev, g_fn->via);  // a detach from state_dict(): watched
+  const int watched = PySet_Contains(g_rule_watched, op);
+  if (watched != 0) {  // watched: only a detach without a via (not from state_dict()) is not
+    if (watched < 0 || PyUnicode_Compare(op, g_fn->detach) != 0) return false;
+    PyObject* via = PyObject_GetAttr(ev, g_fn->via);
     const bool plain = via == Py_None;
     Py_XDECREF(via);
     if (!plain) return false;
@@ -190,7 +194,9 @@ bool fast_finish(PyObject* op, PyObject* src, PyObject* out, PyObject* ev) {
     if (graph == nullptr || attached) return false;
     const long long nbytes = attr_ll(ev, g_fn->bytes_allocated);
     if (nbytes == -1 && PyErr_Occurred()) return false;
-    if (out != src && nbytes > 0) {  // a fresh copy: its version counter kept (_fresh.py)
+    const int not_fresh = out == src ? 1 : PySet_Contains(g_rule_not_fresh, op);
+    if (not_fresh < 0) return false;
+    if (not_fresh == 0 && nbytes > 0) {  // a fresh copy: its version counter kept (_fresh.py)
       PyObject* version = version_of(nullptr, out);
       if (version == nullptr || version == Py_None) {
         Py_XDECREF(version);

@@ -350,7 +350,7 @@ PyObject* user_fn(PyObject*, PyObject* node) {
 }
 
 PyMethodDef g_user_fn_def = {"_get_user_fn", &user_fn, METH_O,
-                             "copytrace's BackwardCFunction._get_user_fn (see observer.cpp)"};
+                             "copytrace's BackwardCFunction._get_user_fn (see compiled.cpp)"};
 
 PyMethodDef g_cc_leave_def = {"compiled_leave", &compiled_leave, METH_NOARGS,
                               "the exit hook of a call compiled_enter recorded"};

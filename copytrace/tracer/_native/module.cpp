@@ -99,8 +99,10 @@ PyMethodDef g_methods[] = {
      "in_optimizer): an API call's event as (event, grad_fn, placed or module frame), False or "
      "None (see record.cpp)"},
     {"record_setup", FN(py_record_setup), METH_FASTCALL,
-     "record_setup(fields, always_alias): the schema's event field names and the always-alias "
-     "ops"},
+     "record_setup(fields): the schema's event field names"},
+    {"set_record_rules", py_set_record_rules, METH_O,
+     "set_record_rules(rules): the rule table record and fast_finish follow "
+     "(copytrace.tracer._rules.RULES; None clears)"},
     // compiled.cpp
     {"callback_from_stance", py_callback_from_stance, METH_O,
      "copytrace's torch._dynamo.eval_frame._callback_from_stance"},

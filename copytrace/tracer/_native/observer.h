@@ -10,7 +10,7 @@
 //   hotpatch.cpp   level lean's hot-patched method tables                   (*)
 //   facts.cpp      a tensor's facts in one call; copy_slots
 //   frames.cpp     call sites, frame variables                              (Python only)
-//   record.cpp     an API call's whole event in one call
+//   record.cpp     an API call's whole event in one call, by the rule table (_rules.RULES)
 //   watch_cb.cpp   level lean's write watch: a RecordFunction callback while a tensor is watched
 //   compiled.cpp   the compiled-call hooks                                  (*)
 //   module.cpp     the method table and the module's init                   (Python only)
@@ -182,6 +182,10 @@ PyObject* frame_var_of(PyFrameObject* frame, PyObject* name);  // new reference 
 // --- record.cpp -------------------------------------------------------------------------------
 PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs);
 bool record_init(PyObject* module);
+// RULES.watched and RULES.not_fresh (frozensets borrowed from the rules set_record_rules keeps;
+// null while none are set): fast_finish's share of the rule table.
+extern PyObject* g_rule_watched;
+extern PyObject* g_rule_not_fresh;
 
 // --- compiled.cpp -----------------------------------------------------------------------------
 extern __thread bool tls_cfs_thread;
@@ -214,7 +218,7 @@ COPYTRACE_FAST(py_facts)
 // frames.cpp
 COPYTRACE_NOARGS(py_clear_sites) COPYTRACE_FAST(py_frame_var)
 // record.cpp
-COPYTRACE_FAST(py_record_setup)
+COPYTRACE_FAST(py_record_setup) COPYTRACE_O(py_set_record_rules)
 // watch_cb.cpp
 COPYTRACE_FAST(py_watch_tensor) COPYTRACE_FAST(py_unwatch) COPYTRACE_O(py_set_watch_hook)
 COPYTRACE_NOARGS(py_watched)

@@ -9,6 +9,8 @@ from typing import Any, Final
 
 import torch
 
+from copytrace.tracer._rules import RecordRules
+
 # --- facts.cpp ------------------------------------------------------------------------------
 class Facts(tuple[Any, ...]):
     """A plain tensor's facts (a struct sequence: index it or read the names); the same fields,
@@ -195,9 +197,14 @@ def frame_var(frame: FrameType, name: str, /) -> Any:
 RECORD_FIELDS: Final[tuple[str, ...]]
 """The event fields record writes; record_setup checks them against the schema's."""
 
-def record_setup(fields: Sequence[str], always_alias: frozenset[str], /) -> None:
-    """The schema's event field names and the ops whose result is always an alias; ValueError
-    naming a field of RECORD_FIELDS the schema lacks."""
+def record_setup(fields: Sequence[str], /) -> None:
+    """The schema's event field names; ValueError naming a field of RECORD_FIELDS the schema
+    lacks."""
+
+def set_record_rules(rules: RecordRules | None, /) -> None:
+    """The rule table record and fast_finish follow (copytrace.tracer._rules.RULES), its items
+    resolved once; None clears it (record then returns None: the Python path records).
+    TypeError where an item is not of its type, KeyError where transfers lacks a key."""
 
 def record(
     state: tuple[Any, Any, Callable[[CodeType], int], CodeType, dict[int, str]],

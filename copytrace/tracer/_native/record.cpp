@@ -11,10 +11,14 @@
 // record_setup (the caller records it with the Python readers). Sets exactly the fields the
 // Python path sets, in the same order of storage ids (input, then result).
 //
-// The event's field table is the schema's: record_setup(fields, always_alias) hands over the
-// schema's field names (copytrace/tracer/_native/__init__.py reads them) and the recorder's
-// always-alias ops; the fields this unit writes (RECORD_FIELDS) must all be among them, and
-// their slots are found by name in the event's class.
+// The event's field table is the schema's: record_setup(fields) hands over the schema's field
+// names (copytrace/tracer/_native/__init__.py reads them); the fields this unit writes
+// (RECORD_FIELDS) must all be among them, and their slots are found by name in the event's
+// class. The decision itself is the rule table's, copytrace.tracer._rules.RULES, handed over by
+// set_record_rules(rules) and resolved there once into C globals (the hot path reads no
+// attribute of it and builds no key): always_alias, writes_into and view_is_no_event as
+// frozensets, host_device as a str, transfers as four results indexed by (source on host,
+// result on host), and, for api_mode.cpp's fast_finish, the watched and not-fresh op sets.
 #include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/python_variable.h>
@@ -52,16 +56,23 @@ PyTypeObject* g_event_type = nullptr;  // the type g_offsets belong to (borrowed
 Py_ssize_t g_offsets[F_COUNT];
 bool g_schema_checked = false;  // record_setup found every field of ours in the schema's
 // interned strings: op names compared, values stored, attribute names read
-PyObject *s_copy_, *s_index, *s_attached, *s_detached, *s_h2d, *s_d2h, *s_d2d, *s_cpu, *s_none,
-    *s_ids, *s_next, *s_limit, *s_of_storage, *s_is_pinned, *s_optimizer, *s_other;
-PyObject* g_always_alias = nullptr;  // frozenset of op names whose result is an alias
+PyObject *s_attached, *s_detached, *s_none, *s_ids, *s_next, *s_limit, *s_of_storage, *s_is_pinned,
+    *s_optimizer, *s_other;
+
+// RULES, resolved by set_record_rules (all null: no rules, record leaves every call to Python)
+PyObject* g_rules = nullptr;  // (RULES, the four transfers): owns what the items below borrow
+PyObject* g_always_alias = nullptr;   // frozenset: ops whose result is an alias
+PyObject* g_writes_into = nullptr;    // frozenset: ops that write into their first argument
+PyObject* g_view_no_event = nullptr;  // frozenset: ops whose alias result is no event
+PyObject* g_host_device = nullptr;    // str: the device name of host memory
+PyObject* g_transfers[4] = {};        // str by 2 * (source on host) + (result on host)
+constexpr int kHostToDevice = 2;      // (True, False): the transfer whose source's pinning is read
 
 bool interned_names() {
-  if (s_copy_ != nullptr) return true;
+  if (s_attached != nullptr) return true;
   struct { PyObject** slot; const char* text; } names[] = {
-      {&s_copy_, "copy_"}, {&s_index, "index"}, {&s_attached, "attached"},
-      {&s_detached, "detached"}, {&s_h2d, "h2d"}, {&s_d2h, "d2h"}, {&s_d2d, "d2d"},
-      {&s_cpu, "cpu"}, {&s_none, "none"}, {&s_ids, "_ids"}, {&s_next, "_next"},
+      {&s_attached, "attached"}, {&s_detached, "detached"}, {&s_none, "none"},
+      {&s_ids, "_ids"}, {&s_next, "_next"},
       {&s_limit, "_limit"}, {&s_of_storage, "of_storage"}, {&s_is_pinned, "is_pinned"},
       {&s_optimizer, "optimizer"}, {&s_other, "other"}};
   for (auto& n : names) {
@@ -105,19 +116,21 @@ inline bool put(PyObject* ev, Field f, PyObject* value) {
   return true;
 }
 
-inline bool same_op(PyObject* op, PyObject* name) {
-  return op == name || (PyUnicode_Check(op) && PyUnicode_Compare(op, name) == 0);
+inline bool on_host(PyObject* device) {
+  return device == g_host_device || PyUnicode_Compare(device, g_host_device) == 0;
 }
 
-// _recorder._transfer(src, dst) for two different device names
-PyObject* transfer_of(PyObject* src, PyObject* dst) {
-  if (PyUnicode_Compare(src, dst) == 0) return Py_NewRef(s_none);
-  const bool src_host = PyUnicode_Compare(src, s_cpu) == 0;
-  const bool dst_host = PyUnicode_Compare(dst, s_cpu) == 0;
-  if (src_host && !dst_host) return Py_NewRef(s_h2d);
-  if (dst_host && !src_host) return Py_NewRef(s_d2h);
-  if (src_host && dst_host) return Py_NewRef(s_none);
-  return Py_NewRef(s_d2d);
+// _rules._transfer(src, dst) for two device names (borrowed; null: an error set), and in
+// *host_to_device whether it is the (True, False) entry: the source's pinning is read then.
+PyObject* transfer_of(PyObject* src, PyObject* dst, bool* host_to_device) {
+  *host_to_device = false;
+  const int same = PyUnicode_Compare(src, dst);
+  if (same == -1 && PyErr_Occurred()) return nullptr;
+  if (same == 0) return s_none;
+  const int key = 2 * on_host(src) + on_host(dst);
+  if (PyErr_Occurred()) return nullptr;
+  *host_to_device = key == kHostToDevice;
+  return g_transfers[key];
 }
 
 // StorageIds.of_storage(storage) (copytrace/tracer/_watch.py): its dict read and its insert
@@ -181,7 +194,7 @@ PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
                     "in_optimizer)");
     return nullptr;
   }
-  if (!g_schema_checked || g_always_alias == nullptr) Py_RETURN_NONE;  // before record_setup
+  if (!g_schema_checked || g_rules == nullptr) Py_RETURN_NONE;  // before the set-up
   PyObject* state = argv[0];
   PyObject *op = argv[1], *src = argv[2], *out = argv[3], *src_rg_arg = argv[4];
   PyObject* proto = PyTuple_GET_ITEM(state, 0);
@@ -216,7 +229,9 @@ PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
        put(ev, F_grad_fn, R(O(FACT_grad_fn_name))) && put(ev, F_is_leaf, R(O(FACT_is_leaf)));
   if (!ok) return nullptr;
   bool noop = false, alias = false;
-  if (same_op(op, s_copy_)) {
+  const int writes_into = PySet_Contains(g_writes_into, op);
+  if (writes_into < 0) return nullptr;
+  if (writes_into == 1) {
     alias = false;  // written into an existing tensor: 0 bytes allocated
   } else if (out == src) {
     noop = alias = true;
@@ -250,11 +265,16 @@ PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     ok = put(ev, F_graph, R(s_detached));
   }
   if (!ok) return nullptr;
-  if (alias && same_op(op, s_index)) Py_RETURN_FALSE;  // a zero-dim integer index: a view
+  if (alias) {
+    const int no_event = PySet_Contains(g_view_no_event, op);
+    if (no_event < 0) return nullptr;
+    if (no_event == 1) Py_RETURN_FALSE;  // a zero-dim integer index: a view
+  }
   if (src_device != dst_device) {  // interned names: equal names are one object
-    PyObject* transfer = transfer_of(src_device, dst_device);
-    if (!put(ev, F_transfer, transfer)) return nullptr;
-    if (transfer == s_h2d) {
+    bool host_to_device;
+    PyObject* transfer = transfer_of(src_device, dst_device, &host_to_device);
+    if (transfer == nullptr || !put(ev, F_transfer, R(transfer))) return nullptr;
+    if (host_to_device) {
       PyObject* pinned = PyObject_CallMethodNoArgs(src, s_is_pinned);
       if (!put(ev, F_pinned, pinned)) return nullptr;
     }
@@ -324,16 +344,14 @@ PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
 }
 
 
-// record_setup(fields, always_alias): the schema's event field names (a sequence of str) and
-// the ops whose result is always an alias (_rules.RULES.always_alias, a frozenset). ValueError
-// naming a field this unit writes that the schema does not have.
+PyObject* g_rule_watched = nullptr;
+PyObject* g_rule_not_fresh = nullptr;
+
+// record_setup(fields): the schema's event field names (a sequence of str). ValueError naming a
+// field this unit writes that the schema does not have.
 PyObject* py_record_setup(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
-  if (!arity(nargs, 2, "record_setup(fields, always_alias)")) return nullptr;
+  if (!arity(nargs, 1, "record_setup(fields)")) return nullptr;
   if (!interned_names()) return nullptr;
-  if (!PyFrozenSet_Check(argv[1])) {
-    PyErr_SetString(PyExc_TypeError, "record_setup: always_alias must be a frozenset");
-    return nullptr;
-  }
   PyObject* fields = PySequence_Fast(argv[0], "record_setup: fields must be a sequence");
   if (fields == nullptr) return nullptr;
   g_schema_checked = false;
@@ -351,8 +369,79 @@ PyObject* py_record_setup(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     }
   }
   Py_DECREF(fields);
-  set_slot(g_always_alias, argv[1]);
   g_schema_checked = true;
+  Py_RETURN_NONE;
+}
+
+namespace {
+
+// rules[index] (borrowed) if it is a frozenset (want_set) or a str; else null, TypeError set.
+PyObject* rule_item(PyObject* rules, Py_ssize_t index, bool want_set) {
+  PyObject* item = PyTuple_GET_ITEM(rules, index);
+  if (want_set ? PyFrozenSet_Check(item) : PyUnicode_Check(item)) return item;
+  PyErr_Format(PyExc_TypeError, "set_record_rules: rules[%zd] must be a %s", index,
+               want_set ? "frozenset" : "str");
+  return nullptr;
+}
+
+}  // namespace
+
+// set_record_rules(rules): copytrace.tracer._rules.RULES (a RecordRules tuple; None clears):
+// its items resolved here once. TypeError where an item is not of its type; KeyError where
+// transfers lacks one of its four keys.
+PyObject* py_set_record_rules(PyObject*, PyObject* rules) {
+  if (!interned_names()) return nullptr;
+  if (rules == Py_None) {
+    PyObject* old = g_rules;
+    g_rules = nullptr;  // record and fast_finish read no item from here on
+    for (PyObject** slot : {&g_always_alias, &g_writes_into, &g_view_no_event, &g_host_device,
+                            &g_rule_watched, &g_rule_not_fresh})
+      *slot = nullptr;
+    for (PyObject*& t : g_transfers) t = nullptr;
+    Py_XDECREF(old);
+    Py_RETURN_NONE;
+  }
+  // RecordRules' order: always_alias, writes_into, view_is_no_event, host_device, transfers,
+  // watched, not_fresh
+  if (!PyTuple_Check(rules) || PyTuple_GET_SIZE(rules) < 7 ||
+      !PyDict_Check(PyTuple_GET_ITEM(rules, 4))) {
+    PyErr_SetString(PyExc_TypeError, "set_record_rules: rules must be a RecordRules");
+    return nullptr;
+  }
+  PyObject* sets[6] = {rule_item(rules, 0, true), rule_item(rules, 1, true),
+                       rule_item(rules, 2, true), rule_item(rules, 3, false),
+                       rule_item(rules, 5, true), rule_item(rules, 6, true)};
+  for (PyObject* item : sets)
+    if (item == nullptr) return nullptr;
+  PyObject* transfers[4];
+  for (int key = 0; key < 4; ++key) {
+    PyObject* pair = PyTuple_Pack(2, key & 2 ? Py_True : Py_False, key & 1 ? Py_True : Py_False);
+    if (pair == nullptr) return nullptr;
+    transfers[key] = PyDict_GetItemWithError(PyTuple_GET_ITEM(rules, 4), pair);  // borrowed
+    if (transfers[key] == nullptr && !PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, pair);
+    Py_DECREF(pair);
+    if (transfers[key] == nullptr) return nullptr;
+    if (!PyUnicode_Check(transfers[key])) {
+      PyErr_SetString(PyExc_TypeError, "set_record_rules: a transfer must be a str");
+      return nullptr;
+    }
+  }
+  // The items are borrowed: the tuple (immutable) and the four results are kept, so that a
+  // later change to the RULES.transfers dict cannot free a result record still uses.
+  PyObject* kept = Py_BuildValue("(O(OOOO))", rules, transfers[0], transfers[1], transfers[2],
+                                 transfers[3]);
+  if (kept == nullptr) return nullptr;
+  PyObject* old = g_rules;
+  g_rules = nullptr;  // (one thread holds the GIL here: record never sees a half set-up)
+  g_always_alias = sets[0];
+  g_writes_into = sets[1];
+  g_view_no_event = sets[2];
+  g_host_device = sets[3];
+  g_rule_watched = sets[4];
+  g_rule_not_fresh = sets[5];
+  for (int key = 0; key < 4; ++key) g_transfers[key] = transfers[key];
+  g_rules = kept;
+  Py_XDECREF(old);
   Py_RETURN_NONE;
 }
 

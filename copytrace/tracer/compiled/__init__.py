@@ -40,7 +40,7 @@ to note which dynamo-generated code called it (its compile id, from dynamo's cac
 The copies each graph contains come from torch's structured compile log
 (:mod:`copytrace.tracer.compiled.graphs`).
 
-Where the C++ observer is built, the per-call parts are its C functions (``observer.cpp``:
+Where the C++ observer is built, the per-call parts are its C functions (``_native/compiled.cpp``:
 ``compiled_enter``/``compiled_leave``, ``callback_from_stance``, the ``_get_user_fn`` instance
 method and ``compiled_backward``), so that a compiled call adds no Python frame of copytrace's
 in the common case (the traced thread, not nested, no mode on torch's stacks, not ``sticky``);

@@ -88,7 +88,7 @@ class CallLog:
         return self._source_for(fn)
 
     def _source_for(self, fn: Any) -> tuple[str, int, str] | None:
-        """:func:`_source_of`, cached per callable (checked by weak reference; observer.cpp's
+        """:func:`_source_of`, cached per callable (checked by weak reference; compiled.cpp's
         cc_enter reads the same cache)."""
         hit = self._sources.get(id(fn))
         target = fn.__self__ if type(fn) is MethodType else fn
@@ -102,7 +102,7 @@ class CallLog:
         return src
 
     def resolve(self, codes: list[Any]) -> None:
-        """Find the graph ids of codes not seen before (observer.cpp's cc_leave calls this for
+        """Find the graph ids of codes not seen before (compiled.cpp's cc_leave calls this for
         a call that ran one; it reads ``_code_graphs`` for the rest)."""
         known = self._code_graphs
         for code in codes:
@@ -117,7 +117,7 @@ class CallLog:
         if not raw:
             return
         items = raw[:]
-        del raw[:]  # the same list: observer.cpp appends to it
+        del raw[:]  # the same list: compiled.cpp appends to it
         for start, end, step, src, ids, new_graphs, copies, nbytes, unknown in items:
             self._calls_total += 1
             if len(self._calls) >= _MAX_CALLS:

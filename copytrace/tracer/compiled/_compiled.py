@@ -67,7 +67,7 @@ class Compiled(StepAside, CallLog):
         self.calls_dropped = 0
         #: calls ended but not yet made CompiledCall objects: (start ns, end ns, step, source,
         #: graph ids, new graphs, graph copies, graph copy bytes, unknown graphs), appended by
-        #: _leave or by observer.cpp's cc_leave (the same list object for the whole trace)
+        #: _leave or by compiled.cpp's cc_leave (the same list object for the whole trace)
         self._raw: list[tuple[Any, ...]] = []
         self.graph_runs: dict[str, int] = {}
         self.handler = GraphLogHandler(rec.note_error)
@@ -128,7 +128,7 @@ class Compiled(StepAside, CallLog):
         self.engaged = True  # from here on, disengage() undoes whatever was installed
         self._prev_cfs = eval_frame._callback_from_stance
         native = self.rec.native
-        if native is not None:  # observer.cpp's hooks: no Python frame per call or graph run
+        if native is not None:  # compiled.cpp's hooks: no Python frame per call or graph run
             native.cfs_install(self._prev_cfs, self, self._wrapped)
             native.cc_install(
                 self, self.rec, self._raw, self._code_graphs, self.graph_runs, self._sources,
@@ -144,7 +144,7 @@ class Compiled(StepAside, CallLog):
 
         if "_get_user_fn" in BackwardCFunction.__dict__:
             self._prev_user_fn = BackwardCFunction.__dict__["_get_user_fn"]
-            if native is not None:  # observer.cpp's: no Python frame per custom backward
+            if native is not None:  # compiled.cpp's: no Python frame per custom backward
                 self._user_fn = native.user_fn_install(
                     self._prev_user_fn, functools.partial, native.compiled_backward
                 )
@@ -181,7 +181,7 @@ class Compiled(StepAside, CallLog):
                 _ENTER[0] = _enter
                 native.cfs_install(None, None, None)
                 if native.cc_install(None, None, None, None, None, None, None, None):
-                    self.depth = 0  # tracing stopped inside a call observer.cpp entered
+                    self.depth = 0  # tracing stopped inside a call compiled.cpp entered
                     self.rec.compiled_depth = 0
             from torch.autograd.function import BackwardCFunction
 
@@ -228,7 +228,7 @@ class Compiled(StepAside, CallLog):
         def _get_user_fn(node: Any) -> Any:
             fn = orig(node)
             if self.engaged and type(node).__name__ == "CompiledFunctionBackward":
-                native = self._cfs_native  # observer.cpp's compiled_backward, where built
+                native = self._cfs_native  # compiled.cpp's compiled_backward, where built
                 run = native.compiled_backward if native is not None else self._run_backward
                 return functools.partial(run, fn)
             return fn

@@ -1,6 +1,6 @@
 """The hook on dynamo's ``_TorchDynamoContext``: a data descriptor for ``enter_exit_hooks``
 whose value is the context's own hooks plus copytrace's enter hook (see the package's
-docstring). The hook is observer.cpp's ``compiled_enter`` where the observer is built, else
+docstring). The hook is compiled.cpp's ``compiled_enter`` where the observer is built, else
 :func:`_enter`."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def _nothing() -> None:
 
 # --- the hook on _TorchDynamoContext ----------------------------------------------------------
 _STATE: list[Compiled | None] = [None]
-_ENTER: list[Callable[[], Callable[[], None]]] = []  # the hook: observer.cpp's, or _enter
+_ENTER: list[Callable[[], Callable[[], None]]] = []  # the hook: compiled.cpp's, or _enter
 
 
 def _suppress(rec: Any, on: bool) -> None:
