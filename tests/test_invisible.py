@@ -203,6 +203,61 @@ def test_traced_pytest_session_under_warnings_as_errors(tmp_path):
     assert list((tmp_path / "copytrace-out").glob("copytrace-*")), "the session was not traced"
 
 
+# --- kernel registrations ----------------------------------------------------------------
+_OVERRIDE_PROGRAM = """
+import json, sys, warnings
+import torch
+import copytrace
+
+def override():
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("sin", lambda *args, **kwargs: None, "CPU")  # torch has a CPU kernel for sin
+    return lib
+
+when = sys.argv[1]
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    if when != "untraced":
+        trace = copytrace.trace(write=False, level="full")  # the level that registers kernels
+        trace.__enter__()
+        torch.ones(3).to(torch.float64).clone()  # through copytrace's _to_copy and clone
+    if when == "during":
+        lib = override()
+    if when != "untraced":
+        trace.__exit__(None, None, None)
+        assert trace.stats["errors"] == 0 and trace.events, "not traced"
+    if when != "during":
+        lib = override()
+print(json.dumps([[w.category.__name__, str(w.message), w.filename] for w in caught]))
+"""
+
+
+@pytest.mark.parametrize("when", ["after", "during"])
+def test_program_override_of_a_kernel_warns_as_untraced(tmp_path, when):
+    # torch warns once per process on a kernel override ("Overriding a previously registered
+    # kernel", TORCH_WARN_ONCE): copytrace's own registrations must not spend that warning.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "override.py"
+    script.write_text(_OVERRIDE_PROGRAM)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COPYTRACE")}
+
+    def caught(mode: str) -> list:
+        done = subprocess.run([sys.executable, str(script), mode], env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.splitlines()[-1])
+
+    untraced = caught("untraced")
+    assert len(untraced) == 1 and "Overriding a previously registered kernel" in untraced[0][1]
+    traced = caught(when)
+    # the message names the new kernel's line: the same line (one override()) in both runs
+    assert traced == untraced
+
+
 # --- references to user tensors ------------------------------------------------------------
 def _weakref_counts(module) -> list[int]:
     import weakref

@@ -2,7 +2,7 @@
 // (none for the Python-only units) and this header last.
 //
 // The units, by responsibility (module.cpp holds the one list of entry points):
-//   kernels.cpp    BackendSelect kernels of aten's copy/alias ops, op depth, folding
+//   kernels.cpp    kernels of aten's copy/alias ops (BackendSelect; _to_copy: backends), depth
 //   api_mode.cpp   the C __torch_function__, the recorded call and its one-call fast path (*)
 //   warn_shim.cpp  warnings.warn counting stacklevel as untraced            (Python only)
 //   versions.cpp   version counters of fresh copies

@@ -60,7 +60,8 @@ def install(
     /,
 ) -> int:
     """Register the BackendSelect kernels of the (qualified name, overload, kind, display name)
-    ops; callback(name, kind, args, kwargs, result, t0, t1) gets each implicit copy. Returns
+    ops (``aten::_to_copy``: on each backend key where torch has no kernel of its own, never
+    over one of torch's); callback(name, kind, args, kwargs, result, t0, t1) gets each implicit copy. Returns
     how many ops are registered (a second install keeps the first)."""
 
 def uninstall() -> None: ...
