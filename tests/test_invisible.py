@@ -258,6 +258,72 @@ def test_program_override_of_a_kernel_warns_as_untraced(tmp_path, when):
     assert traced == untraced
 
 
+# --- reads through dispatch ----------------------------------------------------------------
+class _PythonStrides(torch.Tensor):
+    """A wrapper subclass that answers its strides in Python and counts every aten call its
+    ``__torch_dispatch__`` sees."""
+
+    calls: dict[str, int] = {}
+
+    @staticmethod
+    def __new__(cls, inner):
+        return torch.Tensor._make_wrapper_subclass(
+            cls, inner.shape, strides=inner.stride(), dtype=inner.dtype, device=inner.device,
+            dispatch_sizes_strides_policy="strides",
+        )  # fmt: skip
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        cls.calls[str(func)] = cls.calls.get(str(func), 0) + 1
+        if func is torch.ops.aten.sym_stride.default:
+            return args[0].inner.stride()
+        if func is torch.ops.aten.is_contiguous.default:
+            return args[0].inner.is_contiguous()
+        unwrap = torch.utils._pytree.tree_map_only(cls, lambda x: x.inner, (args, kwargs or {}))
+        out = func(*unwrap[0], **unwrap[1])
+        return torch.utils._pytree.tree_map_only(torch.Tensor, cls, out)
+
+
+def _copies_of_python_strides() -> dict[str, int]:
+    _PythonStrides.calls = {}
+    s = _PythonStrides(torch.randn(3, 4))
+    s.clone(), s.to(torch.float64), s.detach(), torch.clone(s)
+    return _PythonStrides.calls
+
+
+@pytest.mark.parametrize("observer", ["native", "python"])
+@pytest.mark.parametrize("level", ["lean", "full"])
+def test_subclass_answering_strides_in_python_sees_no_extra_dispatch(observer, level, monkeypatch):
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
+    untraced = _copies_of_python_strides()
+    # the wrapper's aten calls: two clones, one _to_copy, one detach (no sym_stride: a
+    # program that never reads a stride never asks the subclass)
+    assert untraced == {"aten.clone.default": 2, "aten._to_copy.default": 1,
+                        "aten.detach.default": 1}  # fmt: skip
+    with copytrace.trace(write=False, level=level) as t:
+        traced = _copies_of_python_strides()
+    assert traced == untraced
+    assert [e.op for e in t.events] == ["clone", "to", "detach", "clone"]
+    assert all(e.src_stride is None for e in t.events)  # not read: the subclass answers it
+    assert t.stats["errors"] == 0
+
+
+def test_which_tensors_answer_strides_in_python(monkeypatch):
+    from copytrace.tracer import _facts
+
+    tensors = [_PythonStrides(torch.randn(2)), torch.randn(2), torch.nn.Parameter(torch.randn(2))]
+    expected = [True, False, False]
+    native = _native.load()
+    if native is not None:  # the TensorImpl's flag: 1 for policy "strides"
+        assert [native.sizes_strides_policy(t) for t in tensors] == [1, 0, 0]
+        assert [_facts.strides_in_python(t) for t in tensors] == expected
+    monkeypatch.setattr(_native, "loaded", lambda: None)  # no observer: from the type
+    assert [_facts.strides_in_python(t) for t in tensors] == expected
+
+
 # --- references to user tensors ------------------------------------------------------------
 def _weakref_counts(module) -> list[int]:
     import weakref

@@ -75,6 +75,9 @@ PyMethodDef g_methods[] = {
     {"facts", FN(py_facts), METH_FASTCALL,
      "facts(t, with_grad_fn=False): a plain tensor's Facts (see copytrace/tracer/_facts.py), "
      "or None"},
+    {"sizes_strides_policy", py_sizes_strides_policy, METH_O,
+     "sizes_strides_policy(t): 0 torch answers t's sizes and strides, 1 a subclass answers its "
+     "strides in Python, 2 its sizes too"},
     {"copy_slots", copy_slots, METH_O,
      "copy_slots(proto): a shallow copy of a __slots__ object (a new CopyEvent from a "
      "prototype), untracked by the GC"},

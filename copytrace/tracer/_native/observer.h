@@ -213,6 +213,7 @@ COPYTRACE_O(py_set_quiet_codes) COPYTRACE_O(py_set_lean_mode)
 COPYTRACE_FAST(py_hot_install) COPYTRACE_NOARGS(py_hot_restore) COPYTRACE_NOARGS(py_hot_count)
 // facts.cpp
 COPYTRACE_FAST(py_facts)
+PyObject* py_sizes_strides_policy(PyObject*, PyObject* t);
 // frames.cpp
 COPYTRACE_NOARGS(py_clear_sites) COPYTRACE_FAST(py_frame_var)
 // record.cpp

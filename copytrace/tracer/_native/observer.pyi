@@ -49,6 +49,11 @@ class Facts(tuple[Any, ...]):
 def facts(t: object, with_grad_fn: bool = False, /) -> Facts | None:
     """A plain tensor's facts; None for anything else (the Python readers decide)."""
 
+def sizes_strides_policy(t: object, /) -> int:
+    """0 when torch answers ``t``'s sizes and strides itself (or ``t`` is no tensor), 1 when a
+    tensor subclass answers its strides in Python, 2 when it answers its sizes too; read from
+    the TensorImpl, no dispatch."""
+
 def copy_slots(proto: object, /) -> Any:
     """A shallow copy of a __slots__ object (a new CopyEvent from a prototype), not tracked by
     the cycle collector."""
