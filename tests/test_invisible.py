@@ -324,6 +324,32 @@ def test_which_tensors_answer_strides_in_python(monkeypatch):
     assert [_facts.strides_in_python(t) for t in tensors] == expected
 
 
+# --- hooks ---------------------------------------------------------------------------------
+@pytest.mark.skipif(
+    _native.load() is None, reason="the Python fallback follows steps with torch's hooks"
+)
+def test_optimizer_hook_dicts_stay_empty_and_steps_are_still_counted(monkeypatch):
+    from torch.optim import optimizer as optim_module
+
+    monkeypatch.setenv("COPYTRACE_AUTO_STEP", "1")  # each optimizer.step() ends a step
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    with copytrace.trace(write=False) as t:
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            model.weight.clone()  # one event per step, in the step its optimizer.step() ends
+            seen.append((len(optim_module._global_optimizer_pre_hooks),
+                         len(optim_module._global_optimizer_post_hooks)))  # fmt: skip
+            opt.step()
+            opt.zero_grad()
+    assert seen == [(0, 0)] * 3
+    assert [e.step for e in t.events if e.op == "clone"] == [0, 1, 2]
+    assert t.stats["steps"] == 4  # three steps ended by optimizer.step(), and the open one
+    assert t.stats["errors"] == 0
+
+
 # --- references to user tensors ------------------------------------------------------------
 def _weakref_counts(module) -> list[int]:
     import weakref

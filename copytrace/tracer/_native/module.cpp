@@ -81,6 +81,10 @@ PyMethodDef g_methods[] = {
     {"copy_slots", copy_slots, METH_O,
      "copy_slots(proto): a shallow copy of a __slots__ object (a new CopyEvent from a "
      "prototype), untracked by the GC"},
+    // steps.cpp
+    {"set_step_hooks", FN(py_set_step_hooks), METH_FASTCALL,
+     "set_step_hooks(begin, end): call them around each optimizer step on this thread (torch's "
+     "Optimizer.step# record scope); (None, None) removes them"},
     // frames.cpp
     {"call_site", FN(call_site), METH_FASTCALL,
      "call_site(classify): the user's (file, line, function, via) or None (see "

@@ -9,6 +9,7 @@
 //   lean.cpp       level lean's C wrappers and descriptors                  (*)
 //   hotpatch.cpp   level lean's hot-patched method tables                   (*)
 //   facts.cpp      a tensor's facts in one call; copy_slots
+//   steps.cpp      optimizer steps from torch's Optimizer.step# record scope
 //   frames.cpp     call sites, frame variables                              (Python only)
 //   record.cpp     an API call's whole event in one call
 //   compiled.cpp   the compiled-call hooks                                  (*)
@@ -214,6 +215,8 @@ COPYTRACE_FAST(py_hot_install) COPYTRACE_NOARGS(py_hot_restore) COPYTRACE_NOARGS
 // facts.cpp
 COPYTRACE_FAST(py_facts)
 PyObject* py_sizes_strides_policy(PyObject*, PyObject* t);
+// steps.cpp
+COPYTRACE_FAST(py_set_step_hooks)
 // frames.cpp
 COPYTRACE_NOARGS(py_clear_sites) COPYTRACE_FAST(py_frame_var)
 // record.cpp

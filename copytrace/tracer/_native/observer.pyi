@@ -54,6 +54,11 @@ def sizes_strides_policy(t: object, /) -> int:
     tensor subclass answers its strides in Python, 2 when it answers its sizes too; read from
     the TensorImpl, no dispatch."""
 
+def set_step_hooks(begin: Callable[[], object] | None, end: Callable[[], object] | None, /) -> bool:
+    """Call ``begin()`` and ``end()`` around each optimizer step on this thread (a USER_SCOPE
+    RecordFunction callback on torch's ``Optimizer.step#<Class>.step`` scope); ``(None, None)``
+    removes the callback. Returns whether it is on."""
+
 def copy_slots(proto: object, /) -> Any:
     """A shallow copy of a __slots__ object (a new CopyEvent from a prototype), not tracked by
     the cycle collector."""

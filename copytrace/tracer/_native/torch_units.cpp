@@ -7,3 +7,4 @@
 #include "versions.cpp"
 #include "facts.cpp"
 #include "record.cpp"
+#include "steps.cpp"
