@@ -203,6 +203,153 @@ def test_traced_pytest_session_under_warnings_as_errors(tmp_path):
     assert list((tmp_path / "copytrace-out").glob("copytrace-*")), "the session was not traced"
 
 
+# --- kernel registrations ----------------------------------------------------------------
+_OVERRIDE_PROGRAM = """
+import json, sys, warnings
+import torch
+import copytrace
+
+def override():
+    lib = torch.library.Library("aten", "IMPL")
+    lib.impl("sin", lambda *args, **kwargs: None, "CPU")  # torch has a CPU kernel for sin
+    return lib
+
+when = sys.argv[1]
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    if when != "untraced":
+        trace = copytrace.trace(write=False, level="full")  # the level that registers kernels
+        trace.__enter__()
+        torch.ones(3).to(torch.float64).clone()  # through copytrace's _to_copy and clone
+    if when == "during":
+        lib = override()
+    if when != "untraced":
+        trace.__exit__(None, None, None)
+        assert trace.stats["errors"] == 0 and trace.events, "not traced"
+    if when != "during":
+        lib = override()
+print(json.dumps([[w.category.__name__, str(w.message), w.filename] for w in caught]))
+"""
+
+
+@pytest.mark.parametrize("when", ["after", "during"])
+def test_program_override_of_a_kernel_warns_as_untraced(tmp_path, when):
+    # torch warns once per process on a kernel override ("Overriding a previously registered
+    # kernel", TORCH_WARN_ONCE): copytrace's own registrations must not spend that warning.
+    import json
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "override.py"
+    script.write_text(_OVERRIDE_PROGRAM)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COPYTRACE")}
+
+    def caught(mode: str) -> list:
+        done = subprocess.run([sys.executable, str(script), mode], env=env, capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout.splitlines()[-1])
+
+    untraced = caught("untraced")
+    assert len(untraced) == 1 and "Overriding a previously registered kernel" in untraced[0][1]
+    traced = caught(when)
+    # the message names the new kernel's line: the same line (one override()) in both runs
+    assert traced == untraced
+
+
+# --- reads through dispatch ----------------------------------------------------------------
+class _PythonStrides(torch.Tensor):
+    """A wrapper subclass that answers its strides in Python and counts every aten call its
+    ``__torch_dispatch__`` sees."""
+
+    calls: dict[str, int] = {}
+
+    @staticmethod
+    def __new__(cls, inner):
+        return torch.Tensor._make_wrapper_subclass(
+            cls, inner.shape, strides=inner.stride(), dtype=inner.dtype, device=inner.device,
+            dispatch_sizes_strides_policy="strides",
+        )  # fmt: skip
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        cls.calls[str(func)] = cls.calls.get(str(func), 0) + 1
+        if func is torch.ops.aten.sym_stride.default:
+            return args[0].inner.stride()
+        if func is torch.ops.aten.is_contiguous.default:
+            return args[0].inner.is_contiguous()
+        unwrap = torch.utils._pytree.tree_map_only(cls, lambda x: x.inner, (args, kwargs or {}))
+        out = func(*unwrap[0], **unwrap[1])
+        return torch.utils._pytree.tree_map_only(torch.Tensor, cls, out)
+
+
+def _copies_of_python_strides() -> dict[str, int]:
+    _PythonStrides.calls = {}
+    s = _PythonStrides(torch.randn(3, 4))
+    s.clone(), s.to(torch.float64), s.detach(), torch.clone(s)
+    return _PythonStrides.calls
+
+
+@pytest.mark.parametrize("observer", ["native", "python"])
+@pytest.mark.parametrize("level", ["lean", "full"])
+def test_subclass_answering_strides_in_python_sees_no_extra_dispatch(observer, level, monkeypatch):
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
+    untraced = _copies_of_python_strides()
+    # the wrapper's aten calls: two clones, one _to_copy, one detach (no sym_stride: a
+    # program that never reads a stride never asks the subclass)
+    assert untraced == {"aten.clone.default": 2, "aten._to_copy.default": 1,
+                        "aten.detach.default": 1}  # fmt: skip
+    with copytrace.trace(write=False, level=level) as t:
+        traced = _copies_of_python_strides()
+    assert traced == untraced
+    assert [e.op for e in t.events] == ["clone", "to", "detach", "clone"]
+    assert all(e.src_stride is None for e in t.events)  # not read: the subclass answers it
+    assert t.stats["errors"] == 0
+
+
+def test_which_tensors_answer_strides_in_python(monkeypatch):
+    from copytrace.tracer import _facts
+
+    tensors = [_PythonStrides(torch.randn(2)), torch.randn(2), torch.nn.Parameter(torch.randn(2))]
+    expected = [True, False, False]
+    native = _native.load()
+    if native is not None:  # the TensorImpl's flag: 1 for policy "strides"
+        assert [native.sizes_strides_policy(t) for t in tensors] == [1, 0, 0]
+        assert [_facts.strides_in_python(t) for t in tensors] == expected
+    monkeypatch.setattr(_native, "loaded", lambda: None)  # no observer: from the type
+    assert [_facts.strides_in_python(t) for t in tensors] == expected
+
+
+# --- hooks ---------------------------------------------------------------------------------
+@pytest.mark.skipif(
+    _native.load() is None, reason="the Python fallback follows steps with torch's hooks"
+)
+def test_optimizer_hook_dicts_stay_empty_and_steps_are_still_counted(monkeypatch):
+    from torch.optim import optimizer as optim_module
+
+    monkeypatch.setenv("COPYTRACE_AUTO_STEP", "1")  # each optimizer.step() ends a step
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    seen = []
+    with copytrace.trace(write=False) as t:
+        for _ in range(3):
+            model(torch.randn(2, 4)).sum().backward()
+            model.weight.clone()  # one event per step, in the step its optimizer.step() ends
+            seen.append((len(optim_module._global_optimizer_pre_hooks),
+                         len(optim_module._global_optimizer_post_hooks)))  # fmt: skip
+            opt.step()
+            opt.zero_grad()
+    assert seen == [(0, 0)] * 3
+    assert [e.step for e in t.events if e.op == "clone"] == [0, 1, 2]
+    assert t.stats["steps"] == 4  # three steps ended by optimizer.step(), and the open one
+    assert t.stats["errors"] == 0
+
+
 # --- references to user tensors ------------------------------------------------------------
 def _weakref_counts(module) -> list[int]:
     import weakref

@@ -17,8 +17,9 @@ from typing import Any, NamedTuple
 
 import torch
 
-__all__ = ["Facts", "facts", "py_facts"]
+from copytrace.tracer import _native
 
+__all__ = ["Facts", "facts", "py_facts", "strides_in_python"]
 
 
 class Facts(NamedTuple):
@@ -37,6 +38,7 @@ class Facts(NamedTuple):
     storage_bytes: int  #: bytes
     logical_bytes: int  #: numel x element size, bytes
     offset: int | None  #: storage offset (elements); None for nested tensors, no storage
+    #: None also where a tensor subclass answers its strides in Python (strides_in_python)
     stride: tuple[int, ...] | None
     version: int | None  #: version counter; None for inference tensors
     fake: bool  #: a FakeTensor or a meta tensor
@@ -110,6 +112,28 @@ def version(t: Any) -> int | None:
         return None
 
 
+_TENSOR_DISPATCH = torch.Tensor.__torch_dispatch__
+
+
+def strides_in_python(t: torch.Tensor) -> bool:
+    """Whether a tensor subclass answers ``t``'s strides in Python
+    (``_make_wrapper_subclass(..., dispatch_sizes_strides_policy="strides"`` or ``"sizes")``):
+    ``t.stride()`` would then reach its ``__torch_dispatch__`` as ``aten.sym_stride``, a call
+    the program did not make. Read from the TensorImpl's policy by the C++ observer
+    (``sizes_strides_policy``, no dispatch); without it, assumed of every tensor subclass
+    defined outside torch with its own ``__torch_dispatch__``."""
+    cls = type(t)
+    if cls in _PLAIN:
+        return False
+    native = _native.loaded()
+    if native is not None:
+        return native.sizes_strides_policy(t) > 0
+    dispatch = getattr(cls, "__torch_dispatch__", _TENSOR_DISPATCH)
+    return getattr(dispatch, "__func__", dispatch) is not _TENSOR_DISPATCH and not (
+        cls.__module__ or ""
+    ).startswith("torch.")
+
+
 def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> Facts:
     """The facts read with torch's Python bindings (any tensor, subclasses included).
 
@@ -130,7 +154,8 @@ def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> Facts:
             pass
         if not t.is_nested:  # nested tensors have no single view
             offset = t.storage_offset()
-            stride = tuple(t.stride())
+            # not read where the subclass answers it in Python: the read would reach it
+            stride = None if strides_in_python(t) else tuple(t.stride())
     if with_grad_fn:
         grad_fn = t.grad_fn
         is_leaf = t.is_leaf

@@ -7,7 +7,8 @@ Two parts, both in C, both optional:
   costs one dict lookup and runs from C, so warnings torch raises keep the caller's frame; a
   copy or alias call is recorded by :meth:`Recorder.api_before`/:meth:`Recorder.api_after`.
 * The aten level (``level="full"``): boxed kernels on the BackendSelect key for the copy and
-  alias ops of :func:`copytrace.tracer._rules.aten_table`. They fold the aten ops an API
+  alias ops of :func:`copytrace.tracer._rules.aten_table` (``_to_copy``'s on the backend keys
+  where torch has no kernel of its own: no registration overrides torch's). They fold the aten ops an API
   call ran into its event, count autograd's own detaches, and hand implicit copies to
   :func:`_implicit`.
 

@@ -133,7 +133,8 @@ class Session:
         self._rec = _recorder.Recorder(max_events=max_events, auto_step=auto_step)
         self._engagement = Engagement(self.level)
         self._buf = Buffer()
-        self._optim_hooks: list[Any] = []  # step hooks: installed from start to stop
+        self._optim_hooks: list[Any] = []  # step hooks (Python fallback): start to stop
+        self._step_native: Any = None  # the observer whose step callback is on
         self._delegate: Session | None = None
         self._start_ns = self._end_ns = self._epoch_offset = self.pid = 0
         self._resource: Any = None
@@ -186,10 +187,7 @@ class Session:
             )
             self._pipeline = None
             return self
-        self._optim_hooks = [
-            _optim.register_optimizer_step_pre_hook(self._on_optim_pre),
-            _optim.register_optimizer_step_post_hook(self._on_optim_post),
-        ]
+        self._install_step_hooks()
         self.running = True
         _process.set_active(self)
         first = self._action_at(0)
@@ -332,6 +330,9 @@ class Session:
         for handle in self._optim_hooks:
             handle.remove()
         self._optim_hooks = []
+        if self._step_native is not None:
+            self._step_native.set_step_hooks(None, None)
+            self._step_native = None
         self.running = False
         if _process.active() is self:
             _process.set_active(None)
@@ -569,13 +570,27 @@ class Session:
             attrs.update(target._engagement.compiled.run_attributes())
         return attrs
 
-    # -- optimizer hooks ------------------------------------------------------------------------
-    def _on_optim_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    # -- optimizer steps ------------------------------------------------------------------------
+    def _install_step_hooks(self) -> None:
+        """Follow optimizer steps: with the C++ observer, a RecordFunction callback on the
+        ``Optimizer.step#<Class>.step`` scope torch's ``Optimizer.profile_hook_step`` opens
+        around every ``step()`` (nothing in torch's global optimizer hook dicts); on the Python
+        fallback, torch's global optimizer step pre/post hooks."""
+        native = self._native()
+        if native is not None and native.set_step_hooks(self._on_optim_pre, self._on_optim_post):
+            self._step_native = native
+            return
+        self._optim_hooks = [
+            _optim.register_optimizer_step_pre_hook(self._on_optim_pre),
+            _optim.register_optimizer_step_post_hook(self._on_optim_post),
+        ]
+
+    def _on_optim_pre(self, *_: Any) -> None:  # (optimizer, args, kwargs) from a hook
         if self._rec.compiled_depth:
             return  # an optimizer step inside a compiled region: stand aside (see _compiled)
         self._rec.in_optimizer += 1
 
-    def _on_optim_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+    def _on_optim_post(self, *_: Any) -> None:
         rec = self._rec
         if rec.compiled_depth:
             return

@@ -34,7 +34,7 @@ from typing import Any
 
 from copytrace import _env
 
-__all__ = ["load", "status", "cache_dir", "OBSERVER_CHOICES"]
+__all__ = ["load", "loaded", "status", "cache_dir", "OBSERVER_CHOICES"]
 
 OBSERVER_CHOICES = _env.OBSERVERS
 _HERE = Path(__file__).parent
@@ -210,6 +210,11 @@ def load() -> ModuleType | None:
                 flush=True,
             )
         return _state["module"]
+
+
+def loaded() -> ModuleType | None:
+    """The observer module if :func:`load` has loaded it, else ``None``; never builds."""
+    return _state["module"]
 
 
 def status() -> dict[str, Any]:

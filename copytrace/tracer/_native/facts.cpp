@@ -185,6 +185,30 @@ PyObject* copy_slots(PyObject*, PyObject* proto) {
   return out;
 }
 
+namespace {
+// TensorImpl::matches_python_custom is protected: a derived class may name it, and a pointer to
+// it (a member of TensorImpl) then applies to any TensorImpl.
+struct PolicyPeek : c10::TensorImpl {
+  static constexpr auto kMatches = &PolicyPeek::matches_python_custom;
+};
+}  // namespace
+
+// sizes_strides_policy(t) -> int: 0 when torch answers t's sizes and strides itself, 1 when a
+// tensor subclass answers its strides (and contiguity) in Python (_make_wrapper_subclass(...,
+// dispatch_sizes_strides_policy="strides"): t.stride() reaches its __torch_dispatch__ as
+// aten.sym_stride), 2 when it answers its sizes too ("sizes"). Reads the TensorImpl's flag,
+// dispatches nothing. 0 for anything that is not a tensor.
+PyObject* py_sizes_strides_policy(PyObject*, PyObject* obj) {
+  if (!THPVariable_Check(obj)) return PyLong_FromLong(0);
+  const c10::TensorImpl* impl = THPVariable_Unpack(obj).unsafeGetTensorImpl();
+  if (impl == nullptr || !impl->is_python_dispatch()) return PyLong_FromLong(0);
+  using Policy = c10::TensorImpl::SizesStridesPolicy;
+  long policy = (impl->*PolicyPeek::kMatches)(Policy::CustomSizes)     ? 2
+                : (impl->*PolicyPeek::kMatches)(Policy::CustomStrides) ? 1
+                                                                       : 0;
+  return PyLong_FromLong(policy);
+}
+
 bool grad_fn_sequence_nr(PyObject* t, long long* seq) {
   if (!THPVariable_Check(t)) return true;
   try {

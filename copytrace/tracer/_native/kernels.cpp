@@ -19,9 +19,17 @@
 // a kernel only re-dispatches.
 //
 // Only _to_copy already has a BackendSelect kernel (generated; it picks the backend from the
-// dtype/layout/device arguments): ours repeats that computation (RegisterBackendSelect.cpp).
+// dtype/layout/device arguments). Registering ours there would override torch's and spend torch's
+// once-per-process "Overriding a previously registered kernel" warning (TORCH_WARN_ONCE in
+// OperatorEntry::registerKernel), which a program's own later torch.library override then
+// never shows. So _to_copy's kernel goes one level down instead, on each backend key (CPU,
+// CUDA, SparseCPU, QuantizedCPU, ...) where torch registers nothing of its own (those run the
+// CompositeExplicitAutograd kernel, which ours calls): torch's BackendSelect kernel stays and
+// no registration overrides anything. Meta is left out (fake and meta traffic is no copy), and
+// so are keys with their own kernel (NestedTensorCPU, ...): their _to_copy is not observed.
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/ivalue.h>
+#include <ATen/ops/_to_copy_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/copy_ops.h>
 #include <ATen/ops/detach_ops.h>
 #include <ATen/record_function.h>
@@ -147,20 +155,44 @@ void counted_names() {
 const c10::DispatchKeySet kAfterBS(c10::DispatchKeySet::FULL_AFTER,
                                    c10::DispatchKey::BackendSelect);
 
-class SilentWarnings : public c10::WarningHandler {
- public:
-  void process(const c10::Warning&) override {}
-};
+// aten::_to_copy(Tensor self, *, ScalarType? dtype, Layout? layout, Device? device,
+// bool? pin_memory, bool non_blocking, MemoryFormat? memory_format) on a backend key: the
+// CompositeExplicitAutograd kernel torch's own dispatch table holds there.
+void to_copy_below(torch::jit::Stack* stack) {
+  auto& s = *stack;
+  const size_t base = s.size() - 7;
+  at::Tensor out = at::compositeexplicitautograd::_to_copy(
+      s[base].toTensor(), s[base + 1].toOptional<at::ScalarType>(),
+      s[base + 2].toOptional<at::Layout>(), s[base + 3].toOptional<at::Device>(),
+      s[base + 4].toOptional<bool>(), s[base + 5].toBool(),
+      s[base + 6].toOptional<at::MemoryFormat>());
+  torch::jit::drop(s, 7);
+  torch::jit::push(s, std::move(out));
+}
 
-c10::DispatchKeySet to_copy_keys(const torch::jit::Stack& stack, size_t base) {
-  // aten::_to_copy(Tensor self, *, ScalarType? dtype, Layout? layout, Device? device, ...)
-  const auto& self = stack[base].toTensor();
-  auto dtype = stack[base + 1].toOptional<at::ScalarType>();
-  auto layout = stack[base + 2].toOptional<at::Layout>();
-  auto device = stack[base + 3].toOptional<at::Device>();
-  c10::DispatchKeySet s = c10::DispatchKeySet(c10::computeDispatchKey(dtype, layout, device)) |
-                          c10::detail::multi_dispatch_key_set(self);
-  return c10::impl::computeDispatchKeySet(s, kAfterBS);
+// The op's own work: below BackendSelect (every op but _to_copy) or _to_copy's backend kernel.
+inline void forward(const c10::OperatorHandle& op, bool to_copy, c10::DispatchKeySet next,
+                    torch::jit::Stack* stack) {
+  if (to_copy) {
+    to_copy_below(stack);
+  } else {
+    op.redispatchBoxed(next, stack);
+  }
+}
+
+// The runtime keys _to_copy's kernel goes on: every backend key of the Dense, Quantized,
+// Sparse and SparseCsr functionalities but Meta's, where torch has no kernel of its own.
+std::vector<c10::DispatchKey> to_copy_keys(const c10::OperatorHandle& handle) {
+  const c10::DispatchKeySet functionalities{c10::DispatchKey::Dense, c10::DispatchKey::Quantized,
+                                            c10::DispatchKey::Sparse,
+                                            c10::DispatchKey::SparseCsr};
+  std::vector<c10::DispatchKey> keys;
+  for (c10::DispatchKey k : c10::DispatchKeySet(c10::DispatchKeySet::FULL)) {
+    if (!functionalities.has(c10::toFunctionalityKey(k))) continue;
+    if (c10::toBackendComponent(k) == c10::BackendComponent::MetaBit) continue;
+    if (!handle.hasKernelForDispatchKey(k)) keys.push_back(k);
+  }
+  return keys;
 }
 
 bool on_meta(const torch::jit::Stack& stack, size_t base, size_t nargs) {
@@ -234,34 +266,34 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
     return;
   }
   const OpInfo& info = found->second;
-  if (info.to_copy) next = to_copy_keys(*stack, base);
+  const bool to_copy = info.to_copy;
   if (!g_on.load(std::memory_order_relaxed) || tls_suppress > 0 ||
       !(tls_owner || torch::autograd::get_current_node() != nullptr)) {
-    op.redispatchBoxed(next, stack);
+    forward(op, to_copy, next, stack);
     return;
   }
   if (tls_depth > 1) {  // inside another op's kernel: not an op a dispatch mode would see
-    op.redispatchBoxed(next, stack);
+    forward(op, to_copy, next, stack);
     return;
   }
   if (tls_folding) {
     push(tls_fold, static_cast<int16_t>(info.index));
-    op.redispatchBoxed(next, stack);
+    forward(op, to_copy, next, stack);
     return;
   }
   if (info.kind == kAlias) {
     g_internal.fetch_add(1, std::memory_order_relaxed);
-    op.redispatchBoxed(next, stack);
+    forward(op, to_copy, next, stack);
     return;
   }
   if (on_meta(*stack, base, nargs)) {
-    op.redispatchBoxed(next, stack);
+    forward(op, to_copy, next, stack);
     return;
   }
   // The arguments are consumed by the call: keep them (reference counts only, no data).
   std::vector<c10::IValue> args(stack->begin() + base, stack->end());
   const int64_t t0 = now_ns();
-  op.redispatchBoxed(next, stack);
+  forward(op, to_copy, next, stack);
   const int64_t t1 = now_ns();
   c10::IValue out = schema.returns().size() == 1 && !stack->empty() ? stack->back()
                                                                      : c10::IValue();
@@ -330,8 +362,6 @@ bool parse_ops(PyObject* ops, std::vector<OpSpec>& out) {
 
 int install(const std::vector<OpSpec>& ops) {
   auto& dispatcher = c10::Dispatcher::singleton();
-  SilentWarnings silent;  // "Overriding a previously registered kernel" for _to_copy
-  c10::WarningUtils::WarningHandlerGuard guard(&silent);
   auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten",
                                               std::optional<c10::DispatchKey>(), __FILE__,
                                               __LINE__);
@@ -364,6 +394,14 @@ int install(const std::vector<OpSpec>& ops) {
                                          TORCH_FN(copy__kernel)));
       continue;
     }
+    if (g_ops[schema].to_copy) {
+      for (c10::DispatchKey k : to_copy_keys(*handle))
+        lib->impl(short_name.c_str(),
+                  torch::dispatch(k, torch::CppFunction::makeFromBoxedFunction<&kernel>()));
+      continue;
+    }
+    if (handle->hasKernelForDispatchKey(c10::DispatchKey::BackendSelect))
+      continue;  // never override one of torch's kernels (none but _to_copy's today)
     lib->impl(short_name.c_str(),
               torch::dispatch(c10::DispatchKey::BackendSelect,
                               torch::CppFunction::makeFromBoxedFunction<&kernel>()));
@@ -426,11 +464,7 @@ PyObject* py_uninstall(PyObject*, PyObject*) {
     at::removeCallback(g_rf);
     g_rf = 0;
   }
-  if (g_lib) {
-    SilentWarnings silent;
-    c10::WarningUtils::WarningHandlerGuard guard(&silent);
-    g_lib.reset();  // deregisters: torch's own _to_copy BackendSelect kernel is back
-  }
+  g_lib.reset();  // deregisters: every key's table entry is torch's own again
   Py_CLEAR(g_callback);
   Py_RETURN_NONE;
 }

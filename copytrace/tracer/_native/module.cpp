@@ -82,9 +82,16 @@ PyMethodDef g_methods[] = {
     {"facts", FN(py_facts), METH_FASTCALL,
      "facts(t, with_grad_fn=False): a plain tensor's Facts (see copytrace/tracer/_facts.py), "
      "or None"},
+    {"sizes_strides_policy", py_sizes_strides_policy, METH_O,
+     "sizes_strides_policy(t): 0 torch answers t's sizes and strides, 1 a subclass answers its "
+     "strides in Python, 2 its sizes too"},
     {"copy_slots", copy_slots, METH_O,
      "copy_slots(proto): a shallow copy of a __slots__ object (a new CopyEvent from a "
      "prototype), untracked by the GC"},
+    // steps.cpp
+    {"set_step_hooks", FN(py_set_step_hooks), METH_FASTCALL,
+     "set_step_hooks(begin, end): call them around each optimizer step on this thread (torch's "
+     "Optimizer.step# record scope); (None, None) removes them"},
     // frames.cpp
     {"call_site", FN(call_site), METH_FASTCALL,
      "call_site(classify): the user's (file, line, function, via) or None (see "

@@ -2,13 +2,14 @@
 // (none for the Python-only units) and this header last.
 //
 // The units, by responsibility (module.cpp holds the one list of entry points):
-//   kernels.cpp    BackendSelect kernels of aten's copy/alias ops, op depth, folding
+//   kernels.cpp    kernels of aten's copy/alias ops (BackendSelect; _to_copy: backends), depth
 //   api_mode.cpp   the C __torch_function__, the recorded call and its one-call fast path (*)
 //   warn_shim.cpp  warnings.warn counting stacklevel as untraced            (Python only)
 //   versions.cpp   version counters of fresh copies
 //   lean.cpp       level lean's C wrappers and descriptors                  (*)
 //   hotpatch.cpp   level lean's hot-patched method tables                   (*)
 //   facts.cpp      a tensor's facts in one call; copy_slots
+//   steps.cpp      optimizer steps from torch's Optimizer.step# record scope
 //   frames.cpp     call sites, frame variables                              (Python only)
 //   record.cpp     an API call's whole event in one call, by the rule table (_rules.RULES)
 //   watch_cb.cpp   level lean's write watch: a RecordFunction callback while a tensor is watched
@@ -215,6 +216,9 @@ COPYTRACE_O(py_set_quiet_codes)
 COPYTRACE_FAST(py_hot_install) COPYTRACE_NOARGS(py_hot_restore) COPYTRACE_NOARGS(py_hot_count)
 // facts.cpp
 COPYTRACE_FAST(py_facts)
+PyObject* py_sizes_strides_policy(PyObject*, PyObject* t);
+// steps.cpp
+COPYTRACE_FAST(py_set_step_hooks)
 // frames.cpp
 COPYTRACE_NOARGS(py_clear_sites) COPYTRACE_FAST(py_frame_var)
 // record.cpp

@@ -51,6 +51,16 @@ class Facts(tuple[Any, ...]):
 def facts(t: object, with_grad_fn: bool = False, /) -> Facts | None:
     """A plain tensor's facts; None for anything else (the Python readers decide)."""
 
+def sizes_strides_policy(t: object, /) -> int:
+    """0 when torch answers ``t``'s sizes and strides itself (or ``t`` is no tensor), 1 when a
+    tensor subclass answers its strides in Python, 2 when it answers its sizes too; read from
+    the TensorImpl, no dispatch."""
+
+def set_step_hooks(begin: Callable[[], object] | None, end: Callable[[], object] | None, /) -> bool:
+    """Call ``begin()`` and ``end()`` around each optimizer step on this thread (a USER_SCOPE
+    RecordFunction callback on torch's ``Optimizer.step#<Class>.step`` scope); ``(None, None)``
+    removes the callback. Returns whether it is on."""
+
 def copy_slots(proto: object, /) -> Any:
     """A shallow copy of a __slots__ object (a new CopyEvent from a prototype), not tracked by
     the cycle collector."""
@@ -62,7 +72,8 @@ def install(
     /,
 ) -> int:
     """Register the BackendSelect kernels of the (qualified name, overload, kind, display name)
-    ops; callback(name, kind, args, kwargs, result, t0, t1) gets each implicit copy. Returns
+    ops (``aten::_to_copy``: on each backend key where torch has no kernel of its own, never
+    over one of torch's); callback(name, kind, args, kwargs, result, t0, t1) gets each implicit copy. Returns
     how many ops are registered (a second install keeps the first)."""
 
 def uninstall() -> None: ...

@@ -8,3 +8,4 @@
 #include "facts.cpp"
 #include "record.cpp"
 #include "watch_cb.cpp"
+#include "steps.cpp"

@@ -1,0 +1,83 @@
+// Optimizer steps, seen from torch's own record scope instead of optimizer hooks.
+//
+// Optimizer.profile_hook_step (torch/optim/optimizer.py) wraps every optimizer's step() in
+// torch.autograd.profiler.record_function("Optimizer.step#<Class>.step"), profiler or not: a
+// USER_SCOPE RecordFunction, active only while some callback wants that scope. A thread-local
+// callback on USER_SCOPE alone hands the begin and end of each such scope to Python (the
+// optimizer phase, the step boundary), where torch's global optimizer step hook dicts would
+// have shown a program copytrace's hooks. Registered on the thread that starts tracing, which
+// alone can remove it (as kernels.cpp's depth callback).
+#include <ATen/record_function.h>
+
+#include <cstring>
+#include <thread>
+
+#include "observer.h"
+
+namespace copytrace {
+namespace {
+
+PyObject* g_step_begin = nullptr;  // owned; changed only with the GIL held
+PyObject* g_step_end = nullptr;
+at::CallbackHandle g_step_rf = 0;
+std::thread::id g_step_thread;
+constexpr char kStepScope[] = "Optimizer.step#";
+
+void step_call(PyObject** slot) {
+  PyGILState_STATE gil = PyGILState_Ensure();
+  PyObject* fn = *slot;
+  if (fn != nullptr) {
+    Py_INCREF(fn);
+    PyObject* r = PyObject_CallNoArgs(fn);
+    if (r == nullptr) {
+      g_errors.fetch_add(1, std::memory_order_relaxed);
+      PyErr_WriteUnraisable(fn);
+    }
+    Py_XDECREF(r);
+    Py_DECREF(fn);
+  }
+  PyGILState_Release(gil);
+}
+
+inline bool is_step(const at::RecordFunction& fn) {
+  const char* name = fn.name();
+  return name != nullptr && std::strncmp(name, kStepScope, sizeof(kStepScope) - 1) == 0;
+}
+
+std::unique_ptr<at::ObserverContext> step_start(const at::RecordFunction& fn) {
+  if (is_step(fn)) step_call(&g_step_begin);
+  return nullptr;
+}
+
+void step_stop(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (is_step(fn)) step_call(&g_step_end);
+}
+
+}  // namespace
+
+// set_step_hooks(begin, end): call begin() and end() around each optimizer step on this
+// thread; (None, None) removes the callback (on its own thread). Returns whether it is on.
+PyObject* py_set_step_hooks(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  if (!arity(nargs, 2, "set_step_hooks(begin, end)")) return nullptr;
+  const bool on = argv[0] != Py_None && argv[1] != Py_None;
+  set_slot(g_step_begin, on ? argv[0] : Py_None);
+  set_slot(g_step_end, on ? argv[1] : Py_None);
+  if (!on) {
+    if (g_step_rf != 0 && g_step_thread == std::this_thread::get_id()) {
+      at::removeCallback(g_step_rf);
+      g_step_rf = 0;
+    }
+    Py_RETURN_FALSE;
+  }
+  if (g_step_rf != 0 && g_step_thread != std::this_thread::get_id()) g_step_rf = 0;
+  if (g_step_rf == 0) {
+    g_step_rf = at::addThreadLocalCallback(at::RecordFunctionCallback(&step_start, &step_stop)
+                                               .needsInputs(false)
+                                               .needsOutputs(false)
+                                               .scopes({at::RecordScope::USER_SCOPE}));
+    g_step_thread = std::this_thread::get_id();
+  }
+  Py_RETURN_TRUE;
+}
+
+}  // namespace copytrace
