@@ -142,7 +142,12 @@ def _event(mix: str, i: int, ti: int, tpls: list, start: int, step: int) -> Any:
 
 
 def generate_trace(
-    path: Path, n_events: int, seed: int = 0, pid: int = 4242, mix: str = "friendly"
+    path: Path,
+    n_events: int,
+    seed: int = 0,
+    pid: int = 4242,
+    mix: str = "friendly",
+    resource_attrs: dict[str, Any] | None = None,
 ) -> None:
     """Write a synthetic trace of ``n_events`` events as the tracer writes it: its file sink
     (plain OTLP/JSON and the columnar sidecar), flushed at the first step boundary with
@@ -154,6 +159,7 @@ def generate_trace(
         seed: Random seed for the mix of events.
         pid: ``process.pid`` of the run.
         mix: one of :data:`MIXES`.
+        resource_attrs: more resource attributes (``copytrace.rank``...).
     """
     from opentelemetry.sdk.resources import Resource
 
@@ -166,7 +172,8 @@ def generate_trace(
     per_step = 3 * PAIRS_PER_STEP if mix == "pairs" else EVENTS_PER_STEP
     n_steps = max(3, -(-n_events // per_step))
     resource = Resource({"service.name": "copytrace", "process.pid": pid, "host.name": "bench",
-                         "process.command_args": ["train.py", "--synthetic", str(n_events)]})
+                         "process.command_args": ["train.py", "--synthetic", str(n_events)],
+                         **(resource_attrs or {})})
     run = RunIds(0, T0, resource)
     hazard_ids: list[str] = []
 
