@@ -28,11 +28,12 @@ def test_dataset_layout_columns_and_a_second_run(tmp_path: Path) -> None:
     _two_ranks(tmp_path / "a", 300)
     out = tmp_path / "ds"
     assert main(["export", str(tmp_path / "a"), "--dataset", str(out)]) == 0
-    # one launch (both ranks ran at once): run_id is its first process's pid and start (ns)
+    # one launch (both ranks ran at once): run_id is its lowest pid and its start (ns)
     launch = f"700-{T0}"
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*.parquet"))
-    assert files == [f"run_id={launch}/host=bench/rank={r}/part-{t}.parquet"
-                     for r, t in enumerate(sorted(event_table(tmp_path / "a").resources))]
+    rank_of = {res["copytrace.rank"]: t for t, res in event_table(tmp_path / "a").resources.items()}
+    assert files == [f"run_id={launch}/host=bench/rank={r}/part-{rank_of[r]}.parquet"
+                     for r in (0, 1)]
     one = pq.read_table(out / files[1])
     assert one.num_rows == 301  # rank 1's events (no run, step or hazards span)
     assert set(one.column("rank").to_pylist()) == {1}

@@ -5,7 +5,8 @@ id>.parquet``.
 One file per traced process. The partition keys are also ordinary columns of every file,
 with ``schema_version`` (the event table's version), so a file read alone says where it
 belongs. ``run_id`` is torchelastic's run id (``copytrace.torchelastic_run_id``) when the
-process had one, else the launch's id: ``<pid>-<start ns>`` of the launch's first process
+process had one, else the launch's id: ``<pid>-<start ns>``, the lowest process id of the launch (its
+root's, as a rule) and its start
 (``copytrace.tracefile.run_groups``). Writing a run replaces that run's folder only: the
 other runs of the dataset are left as they are, and exporting the same trace twice gives the
 same files.
@@ -53,8 +54,9 @@ def _launch_ids(table: Any) -> dict[str, str]:
 
     out: dict[str, str] = {}
     for group in run_groups(table):
-        first = table.resources.get(group.trace_ids[0], {})
-        launch = f"{first.get('process.pid', 0)}-{group.start_ns}"
+        pids = [table.resources.get(t, {}).get("process.pid") for t in group.trace_ids]
+        pid = min((p for p in pids if isinstance(p, int)), default=0)
+        launch = f"{pid}-{group.start_ns}"
         for trace in group.trace_ids:
             elastic = table.resources.get(trace, {}).get("copytrace.torchelastic_run_id")
             out[trace] = str(elastic) if elastic else launch
