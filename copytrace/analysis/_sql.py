@@ -94,10 +94,10 @@ QUERIES = {
         "sum(bc) AS bytes_copied, sum(dur) AS time_ns FROM ev GROUP BY run_id, host, rnk "
         "ORDER BY 1, 2, 3"
     ),
-    # check's budget: per (run, step) the bytes allocated and the number of counted copies
+    # check's budget: per (run, step, call site) the bytes allocated and the counted copies
     "budget": (
-        f"SELECT run, step, sum(ba) AS bytes, count(*) AS copies FROM ev WHERE {_COUNTED} "
-        "GROUP BY run, step ORDER BY 1, 2"
+        f"SELECT run, step, site, sum(ba) AS bytes, count(*) AS copies FROM ev "
+        f"WHERE {_COUNTED} GROUP BY run, step, site ORDER BY 1, 2, 3"
     ),
     "hazards": _hazard_sql(),
 }

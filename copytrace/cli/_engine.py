@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_engine_options", "engine_results", "format_engine_summary", "is_dataset"]
+__all__ = ["add_engine_options", "engine_results", "engine_violations", "format_engine_summary",
+           "is_dataset", "spark_forbid_error"]
 
 #: Spark master URLs accepted by ``--spark-master`` (Spark's own forms).
 _MASTER = re.compile(
@@ -187,3 +188,42 @@ def format_engine_summary(res: dict[str, list[tuple[Any, ...]]], top_n: int) -> 
                         [[c, str(n), format_bytes(b), s] for c, _run, s, n, b in res["hazards"]],
                         right={1, 2})  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def engine_violations(res: dict[str, list[tuple[Any, ...]]], budget: Any) -> tuple[list[str], Any]:
+    """``check``'s violations from :func:`engine_results`: the budget's limits over the
+    per-step totals, and the forbidden codes among the hazards computed in SQL.
+
+    Returns:
+        ``(violations, step totals)``.
+    """
+    from copytrace.analysis import check_budget
+    from copytrace.analysis._budget import StepTotal
+    from copytrace.analysis._findings import HAZARDS, Finding
+
+    runs = {run: i for i, run in enumerate(sorted({r[0] for r in res["budget"]}))}
+    totals: dict[tuple[int, int], StepTotal] = {}
+    for run, step, site, nbytes, copies in res["budget"]:
+        t = totals.setdefault((runs[run], step), StepTotal(runs[run], step))
+        t.bytes += nbytes
+        t.copies += copies
+        t.sites[site] = [nbytes, copies]
+    steps = [totals[k] for k in sorted(totals)]
+    findings = [
+        Finding(code=code, severity=HAZARDS[code].severity,
+                message=f"{n} event(s), {b} B (computed in SQL)", fix="", call_sites=[site],
+                bytes=b)
+        for code, _run, site, n, b in res["hazards"]
+    ]  # fmt: skip
+    return check_budget(None, findings, budget, (steps, max(len(runs), 1))), steps
+
+
+def spark_forbid_error(forbid: list[str]) -> str | None:
+    """The one-line error when ``forbid`` names a hazard code not computed in SQL, else None."""
+    from copytrace.analysis._sql import SQL_HAZARDS
+
+    missing = [c for c in forbid if c not in SQL_HAZARDS]
+    if not missing:
+        return None
+    return (f"--engine spark computes the hazards {', '.join(SQL_HAZARDS)} only; "
+            f"{', '.join(missing)} need(s) the embedded engine (--engine duckdb)")  # fmt: skip
