@@ -155,13 +155,17 @@ def spark_sql(spark: Any, root: Path) -> dict[str, list[tuple[Any, ...]]]:
     Raises:
         pyspark.errors.PySparkException: if Spark cannot read the dataset or run a query.
     """
-    frame = spark.read.option("mergeSchema", "true").parquet(str(root))
+    # the keys are columns of every file: read them there, not from the folder names
+    frame = spark.read.options(recursiveFileLookup="true", mergeSchema="true").parquet(str(root))
     frame.createOrReplaceTempView("events")
-    spark.sql(f"CREATE OR REPLACE TEMP VIEW ev AS {transpile(EV_SQL, 'spark')}")
+    spark.sql("DROP VIEW IF EXISTS ev")
+    spark.sql(f"CACHE TABLE ev AS {transpile(EV_SQL, 'spark')}")
     out = {}
     for name, sql in QUERIES.items():
         rows = spark.sql(transpile(sql, "spark")).collect()
         out[name] = [tuple(_plain(v) for v in row) for row in rows]
+    spark.sql("UNCACHE TABLE IF EXISTS ev")
+    spark.sql("DROP VIEW IF EXISTS ev")
     return out
 
 

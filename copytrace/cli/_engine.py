@@ -90,11 +90,14 @@ def spark_session(master: str | None) -> Any:
         builder = (
             builder.master(master)
             .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
             .config("spark.sql.shuffle.partitions", "4")
             .config("spark.sql.session.timeZone", "UTC")
         )
     try:
-        return builder.getOrCreate()
+        spark = builder.getOrCreate()
+        spark.sparkContext.setLogLevel("ERROR")
+        return spark
     except Exception as err:  # noqa: BLE001 - py4j and Spark raise many kinds
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise CopytraceError(f"Spark session did not start: {first}") from None
@@ -143,11 +146,14 @@ def engine_results(args: Any, err: Any = None) -> dict[str, list[tuple[Any, ...]
     with _dataset(Path(args.path), args, err) as root:
         if args.engine != "spark":
             return duckdb_results(root)
+        from pyspark.sql import SparkSession
+
+        ours = SparkSession.getActiveSession() is None  # a caller's session is left running
         spark = spark_session(master)
         try:
             return spark_sql(spark, root)
         finally:
-            if master is not None:
+            if ours and master is not None:
                 spark.stop()
 
 
