@@ -121,8 +121,9 @@ def _dataset_glob(root: Path) -> str:
     return str(root / "*" / "*" / "*" / "*.parquet").replace("'", "''")
 
 
-def duckdb_results(root: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Every query of :data:`QUERIES` run on DuckDB over the dataset at ``root``.
+def duckdb_results(root: Path, names: Any = None) -> dict[str, list[tuple[Any, ...]]]:
+    """The queries ``names`` of :data:`QUERIES` (default: all) run on DuckDB over the dataset
+    at ``root``.
 
     Returns:
         ``{name: rows}``, integers as Python ints.
@@ -139,15 +140,16 @@ def duckdb_results(root: Path) -> dict[str, list[tuple[Any, ...]]]:
             "hive_partitioning=true, union_by_name=true)"
         )
         con.execute(f"CREATE VIEW ev AS {EV_SQL}")
-        return {name: [tuple(_plain(v) for v in row) for row in con.execute(sql).fetchall()]
-                for name, sql in QUERIES.items()}  # fmt: skip
+        return {name: [tuple(_plain(v) for v in row)
+                       for row in con.execute(QUERIES[name]).fetchall()]
+                for name in names or QUERIES}  # fmt: skip
     finally:
         con.close()
 
 
-def spark_sql(spark: Any, root: Path) -> dict[str, list[tuple[Any, ...]]]:
-    """Every query of :data:`QUERIES`, transpiled to Spark SQL, run in session ``spark`` over
-    the dataset at ``root`` (partition discovery reads ``run_id``, ``host`` and ``rank``).
+def spark_sql(spark: Any, root: Path, names: Any = None) -> dict[str, list[tuple[Any, ...]]]:
+    """The queries ``names`` of :data:`QUERIES` (default: all), transpiled to Spark SQL, run in
+    session ``spark`` over the dataset at ``root``.
 
     Returns:
         ``{name: rows}`` as :func:`duckdb_results` returns them.
@@ -161,8 +163,8 @@ def spark_sql(spark: Any, root: Path) -> dict[str, list[tuple[Any, ...]]]:
     spark.sql("DROP VIEW IF EXISTS ev")
     spark.sql(f"CACHE TABLE ev AS {transpile(EV_SQL, 'spark')}")
     out = {}
-    for name, sql in QUERIES.items():
-        rows = spark.sql(transpile(sql, "spark")).collect()
+    for name in names or QUERIES:
+        rows = spark.sql(transpile(QUERIES[name], "spark")).collect()
         out[name] = [tuple(_plain(v) for v in row) for row in rows]
     spark.sql("UNCACHE TABLE IF EXISTS ev")
     spark.sql("DROP VIEW IF EXISTS ev")

@@ -21,7 +21,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_engine_options", "engine_results", "engine_violations", "format_engine_summary",
+__all__ = ["CHECK_QUERIES", "SUMMARY_QUERIES", "add_engine_options", "engine_results",
+           "engine_violations", "format_engine_summary",
            "is_dataset", "spark_forbid_error"]
 
 #: Spark master URLs accepted by ``--spark-master`` (Spark's own forms).
@@ -128,8 +129,13 @@ def _dataset(path: Path, args: Any, err: Any) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def engine_results(args: Any, err: Any = None) -> dict[str, list[tuple[Any, ...]]]:
-    """The aggregates of :data:`copytrace.analysis._sql.QUERIES` for ``args.path`` on
+#: The queries each command reads.
+SUMMARY_QUERIES = ("totals", "steps", "sites", "modules", "ops", "ranks", "hazards")
+CHECK_QUERIES = ("budget", "hazards")
+
+
+def engine_results(args: Any, names: Any, err: Any = None) -> dict[str, list[tuple[Any, ...]]]:
+    """The aggregates ``names`` of :data:`copytrace.analysis._sql.QUERIES` for ``args.path`` on
     ``args.engine`` (``spark``: checked first, see :func:`_preflight`; ``duckdb``: the same
     SQL over the same dataset, in-process).
 
@@ -145,13 +151,13 @@ def engine_results(args: Any, err: Any = None) -> dict[str, list[tuple[Any, ...]
         _preflight(master)
     with _dataset(Path(args.path), args, err) as root:
         if args.engine != "spark":
-            return duckdb_results(root)
+            return duckdb_results(root, names)
         from pyspark.sql import SparkSession
 
         ours = SparkSession.getActiveSession() is None  # a caller's session is left running
         spark = spark_session(master)
         try:
-            return spark_sql(spark, root)
+            return spark_sql(spark, root, names)
         finally:
             if ours and master is not None:
                 spark.stop()
@@ -171,6 +177,12 @@ def format_engine_summary(res: dict[str, list[tuple[Any, ...]]], top_n: int) -> 
         f"bytes copied {format_bytes(copied or 0)} ({copied or 0} B), allocated "
         f"{format_bytes(alloc or 0)}, copy time {format_ns(time_ns or 0)}",
     ]
+    numbered = [r for r in res["steps"] if r[1] >= 0]  # (rank, step, counts..., bytes, ...)
+    if numbered:
+        worst = max(numbered, key=lambda r: (r[6], -r[0], -r[1]))
+        lines.append(f"steps: {len(numbered)} (over all ranks); most copied: rank {worst[0]} "
+                     f"step {worst[1]}, {format_bytes(worst[6])} in {worst[3]} copies, "
+                     f"{format_ns(worst[8])} copy time")  # fmt: skip
     headers = ["#", "bytes copied", "%", "time", "%", "events", "copies", "aliases", "no-ops"]
     for what, rows in (("call sites", res["sites"]), ("modules", res["modules"])):
         for col, label in ((5, "bytes copied"), (7, "copy time")):

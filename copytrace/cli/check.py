@@ -123,12 +123,17 @@ def _engine_check(args: argparse.Namespace, budget: object, out: TextIO, err: Te
     """``check`` on the SQL aggregates (``--engine spark``, or a dataset folder): the budget's
     limits and the hazards computed in SQL (a forbidden code that is not: exit 2 first)."""
     from copytrace._errors import CopytraceError
-    from copytrace.cli._engine import engine_results, engine_violations, spark_forbid_error
+    from copytrace.cli._engine import (
+        CHECK_QUERIES,
+        engine_results,
+        engine_violations,
+        spark_forbid_error,
+    )
 
     problem = spark_forbid_error(list(budget.forbid))  # type: ignore[attr-defined]
     if problem:
         raise CopytraceError(problem)
-    res = engine_results(args, err)
+    res = engine_results(args, CHECK_QUERIES, err)
     violations, steps = engine_violations(res, budget)
     if args.findings:
         for code, _run, site, n, nbytes in res["hazards"]:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from copytrace.cli._common import add_trace_command, select_runs, warn_unreadable
 from copytrace.cli._engine import (
+    SUMMARY_QUERIES,
     add_engine_options,
     engine_results,
     format_engine_summary,
@@ -310,7 +311,7 @@ def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
         raise CopytraceError(f"--top must be >= 0, got {args.top}")
     path = Path(args.path)
     if args.engine == "spark" or is_dataset(path):
-        (out or sys.stdout).write(format_engine_summary(engine_results(args), args.top))
+        (out or sys.stdout).write(format_engine_summary(engine_results(args, SUMMARY_QUERIES), args.top))
         return 0
     trace = select_runs(event_table(path), args, path)
     warn_unreadable(trace, path)
