@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 T0 = 1_750_000_000_000_000_000
 EVENTS_PER_STEP = 100
@@ -90,7 +91,64 @@ def _template_events() -> list[tuple[int, dict]]:
     return out
 
 
-def generate_trace(path: Path, n_events: int, seed: int = 0, pid: int = 4242) -> None:
+#: ``--mix`` choices: the training-loop mix above; every event a pair-rule candidate
+#: (``y = x.clone().detach().to(torch.float16)`` 33 times per step, as the tracer records
+#: it: the clone, the detach of the clone, the cast of the detached clone, all on one line);
+#: the training-loop mix with every event at its own call site.
+MIXES = ("friendly", "pairs", "sites")
+PAIRS_PER_STEP = 33
+
+
+def _pairs_events(i: int) -> tuple[int, dict]:
+    """Event ``i`` of the ``pairs`` mix: (step, CopyEvent fields without seq and times)."""
+    step, within = divmod(i, 3 * PAIRS_PER_STEP)
+    k, which = divmod(within, 3)
+    clone = 2 + 2 * (step * PAIRS_PER_STEP + k)  # storage ids as the tracer numbers them
+    common = {"dtype": "float32", "src_dtype": "float32", "src_device": "cuda:0",
+              "dst_device": "cuda:0", "transfer": "none", "shape": (64, 64),
+              "src_stride": (64, 1), "phase": "other", "file": "/home/user/project/train.py",
+              "line": 176, "function": "main", "thread_id": 140607661808512,
+              "thread_name": "MainThread", "bytes_logical": 16384}  # fmt: skip
+    if which == 0:  # x.clone(): x (storage 1) changes once per step (optimizer.step)
+        fields = {"op": "clone", "aten": ("aten::clone",), "graph": "attached",
+                  "grad_fn": "CloneBackward0", "requires_grad": True,
+                  "src_requires_grad": True, "bytes_allocated": 16384, "src_storage": 1,
+                  "src_version": step, "dst_storage": clone, "dst_version": 0}  # fmt: skip
+    elif which == 1:  # .detach() of the clone: an alias
+        fields = {"op": "detach", "aten": ("aten::detach",), "graph": "detached",
+                  "alias": True, "src_requires_grad": True, "src_storage": clone,
+                  "src_version": 0, "dst_storage": clone, "dst_version": 0}  # fmt: skip
+    else:  # .to(torch.float16) of the detached clone
+        fields = {"op": "to", "aten": ("aten::_to_copy",), "graph": "none",
+                  "bytes_allocated": 8192, "src_storage": clone, "src_version": 0,
+                  "dst_storage": clone + 1, "dst_version": 0, "dtype": "float16"}  # fmt: skip
+        fields["bytes_logical"] = 8192
+    return step, {**common, **fields}
+
+
+def _event(mix: str, i: int, ti: int, tpls: list, start: int, step: int) -> Any:
+    """CopyEvent ``i`` of ``mix`` (``ti``: its template in the training-loop mix)."""
+    from copytrace.schema import CopyEvent
+
+    end = start + 2_000 + (ti * 7919 + i) % 40_000
+    if mix == "pairs":
+        _, fields = _pairs_events(i)
+    elif mix == "sites":  # a call site of its own: 100 files of 10,000 lines
+        fields = {**tpls[ti][1], "file": f"/home/user/project/gen_{i % 100}.py",
+                  "line": 1 + i // 100}  # fmt: skip
+    else:
+        fields = tpls[ti][1]
+    return CopyEvent(seq=i, step=step, start_ns=start, end_ns=end, **fields)
+
+
+def generate_trace(
+    path: Path,
+    n_events: int,
+    seed: int = 0,
+    pid: int = 4242,
+    mix: str = "friendly",
+    resource_attrs: dict[str, Any] | None = None,
+) -> None:
     """Write a synthetic trace of ``n_events`` events as the tracer writes it: its file sink
     (plain OTLP/JSON and the columnar sidecar), flushed at the first step boundary with
     4096 events buffered, then the ``copytrace.hazards`` span appended as at stop.
@@ -100,20 +158,22 @@ def generate_trace(path: Path, n_events: int, seed: int = 0, pid: int = 4242) ->
         n_events: Event spans to write.
         seed: Random seed for the mix of events.
         pid: ``process.pid`` of the run.
+        mix: one of :data:`MIXES`.
+        resource_attrs: more resource attributes (``copytrace.rank``...).
     """
     from opentelemetry.sdk.resources import Resource
 
     from copytrace.export.file_sink import FileSink
     from copytrace.export.hazard_span import append_hazard_span
     from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds
-    from copytrace.schema import CopyEvent
-
     rng = random.Random(seed)
     tpls = _template_events()
     choice = rng.choices(range(len(tpls)), weights=[w for w, _ in tpls], k=n_events)
-    n_steps = max(3, -(-n_events // EVENTS_PER_STEP))
+    per_step = 3 * PAIRS_PER_STEP if mix == "pairs" else EVENTS_PER_STEP
+    n_steps = max(3, -(-n_events // per_step))
     resource = Resource({"service.name": "copytrace", "process.pid": pid, "host.name": "bench",
-                         "process.command_args": ["train.py", "--synthetic", str(n_events)]})
+                         "process.command_args": ["train.py", "--synthetic", str(n_events)],
+                         **(resource_attrs or {})})
     run = RunIds(0, T0, resource)
     hazard_ids: list[str] = []
 
@@ -132,14 +192,11 @@ def generate_trace(path: Path, n_events: int, seed: int = 0, pid: int = 4242) ->
     steps: list[tuple[int, int, int]] = []
     i = 0
     for step in range(n_steps):
-        for within in range(EVENTS_PER_STEP if step < n_steps - 1 else n_events - i):
+        for within in range(per_step if step < n_steps - 1 else n_events - i):
             if i >= n_events:
                 break
-            ti = choice[i]
-            start = step * STEP_NS + 50_000 + within * (STEP_NS - 100_000) // EVENTS_PER_STEP
-            events.append(CopyEvent(seq=i, step=step, start_ns=start,
-                                    end_ns=start + 2_000 + (ti * 7919 + i) % 40_000,
-                                    **tpls[ti][1]))  # fmt: skip
+            start = step * STEP_NS + 50_000 + within * (STEP_NS - 100_000) // per_step
+            events.append(_event(mix, i, choice[i], tpls, start, step))
             i += 1
         steps.append((step, step * STEP_NS, (step + 1) * STEP_NS))
         if len(events) >= 4096:
@@ -226,24 +283,27 @@ def _json_only(trace_dir: Path) -> Path:
     return out
 
 
-def _row(n: int, ranks: int, work: Path, hazards: bool = True) -> str:
-    trace_dir = work / f"bench-{n}x{ranks}"
+def _row(n: int, ranks: int, work: Path, hazards: bool = True, mix: str = "friendly") -> dict:
+    """Measure one size and mix; return the figures and the printed row."""
+    trace_dir = work / f"bench-{mix}-{n}x{ranks}"
     trace_dir.mkdir(parents=True, exist_ok=True)
     for r in range(ranks):
         f = trace_dir / f"copytrace-bench-{r}.otlp.jsonl"
         if not f.exists():
-            generate_trace(f, n // ranks, seed=r, pid=4242 + r)
+            generate_trace(f, n // ranks, seed=r, pid=4242 + r, mix=mix)
     for cache in trace_dir.glob(".copytrace-cache/*.events.parquet"):
         cache.unlink()  # only the sidecars: no cache of a parsed file
+    for cache in trace_dir.glob(".copytrace-cache/*.findings*"):
+        cache.unlink()  # the first report: no cached findings
     out = trace_dir / "report.html"
     size = sum(f.stat().st_size for f in trace_dir.glob("*.otlp.jsonl"))
     side = sum(f.stat().st_size for f in trace_dir.glob(".copytrace-cache/*.events/*.parquet"))
-    small = n <= 1_000_000  # the JSON-only reports take minutes beyond that
+    small = n <= 1_000_000 and mix == "friendly"  # the JSON-only reports take minutes
     naive = _child(["naive-json", str(trace_dir)]) if small else None
     no = [] if hazards else ["--no-analysis"]
+    check = _child(["check", str(trace_dir), "--allow-partial"])
     report = _child(["report", str(trace_dir), "-o", str(out), *no])
     summary = _child(["summary", str(trace_dir), *no])
-    check = _child(["check", str(trace_dir), "--allow-partial"])
     ref = f"{naive['s']:6.1f} s" if naive else "     -  "
     json_cols = "     -   |     -  "
     if small:
@@ -253,20 +313,48 @@ def _row(n: int, ranks: int, work: Path, hazards: bool = True) -> str:
         json_cols = (f"{cold['s']:6.1f} s ({cold['peak_mib']:,.0f} MiB) | "
                      f"{warm['s']:5.1f} s")  # fmt: skip
         shutil.rmtree(plain, ignore_errors=True)
-    return (
-        f"{n:>11,} | {ranks} | {_mib(size):>12} | {_mib(side):>10} | {ref} | "
+    line = (
+        f"{mix:>8} | {n:>11,} | {ranks} | {_mib(size):>12} | {_mib(side):>10} | {ref} | "
         f"{report['s']:6.1f} s ({report['peak_mib']:,.0f} MiB) | "
         f"{summary['s']:5.1f} s ({summary['peak_mib']:,.0f} MiB) | "
         f"{check['s']:5.1f} s ({check['peak_mib']:,.0f} MiB) | "
         f"{_mib(out.stat().st_size):>9} | {json_cols}"
     )
+    return {"line": line, "check": check, "report": report, "summary": summary}
+
+
+def _ratios(rows: dict[str, dict]) -> list[str]:
+    """One line per adversarial mix: its check and first report, time and peak memory, as a
+    multiple of the training-loop mix's."""
+    base = rows.get("friendly")
+    if base is None:
+        return []
+    out = []
+    for mix, row in rows.items():
+        if mix == "friendly":
+            continue
+        parts = []
+        for cmd in ("check", "report"):
+            t = row[cmd]["s"] / max(base[cmd]["s"], 1e-9)
+            m = row[cmd]["peak_mib"] / max(base[cmd]["peak_mib"], 1e-9)
+            parts.append(f"{cmd} {t:4.2f}x time, {m:4.2f}x peak")
+        out.append(f"  {mix} / friendly: " + "; ".join(parts))
+    return out
+
+
+def _load() -> str:
+    """The machine's load: 1-minute load average over the CPUs (a figure from a loaded
+    machine is an upper bound)."""
+    return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the benchmark and print one row per size."""
+    """Run the benchmark and print one row per size and mix, then the mixes' ratios."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--ranks", type=int, default=1, help="trace files (ranks) per size")
+    parser.add_argument("--mix", nargs="+", choices=MIXES, default=list(MIXES),
+                        help="event mixes (default: all; ratios are against friendly)")
     parser.add_argument("--keep", type=Path, default=None, help="keep traces and reports here")
     parser.add_argument("--no-analysis", action="store_true",
                         help="report and summary without the hazard analyser (check runs it)")
@@ -277,15 +365,22 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     work = args.keep or Path(tempfile.mkdtemp(prefix="copytrace-bench-"))
     work.mkdir(parents=True, exist_ok=True)
-    print("     events | ranks | trace (plain) | sidecar | naive json | report (peak) | "
-          "summary (peak) | check (peak) | report size | JSON only: report (parse, peak) | "
-          "JSON only: report (cached)", flush=True)
+    print(f"# {_load()}", flush=True)
+    print("     mix |      events | ranks | trace (plain) | sidecar | naive json | "
+          "report (peak) | summary (peak) | check (peak) | report size | "
+          "JSON only: report (parse, peak) | JSON only: report (cached)", flush=True)
     try:
         for n in args.events:
-            print(_row(n, args.ranks, work, hazards=not args.no_analysis), flush=True)
+            rows = {}
+            for mix in args.mix:
+                rows[mix] = _row(n, args.ranks, work, hazards=not args.no_analysis, mix=mix)
+                print(rows[mix]["line"], flush=True)
+            for line in _ratios(rows):
+                print(line, flush=True)
     finally:
         if args.keep is None:
             shutil.rmtree(work, ignore_errors=True)
+    print(f"# {_load()}", flush=True)
     return 0
 
 

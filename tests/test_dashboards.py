@@ -606,3 +606,27 @@ def test_compiled_section_ships_as_json() -> None:
     assert (r["bytes"], r["runs"], r["total_bytes"]) == (8192, 6, 49152)
     assert (r["site"], r["code"], r["shape"]) == ("m.py:3", "y = x.clone()", ["32", "64"])
     assert payload_compiled(types.SimpleNamespace(compiled=None)) is None
+
+
+def test_call_sites_beyond_the_cap_are_summed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A trace with a call site per event: the report names the top sites and sums the rest
+    under one key, with the totals unchanged."""
+    from copytrace.dashboards.sections import sources as sources_section
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from report_size import generate_trace
+
+    path = tmp_path / "copytrace-1.otlp.jsonl"
+    generate_trace(path, 300, mix="sites")
+    whole = build_model(event_table(path), read_sources=False, timeline=False)
+    monkeypatch.setattr(sources_section, "MAX_SITES", 10)
+    capped = build_model(event_table(path), read_sources=False, timeline=False)
+    assert len(whole.call_sites) == 300  # one site per event
+    keys = [r.key for r in capped.call_sites]
+    assert len(keys) == 11 and sources_section.OTHER_SITES in keys
+    # the ten named are the ten largest of the whole table
+    named = sorted(whole.call_sites, key=lambda r: (-r.bytes_copied, -r.time_ns, r.key))[:10]
+    assert set(keys) - {sources_section.OTHER_SITES} == {r.key for r in named}
+    for field in ("count", "bytes_copied", "time_ns"):
+        assert sum(getattr(r, field) for r in capped.call_sites) == sum(
+            getattr(r, field) for r in whole.call_sites)

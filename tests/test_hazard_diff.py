@@ -298,3 +298,19 @@ def test_benchmark_trace(tmp_path: Path) -> None:
     found = _same_file(path)
     # 5000 events over 50 steps, 40 % of them a no-op .to() at one line: a hot no-op
     assert "noop-conversion" in [f.code for f in found]
+
+
+@pytest.mark.parametrize("mix", ["pairs", "sites"])
+def test_benchmark_adversarial_mixes(tmp_path: Path, mix: str) -> None:
+    """The benchmark's adversarial mixes, small: every event a pair-rule candidate, and every
+    event at a call site of its own."""
+    path = tmp_path / "copytrace-1.otlp.jsonl"
+    generate_trace(path, 2000, mix=mix)
+    found = _same_file(path)
+    codes = [f.code for f in found]
+    if mix == "pairs":
+        # 33 x (clone, detach, cast) per step on one line: the clones repeat one source, the
+        # cast copies the fresh clone, the clone is detached
+        assert codes.count("redundant-copy") == 2 and "clone-detach-order" in codes
+    else:
+        assert "noop-conversion" not in codes  # no site fires in 3 steps

@@ -263,17 +263,43 @@ class RunColumns:
         ints = np.asarray(pc.fill_null(values, 0).to_numpy(zero_copy_only=False), np.int64)
         return np.where(null, np.iinfo(np.int64).min, ints)  # type: ignore[no-any-return]
 
-    def groups(self, mask: np.ndarray, keys: Sequence[str]) -> list[np.ndarray]:
-        """The events where ``mask`` holds, grouped by equal values of ``keys``: one array of
-        event positions (ascending) per group, groups in order of their first event."""
+    def ids(self, name: str) -> np.ndarray:
+        """An integer column over all events, in event order, with an absent value as
+        ``INT64_MIN`` (so that equality is Python's: an absent value equals only an absent
+        one)."""
+        key = "ids:" + name
+        out = self._cache.get(key)
+        if out is None:
+            if self._evs is not None:
+                col = _ev_column(self._evs, name)
+                null = np.asarray(pc.is_null(col).to_numpy(zero_copy_only=False), dtype=bool)
+                ints = np.asarray(pc.fill_null(col, 0).to_numpy(zero_copy_only=False), np.int64)
+            else:
+                col = self.raw(name)
+                null = self._mask(pc.is_null(col))
+                ints = self._events(np.asarray(pc.fill_null(col, 0).to_numpy(
+                    zero_copy_only=False), np.int64))  # fmt: skip
+            out = self._cache[key] = np.where(null, np.iinfo(np.int64).min, ints)
+        return out  # type: ignore[no-any-return]
+
+    def labels(self, mask: np.ndarray, keys: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """The events where ``mask`` holds (ascending) and, for each, its group by equal values
+        of ``keys``: ``0 .. k-1``, groups numbered in order of their first event."""
         rows = np.flatnonzero(mask)
         if not len(rows):
-            return []
+            return rows, rows
         inverse = _combine([self.codes(k, rows) for k in keys])
         _, first = np.unique(inverse, return_index=True)
         rank = np.empty(len(first), dtype=np.int64)
         rank[np.argsort(first, kind="stable")] = np.arange(len(first))
-        group = rank[inverse]  # groups numbered in order of their first row
+        return rows, rank[inverse]
+
+    def groups(self, mask: np.ndarray, keys: Sequence[str]) -> list[np.ndarray]:
+        """The events where ``mask`` holds, grouped by equal values of ``keys``: one array of
+        event positions (ascending) per group, groups in order of their first event."""
+        rows, group = self.labels(mask, keys)
+        if not len(rows):
+            return []
         order = np.argsort(group, kind="stable")
         bounds = np.flatnonzero(np.diff(group[order])) + 1
         return np.split(rows[order], bounds)

@@ -1,7 +1,9 @@
-"""The hazard rules that pair or compare events (a copy and the copy of its result, a move
-and the move back, a clone and its detach), in Python over the few events that can take part.
+"""The rules over pairs and per-event facts: the joined rules
+(:mod:`copytrace.analysis._joins`: redundant-copy, round-trip, clone-detach-order) and the two
+rules that report each event or site of rare events (data-inplace, aliasing-snapshot), in
+Python over the few events that can take part.
 
-Each rule has two halves: ``candidates(rc)`` picks, vectorised over a run's columns
+Each of the last two has two halves: ``candidates(rc)`` picks, vectorised over a run's columns
 (:class:`~copytrace.analysis._columns.RunColumns`), every row the rule could use (a superset
 that changes none of its findings: whole groups of equal keys, both ends of every possible
 pair), and the rule itself runs over the :class:`~copytrace.analysis._view.Ev` of those rows
@@ -15,9 +17,10 @@ from typing import Any
 import numpy as np
 
 from copytrace._units import format_bytes_exact
-from copytrace.analysis._evidence import OWN_RULE, Acc, is_copy, narrows, plural, what
+from copytrace.analysis._evidence import Acc, plural, what
 from copytrace.analysis._evidence import accs as _accs
 from copytrace.analysis._findings import Finding
+from copytrace.analysis._joins import JOIN_RULES
 from copytrace.analysis._view import Ev
 
 __all__ = ["PAIR_RULES"]
@@ -100,240 +103,13 @@ def aliasing_snapshot(events: list[Ev]) -> list[Finding]:
     return out
 
 
-def _at(site: str | None) -> str:
-    return f" at `{site}`" if site else ""
-
-
-# --- redundant-copy -------------------------------------------------------------------------------
-def redundant_copy(events: list[Ev]) -> list[Finding]:
-    # deepcopy makes independent state on purpose (a target net, a snapshot): repeating it
-    # is deepcopy-in-loop's business, not a redundant copy.
-    # A copy written in place is not interchangeable with another copy of the same source
-    # (one clone per consumer that modifies its argument): neither is redundant.
-    # Copies made inside a torch function (a scheduler cloning its learning rates) are not
-    # the user's to fold or reuse.
-    copies = [e for e in events if is_copy(e) and e.op != "deepcopy" and not e.via]
-    unwritten = [e for e in copies if not e.inplace_writes and e.op not in OWN_RULE]
-    # (a) the same unchanged source view copied to the same kind of result within a step
-    same: dict[tuple, list[Ev]] = {}
-    for e in unwritten:
-        key = (
-            e.step, e.src_storage, e.src_offset, e.src_stride, e.shape, e.src_version, e.dtype,
-            e.dst_device,
-        )  # fmt: skip
-        same.setdefault(key, []).append(e)
-    repeat: dict[tuple, Acc] = {}
-    for group in same.values():
-        if len(group) < 2:
-            continue
-        sites = tuple(sorted({e.site or "" for e in group}))
-        acc = repeat.setdefault(sites, Acc())
-        acc.add(group[0], 0)
-        for e in group[1:]:
-            acc.add(e, e.bytes_allocated)
-            acc.extra += 1
-    out = []
-    for acc in repeat.values():
-        first = acc.events[0]
-        extra = acc.extra
-        out.append(
-            acc.finding(
-                "redundant-copy",
-                f"the same unchanged source ({what(first)}) was copied again within a step: "
-                f"{plural(extra, 'extra copy')} ({first.op}), "
-                f"{format_bytes_exact(acc.bytes)} allocated for data already copied",
-                "Make the copy once per step and reuse it.",
-            )
-        )
-    # (b) a copy of the fresh result of a copy, on the same line
-    by_dst = {e.dst_storage: e for e in copies if e.dst_storage is not None}
-    chains: dict[str | None, Acc] = {}
-    for b in copies:
-        a = by_dst.get(b.src_storage)
-        if (
-            a is None
-            or a is b
-            or a.seq >= b.seq
-            or a.step != b.step
-            or a.site is None
-            or a.site != b.site
-            or b.src_version != a.dst_version
-            or {a.transfer, b.transfer} == {"h2d", "d2h"}  # that is a round trip
-            # a first step that narrows the dtype rounds on purpose (x.to(bfloat16).float()):
-            # one call straight to the last dtype would give other values
-            or narrows(a.src_dtype, a.dtype)
-        ):
-            continue
-        acc = chains.setdefault(a.site, Acc())
-        acc.add(a, a.bytes_allocated)
-        acc.add(b, 0)
-    for acc in chains.values():
-        ops = " -> ".join(dict.fromkeys(e.op for e in acc.events))
-        out.append(
-            acc.finding(
-                "redundant-copy",
-                f"a copy of a fresh copy on one line ({ops}): the intermediate result is "
-                f"copied again and dropped, {format_bytes_exact(acc.bytes)} allocated for nothing",
-                "Fold the chain into one call, e.g. a single `t.to(device, dtype)` or one "
-                "`clone()`.",
-            )
-        )
-    return out
-
-
-# --- round-trip -------------------------------------------------------------------------------------
-def round_trip(events: list[Ev]) -> list[Finding]:
-    moves = [
-        e
-        for e in events
-        if e.transfer in ("h2d", "d2h")
-        and not e.group
-        and e.error is None
-        and not e.alias
-        and e.src_storage is not None
-    ]
-    by_dst = {e.dst_storage: e for e in moves if e.dst_storage is not None}
-    accs: dict[tuple, Acc] = {}
-    for b in moves:
-        a = by_dst.get(b.src_storage)
-        if (
-            a is None
-            or a.seq >= b.seq
-            or a.step != b.step
-            or {a.transfer, b.transfer} != {"h2d", "d2h"}
-            or b.src_version is None
-            or b.src_version != a.dst_version
-        ):
-            continue
-        acc = accs.setdefault((a.site, b.site), Acc())
-        acc.add(a, 0, a.site)
-        acc.add(b, b.bytes_logical, b.site)
-    out = []
-    for acc in accs.values():
-        a, b = acc.events[0], acc.events[1]
-        way = "host->device->host" if a.transfer == "h2d" else "device->host->device"
-        out.append(
-            acc.finding(
-                "round-trip",
-                f"{way}: `{a.op}` moved {what(a)} to {a.dst_device} and `{b.op}` moved the "
-                f"unchanged result straight back to {b.dst_device} "
-                f"({plural(acc.count // 2, 'round trip')}, {format_bytes_exact(acc.bytes)} moved back)",
-                "Keep using the tensor on the side it came from instead of copying the "
-                "unchanged data back.",
-            )
-        )
-    return out
-
-
-# --- clone-detach-order -----------------------------------------------------------------------------------
-def clone_detach_order(events: list[Ev]) -> list[Finding]:
-    clones = {
-        e.dst_storage: e
-        for e in events
-        if e.op == "clone"
-        and e.graph == "attached"
-        and not e.group
-        and e.error is None
-        and not e.alias
-        and e.dst_storage is not None
-    }
-    accs: dict[str | None, Acc] = {}
-    for b in events:
-        if b.op not in ("detach", "detach_") or b.error is not None or b.via:
-            continue
-        a = clones.get(b.src_storage)
-        if (
-            a is None
-            or a.seq >= b.seq
-            or a.step != b.step
-            or a.site is None
-            or a.site != b.site
-            or b.src_version != a.dst_version
-        ):
-            continue
-        acc = accs.setdefault(a.site, Acc())
-        acc.add(a, a.bytes_allocated)
-        acc.add(b, 0)
-    return [
-        acc.finding(
-            "clone-detach-order",
-            f"`clone().detach()` ({plural(acc.count // 2, 'time')}, "
-            f"{format_bytes_exact(acc.bytes)}): the clone is recorded by autograd (CloneBackward0) "
-            "and then cut off again",
-            "Write `t.detach().clone()`: the copy is then made outside autograd.",
-        )
-        for acc in accs.values()
-    ]
-
-
-
 # --- candidates: vectorised over a run's columns -----------------------------------------------
-def _linked(rc: Any, src_side: np.ndarray, dst_side: np.ndarray) -> np.ndarray:
-    """Rows of ``src_side`` whose source storage is the result storage of a row of
-    ``dst_side``, and rows of ``dst_side`` whose result storage is the source of a row of
-    ``src_side``: both ends of every pair a rule could make."""
-    src, dst = rc.np("src_storage"), rc.np("dst_storage")
-    src_side = src_side & ~rc.null("src_storage")
-    dst_side = dst_side & ~rc.null("dst_storage")
-    b_end = src_side & np.isin(src, dst[dst_side])
-    a_end = dst_side & np.isin(dst, src[src_side])
-    return b_end | a_end  # type: ignore[no-any-return]
-
-
-def _ok(rc: Any) -> np.ndarray:
-    """Not a deepcopy group, and the call did not raise."""
-    return ~rc.flag("group") & rc.null("error")  # type: ignore[no-any-return]
-
-
-def _copies(rc: Any) -> np.ndarray:
-    """:func:`is_copy`, and neither a deepcopy nor made inside a torch function."""
-    return (  # type: ignore[no-any-return]
-        _ok(rc) & ~rc.flag("alias") & ~rc.flag("noop")
-        & (rc.np("bytes_allocated") > 0)
-        & ~rc.null("src_storage") & ~rc.null("src_version")
-        & ~rc.eq("op", "copy_") & ~rc.eq("op", "deepcopy") & ~rc.truthy("via")
-    )  # fmt: skip
-
-
 def _data_inplace_rows(rc: Any) -> np.ndarray:
     return rc.isin("op", ("data_get", "data_set")) & rc.truthy("saved_by")  # type: ignore[no-any-return]
 
 
 def _aliasing_snapshot_rows(rc: Any) -> np.ndarray:
     return rc.flag("snapshot") & rc.flag("stale")  # type: ignore[no-any-return]
-
-
-def _redundant_copy_rows(rc: Any) -> np.ndarray:
-    copies = _copies(rc)
-    unwritten = copies & ~rc.truthy("inplace_writes") & ~rc.isin("op", OWN_RULE)
-    repeated = np.zeros(rc.n, dtype=bool)
-    keys = ("step", "src_storage", "src_offset", "src_stride_key", "shape_key", "src_version",
-            "dtype", "dst_device")  # fmt: skip
-    for rows in rc.groups(unwritten, keys):
-        if len(rows) > 1:
-            repeated[rows] = True
-    return repeated | _linked(rc, copies, copies)  # type: ignore[no-any-return]
-
-
-def _moves(rc: Any) -> np.ndarray:
-    return (  # type: ignore[no-any-return]
-        rc.isin("transfer", ("h2d", "d2h")) & _ok(rc) & ~rc.flag("alias")
-        & ~rc.null("src_storage")
-    )  # fmt: skip
-
-
-def _round_trip_rows(rc: Any) -> np.ndarray:
-    moves = _moves(rc)
-    return _linked(rc, moves, moves)
-
-
-def _clone_detach_rows(rc: Any) -> np.ndarray:
-    clones = (
-        rc.eq("op", "clone") & rc.eq("graph", "attached") & _ok(rc) & ~rc.flag("alias")
-        & ~rc.null("dst_storage")
-    )  # fmt: skip
-    detaches = rc.isin("op", ("detach", "detach_")) & rc.null("error") & ~rc.truthy("via")
-    return _linked(rc, detaches, clones)
 
 
 def _over(rule: Any, candidates: Any) -> Any:
@@ -350,7 +126,5 @@ def _over(rule: Any, candidates: Any) -> Any:
 PAIR_RULES = {
     "data-inplace": _over(data_inplace, _data_inplace_rows),
     "aliasing-snapshot": _over(aliasing_snapshot, _aliasing_snapshot_rows),
-    "redundant-copy": _over(redundant_copy, _redundant_copy_rows),
-    "round-trip": _over(round_trip, _round_trip_rows),
-    "clone-detach-order": _over(clone_detach_order, _clone_detach_rows),
+    **JOIN_RULES,
 }

@@ -20,6 +20,8 @@ import numpy as np
 from copytrace._units import format_bytes_exact
 from copytrace.analysis._evidence import (
     CONVERSION_OPS,
+    HOT_DENSITY,
+    HOT_MIN_STEPS,
     Group,
     is_hot,
     plural,
@@ -36,15 +38,39 @@ def _sites(*sites: Any) -> list[str]:
     return list(dict.fromkeys(s for s in sites if s))
 
 
-def _groups(rc: Any, mask: np.ndarray, keys: Sequence[str], nbytes: str | None) -> list[Group]:
-    """One :class:`Group` per distinct value of ``keys`` among the rows in ``mask``; bytes
-    from the integer column ``nbytes`` (``None``: 0); call sites: the ``site`` (and, for the
-    key ``write_site``, the write site first)."""
+def _hot_rows(rc: Any, rows: np.ndarray, label: np.ndarray) -> np.ndarray:
+    """Which of ``rows`` belong to a group (``label``) whose steps are hot (:func:`is_hot`),
+    over all groups at once."""
+    pairs = np.unique(np.stack([label, rc.np("step")[rows]], axis=1), axis=0)
+    count = np.bincount(pairs[:, 0], minlength=int(label.max()) + 1)
+    last = np.full(len(count), np.iinfo(np.int64).min)
+    np.maximum.at(last, pairs[:, 0], pairs[:, 1])
+    first = np.full(len(count), np.iinfo(np.int64).max)
+    np.minimum.at(first, pairs[:, 0], pairs[:, 1])
+    hot = (count >= HOT_MIN_STEPS) & (count >= HOT_DENSITY * (last - first + 1))
+    return hot[label]  # type: ignore[no-any-return]
+
+
+def _groups(
+    rc: Any, mask: np.ndarray, keys: Sequence[str], nbytes: str | None, hot: bool = False
+) -> list[Group]:
+    """One :class:`Group` per distinct value of ``keys`` among the rows in ``mask`` (``hot``:
+    only the groups whose steps are hot, chosen over all groups at once); bytes from the
+    integer column ``nbytes`` (``None``: 0); call sites: the ``site`` (and, for the key
+    ``write_site``, the write site first)."""
+    rows, label = rc.labels(mask, keys)
+    if hot and len(rows):
+        keep = _hot_rows(rc, rows, label)
+        rows, label = rows[keep], label[keep]
+    if not len(rows):
+        return []
+    order = np.argsort(label, kind="stable")
+    groups = np.split(rows[order], np.flatnonzero(np.diff(label[order])) + 1)
+    firsts = np.array([g[0] for g in groups], dtype=np.int64)
+    sites = rc.values("site", firsts)
+    writes = rc.values("write_site", firsts) if "write_site" in keys else [None] * len(firsts)
     out = []
-    for rows in rc.groups(mask, keys):
-        first = rows[:1]
-        site = rc.values("site", first)[0]
-        write = rc.values("write_site", first)[0] if "write_site" in keys else None
+    for rows, site, write in zip(groups, sites, writes, strict=True):
         counted = rc.ints(nbytes, rows) if nbytes else np.zeros(1, dtype=np.int64)
         out.append(Group(rc, rows, counted, _sites(write, site)))
     return out
@@ -147,9 +173,7 @@ def pageable_transfer(rc: Any) -> list[Finding]:
         & rc.eq("pinned", False)
     )
     out = []
-    for g in _groups(rc, mask, ("site",), "bytes_logical"):
-        if not is_hot(g.steps):
-            continue
+    for g in _groups(rc, mask, ("site",), "bytes_logical", hot=True):
         out.append(
             g.finding(
                 "pageable-transfer",
@@ -172,10 +196,8 @@ def deepcopy_in_loop(rc: Any) -> list[Finding]:
     children = np.flatnonzero(mask & ~rc.flag("group"))
     mask[children[rc.parents(children) != -1]] = False  # inside a deepcopy group
     out = []
-    for g in _groups(rc, mask, ("site",), "bytes_allocated"):
+    for g in _groups(rc, mask, ("site",), "bytes_allocated", hot=True):
         steps = g.steps
-        if not is_hot(steps):
-            continue
         kinds = {t or "torch.Tensor" for t in set(rc.values("object_type", g.rows))}
         kind = ", ".join(sorted(kinds))
         if kinds <= set(_DICTS):
@@ -232,9 +254,7 @@ def noop_conversion(rc: Any) -> list[Finding]:
         & ~rc.truthy("via")  # made inside a torch function (clip_grad_norm_...): not the user's
     )
     out = []
-    for g in _groups(rc, mask, ("site", "op"), None):
-        if not is_hot(g.steps):
-            continue
+    for g in _groups(rc, mask, ("site", "op"), None, hot=True):
         e = g.first
         already = "contiguous" if e.op == "contiguous" else f"{e.dtype} on {e.dst_device}"
         if e.op == "contiguous":

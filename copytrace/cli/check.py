@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from copytrace.cli._common import add_trace_command, select_runs, warn_unreadable
+from copytrace.cli._engine import add_engine_options, is_dataset
 
 __all__ = ["register", "handle", "EXIT_VIOLATION"]
 
@@ -52,7 +53,6 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         CopytraceError: For an unknown hazard code or severity, or a bad ``--max-increase``.
     """
     from copytrace._errors import CopytraceError
-    from copytrace._units import format_bytes_exact
     from copytrace.analysis import (
         Budget,
         analyze_with_totals,
@@ -73,8 +73,6 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         raise CopytraceError(str(e)) from None
     limit = _increase(args)
     path = Path(args.path)
-    trace = select_runs(event_table(path), args, path, err)
-    warn_unreadable(trace, path, err)
     budget = Budget(
         max_bytes_per_step=args.max_bytes_per_step,
         max_copies_per_step=args.max_copies_per_step,
@@ -83,6 +81,10 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         forbid=forbid,
         warmup_steps=args.warmup_steps,
     )
+    if args.engine == "spark" or is_dataset(path):
+        return _engine_check(args, budget, out, err)
+    trace = select_runs(event_table(path), args, path, err)
+    warn_unreadable(trace, path, err)
     findings, totals = analyze_with_totals(trace)
     violations, _ = check(trace, budget, findings, totals)
     if not args.allow_partial:
@@ -91,18 +93,26 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         violations += _against_baseline(args, trace, limit, err)
     if args.findings:
         out.write(format_findings(findings))
+    status = _verdict(violations, len(findings), totals[0], out, err)
+    _suggest_fix(args, findings, out)
+    return status
+
+
+def _verdict(violations: list[str], findings: int, steps: list, out: TextIO, err: TextIO) -> int:
+    """Print the violations (stderr) and the one-line verdict (stdout); the exit status."""
+    from copytrace._units import format_bytes_exact
+
     for line in violations:
         print(f"copytrace check: {line}", file=err)
-    worst_bytes = max((t.bytes for t in totals[0]), default=0)
-    worst_copies = max((t.copies for t in totals[0]), default=0)
+    worst_bytes = max((t.bytes for t in steps), default=0)
+    worst_copies = max((t.copies for t in steps), default=0)
     verdict = "FAILED" if violations else "OK"
     print(
         f"copytrace check: {verdict}: {len(violations)} violation(s); "
-        f"{len(findings)} finding(s); worst step {format_bytes_exact(worst_bytes)}, "
+        f"{findings} finding(s); worst step {format_bytes_exact(worst_bytes)}, "
         f"{worst_copies} copies",
         file=out,
     )
-    _suggest_fix(args, findings, out)
     return EXIT_VIOLATION if violations else 0
 
 
@@ -159,6 +169,28 @@ def _against_baseline(args: argparse.Namespace, trace: Any, limit: Any, err: Tex
     base = load_side(args.baseline, args.baseline_run, err)
     new = load_run(trace, str(args.path))
     return [f"baseline {args.baseline}: {line}" for line in gate(compare(base, new), limit)]
+
+
+def _engine_check(args: argparse.Namespace, budget: object, out: TextIO, err: TextIO) -> int:
+    """``check`` on the SQL aggregates (``--engine spark``, or a dataset folder): the budget's
+    limits and the hazards computed in SQL (a forbidden code that is not: exit 2 first)."""
+    from copytrace._errors import CopytraceError
+    from copytrace.cli._engine import (
+        CHECK_QUERIES,
+        engine_results,
+        engine_violations,
+        spark_forbid_error,
+    )
+
+    problem = spark_forbid_error(list(budget.forbid))  # type: ignore[attr-defined]
+    if problem:
+        raise CopytraceError(problem)
+    res = engine_results(args, CHECK_QUERIES, err)
+    violations, steps = engine_violations(res, budget)
+    if args.findings:
+        for code, _run, site, n, nbytes in res["hazards"]:
+            out.write(f"{code} at {site}: {n} event(s), {nbytes} B\n")
+    return _verdict(violations, len(res["hazards"]), steps, out, err)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -233,6 +265,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="check a cut or unfinished trace as read (default: a partial trace fails)",
     )
+    add_engine_options(parser)
     parser.set_defaults(handler=handle)
     return parser
 

@@ -1,4 +1,4 @@
-"""Write a trace's events as one Parquet file, to open in pandas, Polars or DuckDB.
+"""Write a trace's events as one Parquet file, or as a Hive-partitioned Parquet dataset.
 
 The file holds the columnar event table (docs/trace-format.md, "The event table"): one row
 per copy or alias event and deepcopy group, columns named as the ``CopyEvent`` fields. An
@@ -6,7 +6,9 @@ attribute the trace leaves out because it holds its common value (a false flag, 
 no transfer) is written as that value, never null, so ``WHERE NOT noop AND NOT alias`` and
 pandas' ``~df.alias`` work. A deepcopy group row has 0 in ``bytes_allocated`` and
 ``bytes_logical`` (its child rows carry them; its totals are in ``group_bytes_allocated`` /
-``group_bytes_logical``), so a sum over all rows counts each byte once.
+``group_bytes_logical``), so a sum over all rows counts each byte once. The
+dataset (``--dataset OUT``) holds the same rows, one file per traced process, under
+``OUT/run_id=<id>/host=<host>/rank=<rank>/`` (docs/trace-format.md, "The dataset").
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ def handle(args: argparse.Namespace) -> int:
         TraceFileError: If the trace path is missing, empty or unreadable.
         CopytraceError: If the output cannot be written.
     """
+    if args.dataset is not None:
+        return _dataset(args)
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -103,11 +107,37 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
+def _dataset(args: argparse.Namespace) -> int:
+    """Write ``args.dataset`` from the trace at ``args.path``; say how many rows and runs."""
+    from copytrace._errors import CopytraceError
+    from copytrace.tracefile import event_table
+    from copytrace.tracefile._dataset import write_dataset
+
+    out = Path(args.dataset)
+    if out.exists() and not out.is_dir():
+        raise CopytraceError(f"--dataset must name a directory, not a file: {out}")
+    path = Path(args.path)
+    table = event_table(path)
+    warn_unreadable(table, path)
+    try:
+        parts = write_dataset(table, out)
+    except OSError as err:
+        raise CopytraceError(f"cannot write {out}: {err.strerror or err}") from err
+    runs = sorted({p.run_id for p in parts})
+    print(f"copytrace: {sum(p.rows for p in parts)} events of {len(parts)} process(es) written "
+          f"to {out} (run_id {', '.join(runs)})")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``export`` subcommand to ``subparsers``."""
     parser = add_trace_command(subparsers, "export", __doc__)
-    parser.add_argument(
-        "--parquet", required=True, metavar="OUT.parquet", help="the Parquet file to write"
-    )
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--parquet", metavar="OUT.parquet", help="the Parquet file to write")
+    where.add_argument(
+        "--dataset", metavar="OUT", default=None,
+        help="the Hive-partitioned dataset folder to write into (run_id=/host=/rank=); "
+        "other runs in it are kept",
+    )  # fmt: skip
     parser.set_defaults(handler=handle)
     return parser

@@ -9,11 +9,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from copytrace.cli._common import add_trace_command, select_runs, warn_unreadable
+from copytrace.cli._engine import (
+    SUMMARY_QUERIES,
+    add_engine_options,
+    engine_results,
+    format_engine_summary,
+    is_dataset,
+)
 
 if TYPE_CHECKING:
     from copytrace.dashboards._model import ReportModel
 
-__all__ = ["register", "format_summary", "handle"]
+__all__ = ["register", "format_summary", "handle", "rank_lines"]
 
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
@@ -82,8 +89,54 @@ def format_summary(model: ReportModel, top_n: int = 10) -> str:
         from copytrace.dashboards._compiled import summary_lines
 
         lines.extend(summary_lines(compiled, model.totals.bytes_copied, top_n))
+    lines.extend(rank_lines(_rank_rows(model)))
     lines.extend(_hazard_lines(model, top_n))
     return "\n".join(lines) + "\n"
+
+
+def _rank_rows(model: ReportModel) -> list[tuple[str, int, int, int]]:
+    """``(label, steps, bytes copied, copy time ns)`` of each run (process, rank), from the
+    model's per-step rows (steps: those with a number)."""
+    sums: dict[str, list[int]] = {}
+    for s in model.steps:
+        acc = sums.setdefault(s.run, [0, 0, 0])
+        acc[0] += s.step >= 0
+        acc[1] += s.bytes_copied
+        acc[2] += s.copy_time_ns
+    return [(r.label, *sums.get(r.label, (0, 0, 0))) for r in model.runs]  # type: ignore[misc]
+
+
+def rank_lines(rows: Sequence[tuple[str, int, int, int]]) -> list[str]:
+    """Ranks side by side: each one's copy bytes and copy time per step, the slowest rank (the
+    most copy time per step) and the imbalance (its copy time per step over the median
+    rank's). Nothing for a single process.
+
+    Args:
+        rows: ``(label, steps, bytes copied, copy time ns)`` per rank; a rank without steps
+            counts as one step.
+    """
+    import statistics
+
+    from copytrace.dashboards._model import format_bytes, format_ns
+
+    if len(rows) < 2:
+        return []
+    per = [(label, b / max(n, 1), t / max(n, 1), n) for label, n, b, t in rows]
+    slow = max(per, key=lambda r: r[2])
+    median = statistics.median(r[2] for r in per)
+    lines = ["", "ranks side by side (per step):"]
+    lines.extend(
+        _table(
+            ["rank", "steps", "bytes copied", "copy time", "vs median"],
+            [[label, str(n), format_bytes(round(b)), format_ns(round(t)),
+              f"{t / median:.2f}x" if median else "-"] for label, b, t, n in per],
+            right={1, 2, 3, 4},
+        )
+    )  # fmt: skip
+    imbalance = f"{slow[2] / median:.2f}x the median" if median else "no copy time"
+    lines.append(f"slowest rank: {slow[0]}, {format_ns(round(slow[2]))} copy time per step, "
+                 f"imbalance (max/median) {imbalance}")  # fmt: skip
+    return lines
 
 
 def _run_lines(model: ReportModel) -> list[str]:
@@ -257,6 +310,9 @@ def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
     if args.top < 0:
         raise CopytraceError(f"--top must be >= 0, got {args.top}")
     path = Path(args.path)
+    if args.engine == "spark" or is_dataset(path):
+        (out or sys.stdout).write(format_engine_summary(engine_results(args, SUMMARY_QUERIES), args.top))
+        return 0
     trace = select_runs(event_table(path), args, path)
     warn_unreadable(trace, path)
     model = build_model(trace, analyze=not args.no_analysis, timeline=False, hazard_events=False)
@@ -282,5 +338,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="do not run the hazard analyser (copytrace.analysis): show only the hazards the trace file holds",
     )
+    add_engine_options(parser)
     parser.set_defaults(handler=handle)
     return parser

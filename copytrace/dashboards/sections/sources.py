@@ -11,11 +11,21 @@ from copytrace.dashboards._pack import Strings
 from copytrace.dashboards._query import Query
 from copytrace.dashboards._rows import KINDS, NO_MODULE, CubeRow, OpRow, RunInfo, SiteRow
 
-__all__ = ["OP_PALETTE", "op_colors", "payload_cube", "payload_sites", "Sources", "sources"]
+__all__ = ["MAX_SITES", "OTHER_SITES", "OP_PALETTE", "op_colors", "payload_cube", "payload_sites", "Sources", "sources"]
+
+#: At most this many call sites by name (by bytes copied, then time); the events of the
+#: others are summed under :data:`OTHER_SITES`, so that a trace with a call site per event
+#: makes a page of bounded size, in bounded time.
+MAX_SITES = 2000
+#: The call-site key of the events of the sites beyond :data:`MAX_SITES`.
+OTHER_SITES = "(other call sites)"
 
 _CUBE = """
-SELECT run_idx, module, site, op, kind, graph, phase, via, count(*), sum(bc), sum(ba),
-  sum(bl), sum(dur), sum(err)
+WITH per_site AS (SELECT site, sum(bc) AS b, sum(dur) AS t FROM ev GROUP BY site),
+named AS (SELECT site FROM per_site ORDER BY b DESC, t DESC, site LIMIT $max)
+SELECT run_idx, module,
+  CASE WHEN site IS NULL OR site IN (SELECT site FROM named) THEN site ELSE $other END,
+  op, kind, graph, phase, via, count(*), sum(bc), sum(ba), sum(bl), sum(dur), sum(err)
 FROM ev GROUP BY ALL
 """
 
@@ -97,7 +107,8 @@ def sources(q: Query, runs: list[RunInfo], read_sources: bool = True) -> Sources
             changed since the run started.
     """
     out = Sources()
-    cube = [CubeRow(*r[:8], *(int(x) for x in r[8:])) for r in q.sql(_CUBE)]
+    rows = q.sql(_CUBE, {"max": MAX_SITES, "other": OTHER_SITES})
+    cube = [CubeRow(*r[:8], *(int(x) for x in r[8:])) for r in rows]
     cube.sort(key=lambda c: (c.run, -c.bytes_copied, -c.time_ns, c.call_site, c.op, c.kind))
     out.cube = cube
     sites, modules, ops = _tables(cube)
