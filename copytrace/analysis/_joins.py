@@ -174,7 +174,7 @@ def _chains(rc: Any, copies: np.ndarray) -> list[Finding]:
     a, b = a[keep], b[keep]
     # a first step that narrows the dtype rounds on purpose (x.to(bfloat16).float()): one
     # call straight to the last dtype would give other values. Decided once per dtype pair.
-    pairs = list(zip(rc.values("src_dtype", a), rc.values("dtype", a)))
+    pairs = list(zip(rc.values("src_dtype", a), rc.values("dtype", a), strict=True))
     lossy = {pair: narrows(*pair) for pair in set(pairs)}
     if any(lossy.values()):
         keep = np.array([not lossy[pair] for pair in pairs], dtype=bool)

@@ -128,3 +128,7 @@ PAIR_RULES = {
     "aliasing-snapshot": _over(aliasing_snapshot, _aliasing_snapshot_rows),
     **JOIN_RULES,
 }
+
+
+def _at(site: str | None) -> str:
+    return f" at `{site}`" if site else ""
