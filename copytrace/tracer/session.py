@@ -29,6 +29,7 @@ import torch
 import torch.optim.optimizer as _optim
 
 from copytrace import _env
+from copytrace._redact import redact_args
 from copytrace._version import __version__
 from copytrace.export.file_sink import FileSink
 from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds, epoch_offset
@@ -530,7 +531,7 @@ class Session:
         attrs: dict[str, Any] = {
             "copytrace.version": __version__,
             "copytrace.torch_version": torch.__version__,
-            "process.command_args": [str(a) for a in sys.argv],
+            "process.command_args": redact_args(sys.argv),
             "copytrace.events": stats["events"],
             "copytrace.events_dropped": stats["dropped"],
             "copytrace.events_discarded": stats["discarded"],
