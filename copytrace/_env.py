@@ -284,7 +284,9 @@ def _patterns(name: str, text: str) -> tuple[str, ...]:
         try:
             re.compile(part)
         except re.error as err:
-            raise _refuse(name, text, f"comma separated regular expressions ({part!r}: {err})") from None
+            raise _refuse(
+                name, text, f"comma separated regular expressions ({part!r}: {err})"
+            ) from None
     return parts
 
 
