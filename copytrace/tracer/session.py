@@ -121,6 +121,7 @@ class Session:
             flush_seconds = _env.setting(_env.COPYTRACE_FLUSH_SECONDS)
         self.flush_events = max(0, int(flush_events))
         self.flush_seconds = float(flush_seconds)
+        self._flush_ns = int(self.flush_seconds * 1e9)
         self.schedule = S.schedule_from(schedule)
         self.write = write
         self.find_hazards = find_hazards
@@ -175,7 +176,7 @@ class Session:
         self._epoch_offset = epoch_offset()
         self._start_ns = time.perf_counter_ns()
         self._buf.cur_step_start = self._start_ns
-        self._buf.last_flush = time.monotonic()
+        self._buf.last_flush = self._start_ns
         self._run = RunIds(self._start_ns, self._epoch_offset, self._resource)
         self._pipeline = self._make_pipeline()
         if not self.sampled:
@@ -266,7 +267,11 @@ class Session:
         """A step ended: log it, discard untraced records, flush when due, apply the schedule.
 
         ``auto``: the boundary is an ``optimizer.step()``; the first one does not flush, so
-        that a first explicit :meth:`step` right after it can still renumber the steps."""
+        that a first explicit :meth:`step` right after it can still renumber the steps.
+
+        Cost: about 1-2 us when the next step's action is the same as this one's and nothing
+        is due to flush (the fast path below: no transition to run, no list to swap).
+        """
         rec, buf = self._rec, self._buf
         now = time.perf_counter_ns()
         ended = rec.step_index
@@ -276,16 +281,23 @@ class Session:
             lean.settle()  # an alias freed on another thread
         if not self.running:
             return rec.step_index
-        buf.end_step(ended, self._action in S.RECORDING, now)
+        action = self._action
+        if action == S.RECORD or action == S.RECORD_AND_SAVE:
+            buf.step_log.append((ended, buf.cur_step_start, now))
+            buf.steps_traced += 1
+        buf.cur_step_start = now
         if buf.discard_from is not None or buf.calls_discard_from is not None:
             buf.drop_untraced(rec, self._engagement.compiled)
-        nxt = self._action_at(rec.step_index)
-        steps = S.transition(self._action, nxt)
-        if self._pipeline is not None and not (auto and rec.step_index == 1 and rec.auto_step):
+        nxt = S.RECORD if self.schedule is None else self._action_at(rec.step_index)
+        pipeline = self._pipeline
+        if pipeline is not None and not (auto and rec.step_index == 1 and rec.auto_step):
             rec.step_starts.clear()  # the export keeps its own step bounds
-            if S.SAVE in steps or buf.flush_due(rec, self.flush_events, self.flush_seconds):
-                buf.flush(rec, self._pipeline, self._engagement.compiled, self.pid)
-        self._enter_action(nxt, steps)
+            if (action, nxt) in S.SAVES or buf.flush_due(
+                rec, self.flush_events, self._flush_ns, now
+            ):
+                buf.flush(rec, pipeline, self._engagement.compiled, self.pid)
+        if nxt != action or nxt == S.WARMUP or (nxt == S.NONE and self._engagement.engaged):
+            self._enter_action(nxt, S.transition(action, nxt))
         return rec.step_index
 
     # -- stopping -------------------------------------------------------------------------------------
