@@ -116,6 +116,7 @@ __all__ = [
     "parse_observer",
     "parse_schedule",
     "parse_signal",
+    "parse_trigger",
 ]
 
 #: Set to 1 to trace any Python program with no code change (read by the start-up hook).
@@ -256,6 +257,15 @@ def _positive(name: str, text: str) -> int:
     if value < 1:
         raise _refuse(name, text, "a whole number >= 1")
     return value
+
+
+def parse_trigger(value: Any, name: str = "trigger") -> str:
+    """A trigger, one of :data:`TRIGGERS` (``None``: ``"none"``).
+
+    Raises:
+        SettingError: any other value (``trigger: not 'usr2'; use none or signal``).
+    """
+    return "none" if value is None else _one_of(TRIGGERS)(name, str(value))
 
 
 def parse_signal(value: Any, name: str = "signal") -> str:
@@ -452,4 +462,6 @@ def trace_options(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         "compression": setting(COPYTRACE_COMPRESSION, environ),
         "flush_events": setting(COPYTRACE_FLUSH_EVENTS, environ),
         "flush_seconds": setting(COPYTRACE_FLUSH_SECONDS, environ),
+        "trigger": setting(COPYTRACE_TRIGGER, environ),
+        "trigger_steps": setting(COPYTRACE_TRIGGER_STEPS, environ),
     }

@@ -1,4 +1,5 @@
-"""The ``copytrace`` command line: ``run``, ``report``, ``summary``, ``check`` and ``export``.
+"""The ``copytrace`` command line: ``run``, ``report``, ``summary``, ``check``, ``export``
+and ``trigger``.
 
 Each subcommand lives in its own module (``copytrace/cli/<name>.py``) that defines
 ``register(subparsers)``; the parser it adds sets ``handler`` to a function
@@ -22,7 +23,7 @@ __all__ = ["main", "console_main"]
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every subcommand registered."""
     from copytrace._version import __version__
-    from copytrace.cli import check, doctor, export, report, run, summary
+    from copytrace.cli import check, doctor, export, report, run, summary, trigger
 
     parser = argparse.ArgumentParser(
         prog="copytrace",
@@ -31,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"copytrace {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in (run, report, summary, check, export, doctor):
+    for module in (run, report, summary, check, export, doctor, trigger):
         module.register(sub)
     return parser
 

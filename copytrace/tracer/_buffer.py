@@ -177,15 +177,24 @@ class Buffer:
             return True
         return buffered > 0 and now_ns - self.last_flush >= flush_ns
 
-    def flush(self, rec: Any, pipeline: Any, compiled: Any, pid: int) -> None:
+    def flush(
+        self,
+        rec: Any,
+        pipeline: Any,
+        compiled: Any,
+        pid: int,
+        then: Callable[[], None] | None = None,
+    ) -> None:
         """Hand the buffered records and finished steps to the export thread (records that
-        the analysis may still annotate are held back until it is done with them)."""
+        the analysis may still annotate are held back until it is done with them); ``then``
+        runs on the export thread once they are written."""
         if pipeline is None or pid != os.getpid() or pipeline.closed:
             return
         if rec.group is not None or rec.active is not None:
             return  # not between two records: the next boundary will do
         events = rec.events
         chunk = Chunk(events, self.step_log)
+        chunk.then = then
         if compiled is not None:
             chunk.compiled = compiled.take_calls()
         self.inflight = chunk

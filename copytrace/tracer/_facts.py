@@ -128,4 +128,3 @@ def facts(native: Any, t: torch.Tensor, with_grad_fn: bool = False) -> tuple:
         if found is not None:
             return found
     return py_facts(t, with_grad_fn)
-

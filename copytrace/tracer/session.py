@@ -25,17 +25,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import torch
 import torch.optim.optimizer as _optim
 
 from copytrace import _env
-from copytrace._redact import redact_args
-from copytrace._version import __version__
 from copytrace.export.file_sink import FileSink
 from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds, epoch_offset
 from copytrace.export.sdk_sink import SdkSink, make_resource
 from copytrace.schema import CopyEvent
-from copytrace.tracer import _native, _process, _recorder
+from copytrace.tracer import _native, _process, _recorder, _runattrs, _trigger
 from copytrace.tracer import _schedule as S
 from copytrace.tracer._buffer import Buffer, make_pipeline, new_trace_path
 from copytrace.tracer._engage import Engagement
@@ -53,17 +50,6 @@ HazardFinder = Callable[[Path], Sequence[Mapping[str, Any]]]
 def active_session() -> Session | None:
     """The session recording in this process, or None."""
     return _process.active()  # type: ignore[no-any-return]
-
-
-def _compiled_frames() -> int:
-    """Frames torch.compile has compiled in this process so far (0 when dynamo is unused)."""
-    dynamo = sys.modules.get("torch._dynamo.utils")
-    if dynamo is None:
-        return 0
-    try:
-        return int(dynamo.counters["frames"]["ok"])
-    except Exception:
-        return 0
 
 
 class Session:
@@ -99,6 +85,9 @@ class Session:
         level: str | None = None,
         observer: str | None = None,
         find_hazards: HazardFinder | None = None,
+        trigger: str | None = None,
+        trigger_steps: int | None = None,
+        on_window: Callable[[Path | None, tuple[int, int]], None] | None = None,
     ) -> None:
         self.output_dir = Path(output_dir if output_dir is not None else _env.output_dir())
         # Options left as None come from the environment (copytrace._env, one typed check
@@ -122,7 +111,18 @@ class Session:
         self.flush_events = max(0, int(flush_events))
         self.flush_seconds = float(flush_seconds)
         self._flush_ns = int(self.flush_seconds * 1e9)
-        self.schedule = S.schedule_from(schedule)
+        if trigger is None:
+            trigger = _env.setting(_env.COPYTRACE_TRIGGER)
+        if _env.parse_trigger(trigger) == "signal":
+            steps = trigger_steps or _env.setting(_env.COPYTRACE_TRIGGER_STEPS)
+            signame = _env.setting(_env.COPYTRACE_TRIGGER_SIGNAL)
+            #: armed and idle until the signal (:mod:`copytrace.tracer._trigger`), else None
+            self.trigger: _trigger.Trigger | None = _trigger.Trigger(signame, int(steps))
+            self.schedule: Any = self.trigger.windows
+        else:
+            self.trigger = None
+            self.schedule = S.schedule_from(schedule)
+        self.on_window = on_window
         self.write = write
         self.find_hazards = find_hazards
         self.owner: Any = None
@@ -198,6 +198,9 @@ class Session:
         if self._pipeline is not None:
             self._pipeline.start()
         _process.install_signal_handlers()
+        if self.trigger is not None:
+            sink = self._file_sink
+            self.trigger.install(sink.path if sink is not None else None, self.output_dir)
         return self
 
     def _reset(self) -> None:
@@ -288,6 +291,9 @@ class Session:
         buf.cur_step_start = now
         if buf.discard_from is not None or buf.calls_discard_from is not None:
             buf.drop_untraced(rec, self._engagement.compiled)
+        trig = self.trigger
+        if trig is not None and trig.pending:
+            trig.open(rec.step_index)
         nxt = S.RECORD if self.schedule is None else self._action_at(rec.step_index)
         pipeline = self._pipeline
         if pipeline is not None and not (auto and rec.step_index == 1 and rec.auto_step):
@@ -295,10 +301,32 @@ class Session:
             if (action, nxt) in S.SAVES or buf.flush_due(
                 rec, self.flush_events, self._flush_ns, now
             ):
-                buf.flush(rec, pipeline, self._engagement.compiled, self.pid)
+                then = None
+                if trig is not None and action == S.RECORD_AND_SAVE:
+                    then = functools.partial(self._window_written, ended)
+                buf.flush(rec, pipeline, self._engagement.compiled, self.pid, then)
         if nxt != action or nxt == S.WARMUP or (nxt == S.NONE and self._engagement.engaged):
             self._enter_action(nxt, S.transition(action, nxt))
         return rec.step_index
+
+    def _window_written(self, last: int) -> None:
+        """On the export thread, once a trigger's window ending with step ``last`` is in the
+        trace file: say so, and run the ``on_window`` hook (the report)."""
+        window = next((w for w in self.trigger.windows.windows if w[1] == last + 1), None)  # type: ignore[union-attr]
+        if window is None:
+            return
+        sink = self._file_sink
+        path = sink.path if sink is not None else None
+        print(
+            f"copytrace: traced steps {window[0]}-{window[1] - 1}"
+            + (f" -> {path}" if path is not None else ""),
+            file=sys.stderr,
+        )
+        if self.on_window is not None:
+            try:
+                self.on_window(path, window)
+            except Exception as err:
+                self._rec.note_error(err)
 
     # -- stopping -------------------------------------------------------------------------------------
     def _write_final(self, end_ns: int, timeout: float) -> None:
@@ -347,6 +375,8 @@ class Session:
             handle.remove()
         self._optim_hooks = []
         self.running = False
+        if self.trigger is not None:
+            self.trigger.uninstall()
         if _process.active() is self:
             _process.set_active(None)
 
@@ -537,49 +567,7 @@ class Session:
 
     def run_attributes(self) -> dict[str, Any]:
         """The ``copytrace.run`` span's attributes (``docs/trace-format.md``)."""
-        stats = self.stats
-        target = self._target()
-        observer = target._observer_path or "python"
-        attrs: dict[str, Any] = {
-            "copytrace.version": __version__,
-            "copytrace.torch_version": torch.__version__,
-            "process.command_args": redact_args(sys.argv),
-            "copytrace.events": stats["events"],
-            "copytrace.events_dropped": stats["dropped"],
-            "copytrace.events_discarded": stats["discarded"],
-            "copytrace.max_events": self._rec.max_events,
-            "copytrace.errors": stats["errors"],
-            "copytrace.internal_detaches": stats["internal_detaches"],
-            "copytrace.overhead_ns": target._rec.overhead_ns,
-            "copytrace.steps": stats["steps"],
-            "copytrace.steps_traced": stats["steps_traced"],
-            "copytrace.flushes": stats["flushes"],
-            "copytrace.exit": self._exit or "normal",
-            # the level in effect: lean needs the C++ observer, the Python fallback is full
-            "copytrace.level": (
-                "full" if self.level == "lean" and observer == "python" else self.level
-            ),
-            # the aten-level path: "native" (the C++ observer) or "python" (the fallback mode)
-            "copytrace.observer": observer,
-        }
-        if self.schedule is not None:
-            attrs["copytrace.schedule"] = repr(self.schedule)
-        attrs.update(self._compiled_attributes(target))
-        return attrs
-
-    def _compiled_attributes(self, target: Session) -> dict[str, Any]:
-        attrs: dict[str, Any] = {}
-        frames = _compiled_frames()
-        if frames:
-            mode = self._engagement.compiled_mode
-            attrs["copytrace.compiled_frames"] = frames
-            # "compiled": compiled regions ran compiled, as spans of their own; "eager": this
-            # torch offered no hook, so they ran eagerly (force_eager) and were traced op by op.
-            attrs["copytrace.compiled_mode"] = mode or "compiled"
-            attrs["copytrace.compiled_ran_eagerly"] = mode == "eager"
-        if target._engagement.compiled is not None:
-            attrs.update(target._engagement.compiled.run_attributes())
-        return attrs
+        return _runattrs.run_attributes(self)
 
     # -- optimizer hooks ------------------------------------------------------------------------
     def _on_optim_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
