@@ -464,4 +464,5 @@ def trace_options(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         "flush_seconds": setting(COPYTRACE_FLUSH_SECONDS, environ),
         "trigger": setting(COPYTRACE_TRIGGER, environ),
         "trigger_steps": setting(COPYTRACE_TRIGGER_STEPS, environ),
+        "ring": setting(COPYTRACE_RING, environ),
     }

@@ -118,6 +118,10 @@ class Trace:
             the next step boundary, flushed, and the report written (``docs/production.md``).
             Default ``$COPYTRACE_TRIGGER``, else ``"none"`` (trace from the start). It
             replaces ``schedule``.
+        ring: the flight recorder: keep only the last ``ring`` records (default
+            ``$COPYTRACE_RING``, else 0: off), written with the run span when the run ends
+            (an exception, SIGTERM, or its end) and on ``$COPYTRACE_RING_SIGNAL``
+            (``SIGUSR1``) into a file of their own (``docs/production.md``).
 
     Options left as None take their ``COPYTRACE_*`` variable (parsed by
     :mod:`copytrace._env`); a value not accepted raises ``copytrace.SettingError``.
@@ -153,13 +157,14 @@ class Trace:
         observer: str | None = None,
         trigger: str | None = None,
         trigger_steps: int | None = None,
+        ring: int | None = None,
     ) -> None:
         self.session = Session(
             output_dir, write=write, max_events=max_events, auto_step=auto_step,
             schedule=schedule, exporters=exporters, tracer_provider=tracer_provider,
             compression=compression, flush_events=flush_events, flush_seconds=flush_seconds,
             level=level, observer=observer, find_hazards=find_hazards, trigger=trigger,
-            trigger_steps=trigger_steps, on_window=_window_report,
+            trigger_steps=trigger_steps, ring=ring, on_window=_window_report,
         )  # fmt: skip
         self.session.owner = self
 

@@ -99,7 +99,7 @@ def test_accepted_values_are_typed_and_empty_means_unset():
         "max_events": 5, "auto_step": False, "schedule": {"wait": 1, "active": 2},
         "level": "api",
         "observer": "auto", "compression": "gzip", "flush_events": 4096, "flush_seconds": 0.5,
-        "trigger": "none", "trigger_steps": 10,
+        "trigger": "none", "trigger_steps": 10, "ring": 0,
     }  # fmt: skip
     assert _env.check(env) == []
 
@@ -109,7 +109,7 @@ def test_trace_options_cover_every_option_trace_reads_from_the_environment():
     doc = copytrace.Trace.__doc__
     options = (
         "schedule", "compression", "flush_events", "flush_seconds", "level", "observer",
-        "trigger", "trigger_steps",
+        "trigger", "trigger_steps", "ring",
     )  # fmt: skip
     from_env = {opt for opt in options if f"$COPYTRACE_{opt.upper()}" in doc}
     assert from_env == set(options)

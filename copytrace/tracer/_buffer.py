@@ -133,6 +133,7 @@ class Buffer:
         self.last_flush = 0
         self.discard_from: int | None = None
         self.calls_discard_from: int | None = None
+        self.ring_skipped = 0  # records the flight recorder let go (copytrace.ring_skipped)
 
     # -- warmup and untraced steps -----------------------------------------------------------
     def mark_discard(self, rec: Any, compiled: Any) -> None:

@@ -1,5 +1,5 @@
 """The ``copytrace.run`` span's attributes, read from a session when it ends
-(``docs/trace-format.md``)."""
+(``docs/trace-format.md``), and the lines said on stderr about what was lost."""
 
 from __future__ import annotations
 
@@ -8,10 +8,11 @@ from typing import Any
 
 import torch
 
+from copytrace import _env
 from copytrace._redact import redact_args
 from copytrace._version import __version__
 
-__all__ = ["run_attributes"]
+__all__ = ["run_attributes", "say_losses"]
 
 
 def _compiled_frames() -> int:
@@ -57,6 +58,11 @@ def run_attributes(session: Any) -> dict[str, Any]:
         # the windows traced on the trigger signal, "first-last" steps, in order
         attrs["copytrace.trigger"] = f"signal {trigger.signame}"
         attrs["copytrace.windows"] = [f"{a}-{b - 1}" for a, b in trigger.windows.windows]
+    if session.ring:
+        # the flight recorder: only the last N records, written because of ring_reason
+        attrs["copytrace.ring"] = session.ring
+        attrs["copytrace.ring_reason"] = session._exit_error or "the end of the run"
+        attrs["copytrace.ring_skipped"] = session._buf.ring_skipped
     if session.schedule is not None:
         attrs["copytrace.schedule"] = repr(session.schedule)
     attrs.update(_compiled_attributes(session, target))
@@ -76,3 +82,22 @@ def _compiled_attributes(session: Any, target: Any) -> dict[str, Any]:
     if target._engagement.compiled is not None:
         attrs.update(target._engagement.compiled.run_attributes())
     return attrs
+
+
+def say_losses(rec: Any) -> None:
+    """One stderr line each for dropped records and internal errors (stderr, not
+    warnings.warn: a program running with warnings as errors must not see them)."""
+    if rec.dropped:
+        print(
+            f"copytrace: {rec.dropped} event(s) dropped: more than "
+            f"max_events={rec.max_events} were buffered between two flushes (raise "
+            f"max_events / ${_env.COPYTRACE_MAX_EVENTS}, or mark steps more often); the "
+            f"count is in the trace (copytrace.events_dropped)",
+            file=sys.stderr,
+        )
+    if rec.errors:
+        print(
+            f"copytrace: {rec.errors} internal error(s) while tracing "
+            f"(last: {rec.last_error}); the traced program was not affected",
+            file=sys.stderr,
+        )

@@ -113,8 +113,9 @@ class Trigger:
         if callable(previous):
             previous(signum, frame)  # the program's own handler still gets its call
 
-    def install(self, trace: Path | None, output_dir: Path) -> bool:
-        """Install the handler (see the module docstring) and write the arm file."""
+    def install(self, trace: Path | None, output_dir: Path, arm: bool = True) -> bool:
+        """Install the handler (see the module docstring) and write the arm file (unless
+        ``arm`` is False: the flight recorder's signal, :mod:`copytrace.tracer._ring`)."""
         sig = getattr(signal, self.signame, None)
         if sig is None:
             _say_once(self.signame, f"this platform has no {self.signame}: the trigger stays idle")
@@ -127,8 +128,8 @@ class Trigger:
             if current is signal.SIG_IGN or current is None:
                 _say_once(
                     self.signame,
-                    f"the program handles {self.signame} itself: the trigger stays idle "
-                    f"(choose another signal with COPYTRACE_TRIGGER_SIGNAL)",
+                    f"the program handles {self.signame} itself: copytrace does not take it "
+                    f"(choose another signal: COPYTRACE_TRIGGER_SIGNAL, COPYTRACE_RING_SIGNAL)",
                 )  # fmt: skip
                 return False
             self._previous = current if callable(current) else None
@@ -137,7 +138,8 @@ class Trigger:
             _say_once(self.signame, f"cannot arm {self.signame} ({err}): the trigger stays idle")
             return False
         self.installed = True
-        self._write_arm(trace, output_dir)
+        if arm:
+            self._write_arm(trace, output_dir)
         return True
 
     def _write_arm(self, trace: Path | None, output_dir: Path) -> None:

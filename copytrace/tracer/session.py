@@ -32,7 +32,7 @@ from copytrace.export.file_sink import FileSink
 from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds, epoch_offset
 from copytrace.export.sdk_sink import SdkSink, make_resource
 from copytrace.schema import CopyEvent
-from copytrace.tracer import _native, _process, _recorder, _runattrs, _trigger
+from copytrace.tracer import _native, _process, _recorder, _ring, _runattrs, _trigger
 from copytrace.tracer import _schedule as S
 from copytrace.tracer._buffer import Buffer, make_pipeline, new_trace_path
 from copytrace.tracer._engage import Engagement
@@ -87,6 +87,7 @@ class Session:
         find_hazards: HazardFinder | None = None,
         trigger: str | None = None,
         trigger_steps: int | None = None,
+        ring: int | None = None,
         on_window: Callable[[Path | None, tuple[int, int]], None] | None = None,
     ) -> None:
         self.output_dir = Path(output_dir if output_dir is not None else _env.output_dir())
@@ -111,18 +112,10 @@ class Session:
         self.flush_events = max(0, int(flush_events))
         self.flush_seconds = float(flush_seconds)
         self._flush_ns = int(self.flush_seconds * 1e9)
-        if trigger is None:
-            trigger = _env.setting(_env.COPYTRACE_TRIGGER)
-        if _env.parse_trigger(trigger) == "signal":
-            steps = trigger_steps or _env.setting(_env.COPYTRACE_TRIGGER_STEPS)
-            signame = _env.setting(_env.COPYTRACE_TRIGGER_SIGNAL)
-            #: armed and idle until the signal (:mod:`copytrace.tracer._trigger`), else None
-            self.trigger: _trigger.Trigger | None = _trigger.Trigger(signame, int(steps))
-            self.schedule: Any = self.trigger.windows
-        else:
-            self.trigger = None
-            self.schedule = S.schedule_from(schedule)
+        self._production(trigger, trigger_steps, ring, schedule)
         self.on_window = on_window
+        if self.ring:
+            max_events = max(max_events, 2 * self.ring)
         self.write = write
         self.find_hazards = find_hazards
         self.owner: Any = None
@@ -148,6 +141,25 @@ class Session:
         self.trace_path: Path | None = None
         self.running = False
         self.sampled = True
+
+    def _production(self, trigger: Any, trigger_steps: Any, ring: Any, schedule: Any) -> None:
+        """The trigger (armed and idle) or the schedule, and the flight recorder's ring."""
+        if trigger is None:
+            trigger = _env.setting(_env.COPYTRACE_TRIGGER)
+        if _env.parse_trigger(trigger) == "signal":
+            steps = trigger_steps or _env.setting(_env.COPYTRACE_TRIGGER_STEPS)
+            signame = _env.setting(_env.COPYTRACE_TRIGGER_SIGNAL)
+            #: armed and idle until the signal (:mod:`copytrace.tracer._trigger`), else None
+            self.trigger: _trigger.Trigger | None = _trigger.Trigger(signame, int(steps))
+            self.schedule: Any = self.trigger.windows
+        else:
+            self.trigger = None
+            self.schedule = S.schedule_from(schedule)
+        #: the flight recorder's size (:mod:`copytrace.tracer._ring`); 0: off
+        self.ring = int(ring if ring is not None else _env.setting(_env.COPYTRACE_RING))
+        self._ring_signal = (
+            _trigger.Trigger(_env.setting(_env.COPYTRACE_RING_SIGNAL), 0) if self.ring else None
+        )
 
     def _target(self) -> Session:
         """The session that records: the active one this session delegates to, or itself."""
@@ -201,6 +213,8 @@ class Session:
         if self.trigger is not None:
             sink = self._file_sink
             self.trigger.install(sink.path if sink is not None else None, self.output_dir)
+        if self._ring_signal is not None:
+            self._ring_signal.install(None, self.output_dir, arm=False)
         return self
 
     def _reset(self) -> None:
@@ -296,6 +310,14 @@ class Session:
             trig.open(rec.step_index)
         nxt = S.RECORD if self.schedule is None else self._action_at(rec.step_index)
         pipeline = self._pipeline
+        if self.ring:  # the flight recorder: no export until something happens
+            _ring.trim(rec, buf, self.ring)
+            if self._ring_signal is not None and self._ring_signal.pending:
+                self._ring_signal.pending = 0
+                path = _ring.dump(self, self._ring_signal.signame)
+                print(f"copytrace: the last {len(rec.events)} events -> {path}", file=sys.stderr)
+            pipeline = None
+            rec.step_starts.clear()
         if pipeline is not None and not (auto and rec.step_index == 1 and rec.auto_step):
             rec.step_starts.clear()  # the export keeps its own step bounds
             if (action, nxt) in S.SAVES or buf.flush_due(
@@ -377,6 +399,8 @@ class Session:
         self.running = False
         if self.trigger is not None:
             self.trigger.uninstall()
+        if self._ring_signal is not None:
+            self._ring_signal.uninstall()
         if _process.active() is self:
             _process.set_active(None)
 
@@ -414,27 +438,8 @@ class Session:
             _process.set_finishing(None)
             _process.restore_signal_handlers()
             self._engagement.close()
-        self._say_losses()
+        _runattrs.say_losses(self._rec)
         return self.trace_path
-
-    def _say_losses(self) -> None:
-        """One stderr line each for dropped records and internal errors (stderr, not
-        warnings.warn: a program running with warnings as errors must not see them)."""
-        rec = self._rec
-        if rec.dropped:
-            print(
-                f"copytrace: {rec.dropped} event(s) dropped: more than "
-                f"max_events={rec.max_events} were buffered between two flushes (raise "
-                f"max_events / ${_env.COPYTRACE_MAX_EVENTS}, or mark steps more often); the "
-                f"count is in the trace (copytrace.events_dropped)",
-                file=sys.stderr,
-            )
-        if rec.errors:
-            print(
-                f"copytrace: {rec.errors} internal error(s) while tracing "
-                f"(last: {rec.last_error}); the traced program was not affected",
-                file=sys.stderr,
-            )
 
     def _hazards(self) -> list[Mapping[str, Any]]:
         """The ``find_hazards`` hook over the closed trace file (on the export thread; see
