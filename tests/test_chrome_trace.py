@@ -23,6 +23,7 @@ with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(5):
             model(x.clone()).sum().backward()
             opt.step()
+            w = torch.tensor(model.bias)  # a hazard: tensor-ctor-copy
 prof.export_chrome_trace(sys.argv[1] + "/profiler.json")
 """
 
@@ -75,6 +76,12 @@ def test_each_clone_nests_with_the_profilers_aten_clone(merged):
         assert match, s
         a = match[0]
         assert lo - CLOCKS_US <= a["ts"] and a["ts"] + a["dur"] <= hi + CLOCKS_US, (s, a)
+
+
+def test_hazards_in_args(merged):
+    doc = json.loads(merged[1].read_text())
+    ctor = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["args"].get("line") == 12]
+    assert len(ctor) == 5 and all(e["args"]["hazards"] == ["tensor-ctor-copy"] for e in ctor)
 
 
 def test_alone_one_track_per_thread(merged):

@@ -45,9 +45,9 @@ def _hazards_by_span(table: Any) -> dict[str, list[str]]:
         for row in rows:
             if row["name"] != "copytrace.hazards" or not row.get("events_json"):
                 continue
-            for event in json.loads(row["events_json"]):
-                attrs = event.get("attributes", event)
-                code = attrs.get("copytrace.hazard.code") or attrs.get("code")
+            for event in json.loads(row["events_json"]):  # [name, time_ns, attributes]
+                attrs = event[2] if isinstance(event, list) and len(event) > 2 else {}
+                code = attrs.get("copytrace.hazard.code")
                 for sid in attrs.get("copytrace.hazard.span_ids") or ():
                     out.setdefault(str(sid), []).append(str(code))
     return out
