@@ -128,3 +128,4 @@ def facts(native: Any, t: torch.Tensor, with_grad_fn: bool = False) -> tuple:
         if found is not None:
             return found
     return py_facts(t, with_grad_fn)
+

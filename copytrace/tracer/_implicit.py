@@ -40,14 +40,7 @@ class ImplicitEvents:
     attribute read here is the recorder's)."""
 
     def implicit(
-        self: Recorder,
-        name: str,
-        kind: int,
-        args: tuple,
-        kwargs: dict,
-        out: Any,
-        start: int,
-        end: int,
+        self: Recorder, name: str, kind: int, args: tuple, kwargs: dict, out: Any, start: int, end: int
     ) -> None:
         """Record an aten copy that no API call explains.
 

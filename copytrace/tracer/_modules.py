@@ -147,10 +147,8 @@ def _holder(value: Any, tables: tuple[str, ...]) -> tuple[torch.nn.Module, str] 
         for attrs in gc.get_referrers(table):
             # the module's instance dict holds the table (or the module itself, where
             # CPython keeps its attributes inline)
-            owners = (
-                [attrs]
-                if isinstance(attrs, torch.nn.Module)
-                else (gc.get_referrers(attrs) if type(attrs) is dict else [])
+            owners = [attrs] if isinstance(attrs, torch.nn.Module) else (
+                gc.get_referrers(attrs) if type(attrs) is dict else []
             )
             for owner in owners:
                 if not isinstance(owner, torch.nn.Module):

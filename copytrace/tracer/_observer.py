@@ -61,9 +61,7 @@ def aten_ops() -> list[tuple[str, str, int, str]]:
         name, overload = str(schema.name), schema.overload_name
         full = f"{name}.{overload}" if overload else name
         try:
-            if not torch._C._dispatch_has_kernel_for_dispatch_key(
-                full, "CompositeImplicitAutograd"
-            ):
+            if not torch._C._dispatch_has_kernel_for_dispatch_key(full, "CompositeImplicitAutograd"):
                 ops.append((name, overload, kind, _rules.aten_name(op)))
         except RuntimeError:  # a TorchScript-only overload (aten::copy.Dict_str ...)
             continue

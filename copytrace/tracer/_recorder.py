@@ -105,6 +105,7 @@ class _Group:
         self.children = 0
 
 
+
 class Recorder(ApiEvents, ImplicitEvents):
     """Owns the event buffer, the counters and the attribution state of one trace.
 
@@ -231,6 +232,7 @@ class Recorder(ApiEvents, ImplicitEvents):
         if group is not None:
             ev.parent = group.seq
 
+
     # -- deepcopy groups ----------------------------------------------------------------------
     def deepcopy_group(self, orig: Any, x: Any, memo: Any, nil: Any) -> Any:
         """Run the outermost ``copy.deepcopy(x)`` as one group span over its tensor copies."""
@@ -272,3 +274,4 @@ class Recorder(ApiEvents, ImplicitEvents):
         ev.src_device = ev.dst_device = ""
         self._context(ev)
         ev.parent = -1
+

@@ -49,7 +49,6 @@ def _basic_index(args: tuple) -> bool:
         return True
     return False
 
-
 _CONVERSIONS = (
     "to", "cpu", "cuda", "type", "float", "double", "half", "bfloat16", "int", "long",
     "short", "char", "byte", "bool", "contiguous",
@@ -194,12 +193,7 @@ RULES = RecordRules(
     writes_into=frozenset(("copy_",)),
     view_is_no_event=frozenset(("index",)),
     host_device="cpu",
-    transfers={
-        (True, False): "h2d",
-        (False, True): "d2h",
-        (True, True): "none",
-        (False, False): "d2d",
-    },
+    transfers={(True, False): "h2d", (False, True): "d2h", (True, True): "none", (False, False): "d2d"},
 )
 _HOST = RULES.host_device
 _TRANSFERS = RULES.transfers

@@ -53,6 +53,7 @@ def _compile_id(code: Any) -> str | None:
     return None
 
 
+
 class CallLog:
     """The calls recorded by :class:`~copytrace.tracer.compiled.Compiled` (a mixin: the state
     is its, set up in its ``__init__``)."""
@@ -192,3 +193,4 @@ class CallLog:
         if self.calls_dropped:
             attrs["copytrace.compiled_calls_dropped"] = self.calls_dropped
         return attrs
+

@@ -342,9 +342,7 @@ class Compiled(StepAside, CallLog):
                 else:
                     copies += len(info.copies)
                     nbytes += info.copy_bytes
-            self._raw.append(
-                (start, end, step, src, ids, len(graphs) - base, copies, nbytes, unknown)
-            )
+            self._raw.append((start, end, step, src, ids, len(graphs) - base, copies, nbytes, unknown))
         except Exception as err:
             rec.note_error(err)
 
@@ -366,3 +364,4 @@ def _skip_dynamo() -> None:
     for code in list(codes):
         codes.extend(c for c in code.co_consts if hasattr(c, "co_code"))
     _skip_codes(codes, recursive=True)
+

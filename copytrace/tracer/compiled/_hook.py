@@ -19,6 +19,7 @@ def _nothing() -> None:
     return None
 
 
+
 # --- the hook on _TorchDynamoContext ----------------------------------------------------------
 _STATE: list[Compiled | None] = [None]
 _ENTER: list[Callable[[], Callable[[], None]]] = []  # the hook: observer.cpp's, or _enter
@@ -113,6 +114,7 @@ def _all_names(code: Any) -> set[str]:
         if hasattr(const, "co_names"):
             names |= _all_names(const)
     return names
+
 
 
 def suspended() -> bool:

@@ -42,7 +42,6 @@ _NOT_FRESH = frozenset(("copy_", "deepcopy", "implicit", "data_set", "swap_tenso
 _WATCHED_OPS = frozenset(("data_get", "data_set", "detach"))  # see Watch._special
 _UNREAD = object()  # Watch.follow: the result's grad_fn is not read yet
 
-
 class Watch(AliasWrites, Retention):
     """Runtime facts for :mod:`copytrace.analysis`; one per recorder.
 
@@ -189,3 +188,4 @@ def _from_state_dict(ev: CopyEvent) -> bool:
     """Whether a ``detach`` event was made by ``Module._save_to_state_dict``."""
     via = ev.via
     return isinstance(via, str) and via.endswith("_save_to_state_dict")
+

@@ -120,7 +120,6 @@ class AliasWrites:
         ev.inplace_writes = 0
         aliases[key] = _Alias(weakref.ref(alias, gone), weakref.ref(src), ev)
         self._watch_writes(True)
-
     def _watch_writes(self, on: bool) -> None:
         """Have every torch call checked for a write (only while a ``.data`` alias of a tensor
         that requires grad is alive): the recorder tells its C handler and level lean's mode."""
@@ -128,6 +127,7 @@ class AliasWrites:
             self.host.watch_writes(on)
         except Exception as err:  # interpreter shutdown
             self.host.note_error(err)
+
 
     def _watch_rebind(self, dst: torch.Tensor, ev: CopyEvent) -> None:
         site = f"{ev.file}:{ev.line} {ev.function}" if ev.file else None
@@ -275,6 +275,7 @@ class AliasWrites:
             src = pending.alias.src()
             if src is not None:
                 ev.src_name = self._name_of(src)
+
 
     def _name_of(self, t: torch.Tensor) -> str | None:
         """``Module.path.param`` of a parameter or buffer of a module (see
