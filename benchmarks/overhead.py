@@ -27,6 +27,10 @@ Variants:
     ct_python  copytrace with observer="python": the Python modes (the fallback)
     ct_api     copytrace level="api": the function mode only (no dispatch mode)
     ct_idle    copytrace with a schedule, measured over its inactive steps
+    ct_step    copytrace as the README tells users to trace: ``t.step()`` after each step
+               (an explicit step boundary, timed inside the step)
+    ct_armed   copytrace armed and idle (``trigger="signal"``, no signal sent): what a
+               production job pays until ``copytrace trigger``
 """
 
 from __future__ import annotations
@@ -100,6 +104,17 @@ def traced_idle():
     return copytrace.trace(write=False, schedule=copytrace.Schedule(skip_first=10**9))
 
 
+def traced_step():
+    return copytrace.trace(write=False)
+
+
+traced_step.marks_steps = True  # type: ignore[attr-defined]
+
+
+def traced_armed():
+    return copytrace.trace(write=False, trigger="signal")
+
+
 VARIANTS = {
     "plain": contextlib.nullcontext,
     "floor": floor,
@@ -111,6 +126,8 @@ VARIANTS = {
     "ct_api": traced_api,
     "ct_full": traced_full,
     "ct_idle": traced_idle,
+    "ct_step": traced_step,
+    "ct_armed": traced_armed,
 }
 
 
@@ -214,11 +231,14 @@ def time_variant(step, make_ctx, steps: int) -> float:
     """Median seconds per step over ``steps`` steps inside one context."""
     clock = _CLOCK[0]
     times = []
-    with make_ctx():
+    marks = getattr(make_ctx, "marks_steps", False)
+    with make_ctx() as ctx:
         step()  # warm-up inside the context
         for _ in range(steps):
             t0 = clock()
             step()
+            if marks:
+                ctx.step()
             times.append(clock() - t0)
     return statistics.median(times)
 

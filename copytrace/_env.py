@@ -40,6 +40,17 @@ variable                      default           meaning
 ``COPYTRACE_PY_SPY``          (found)           the py-spy executable for ``copytrace run
                                                 --py-spy``; default: beside the interpreter,
                                                 else on ``PATH``
+``COPYTRACE_REDACT``          ``1``             redact secrets in the recorded command line
+                                                (``0``: record it as it is)
+``COPYTRACE_REDACT_PATTERNS`` unset             more option-name patterns to redact (comma
+                                                separated regular expressions)
+``COPYTRACE_TRIGGER``         ``none``          ``signal``: armed and idle until the trigger
+                                                signal, then trace a window of steps
+``COPYTRACE_TRIGGER_SIGNAL``  ``SIGUSR2``       the signal that starts a window
+``COPYTRACE_TRIGGER_STEPS``   ``10``            steps traced per window
+``COPYTRACE_RING``            ``0`` (off)       flight recorder: keep only the last N
+                                                records, written when something goes wrong
+``COPYTRACE_RING_SIGNAL``     ``SIGUSR1``       the signal that writes the ring
 ============================= ================= ============================================
 
 Every process of a launch (the process started with ``COPYTRACE=1``, its ``torchrun``
@@ -76,6 +87,14 @@ __all__ = [
     "COPYTRACE_FLUSH_SECONDS",
     "COPYTRACE_OBSERVER",
     "COPYTRACE_CACHE_DIR",
+    "COPYTRACE_REDACT",
+    "COPYTRACE_REDACT_PATTERNS",
+    "COPYTRACE_TRIGGER",
+    "COPYTRACE_TRIGGER_SIGNAL",
+    "COPYTRACE_TRIGGER_STEPS",
+    "COPYTRACE_RING",
+    "COPYTRACE_RING_SIGNAL",
+    "TRIGGERS",
     "DEFAULT_OUTPUT_DIR",
     "DEFAULT_MAX_EVENTS",
     "DEFAULT_REPORT_WAIT_S",
@@ -100,6 +119,8 @@ __all__ = [
     "parse_schedule",
     "TORCH_TESTED",
     "torch_tested",
+    "parse_signal",
+    "parse_trigger",
 ]
 
 #: Set to 1 to trace any Python program with no code change (read by the start-up hook).
@@ -137,12 +158,33 @@ COPYTRACE_OBSERVER = "COPYTRACE_OBSERVER"
 #: Directory where the C++ observer is built and cached. Default: ``$XDG_CACHE_HOME/copytrace``
 #: (``~/.cache/copytrace``).
 COPYTRACE_CACHE_DIR = "COPYTRACE_CACHE_DIR"
+#: Redact secrets in the recorded command line (1, the default) or not (0); see
+#: :mod:`copytrace._redact`.
+COPYTRACE_REDACT = "COPYTRACE_REDACT"
+#: More option-name patterns to redact, comma separated regular expressions (added to
+#: ``copytrace._redact.DEFAULT_PATTERNS``).
+COPYTRACE_REDACT_PATTERNS = "COPYTRACE_REDACT_PATTERNS"
+#: One of :data:`TRIGGERS`: ``none`` traces from the start; ``signal`` stays armed and idle
+#: until ``COPYTRACE_TRIGGER_SIGNAL`` arrives, then traces ``COPYTRACE_TRIGGER_STEPS`` steps.
+COPYTRACE_TRIGGER = "COPYTRACE_TRIGGER"
+#: The signal that starts a traced window (a name: ``SIGUSR2``, the default, or ``USR2``).
+COPYTRACE_TRIGGER_SIGNAL = "COPYTRACE_TRIGGER_SIGNAL"
+#: Steps traced per window under ``COPYTRACE_TRIGGER=signal``. Default: 10.
+COPYTRACE_TRIGGER_STEPS = "COPYTRACE_TRIGGER_STEPS"
+#: Flight recorder: keep only the last N records (0, the default: off), written with the
+#: run span on an uncaught exception, SIGTERM or ``COPYTRACE_RING_SIGNAL``.
+COPYTRACE_RING = "COPYTRACE_RING"
+#: The signal that writes the flight recorder's ring. Default: ``SIGUSR1``.
+COPYTRACE_RING_SIGNAL = "COPYTRACE_RING_SIGNAL"
 
 DEFAULT_OUTPUT_DIR = "copytrace-out"
 DEFAULT_MAX_EVENTS = 1_000_000
 DEFAULT_REPORT_WAIT_S = 30.0
 DEFAULT_FLUSH_EVENTS = 4096
 DEFAULT_FLUSH_SECONDS = 5.0
+DEFAULT_TRIGGER_STEPS = 10
+#: ``COPYTRACE_TRIGGER`` values (the default first).
+TRIGGERS: tuple[str, ...] = ("none", "signal")
 
 #: Tracing levels, the default first: ``lean`` (the C++ observer for the aten level and C
 #: wrappers for the API, no Python mode on the hot path), ``full`` (copytrace's function mode on
@@ -219,6 +261,54 @@ def _one_of(values: tuple[str, ...]) -> Callable[[str, str], str]:
 
 def _text(name: str, text: str) -> str:
     return text.strip()
+
+
+def _positive(name: str, text: str) -> int:
+    value = _whole(name, text) if text.strip().replace("_", "").isdigit() else 0
+    if value < 1:
+        raise _refuse(name, text, "a whole number >= 1")
+    return value
+
+
+def parse_trigger(value: Any, name: str = "trigger") -> str:
+    """A trigger, one of :data:`TRIGGERS` (``None``: ``"none"``).
+
+    Raises:
+        SettingError: any other value (``trigger: not 'usr2'; use none or signal``).
+    """
+    return "none" if value is None else _one_of(TRIGGERS)(name, str(value))
+
+
+def parse_signal(value: Any, name: str = "signal") -> str:
+    """A signal name (``SIGUSR2``, ``usr2``) -> ``"SIGUSR2"``; whether this platform has it is
+    decided where it is installed (a missing one is said once, never an error).
+
+    Raises:
+        SettingError: not a signal name (``COPYTRACE_TRIGGER_SIGNAL: not 'FOO'; use ...``).
+    """
+    text = str(value).strip().upper()
+    sig = text if text.startswith("SIG") else "SIG" + text
+    if not sig[3:].isalnum() or not sig[3:] or sig[3:].isdigit():
+        raise _refuse(name, str(value), "a signal name such as SIGUSR2 or SIGUSR1")
+    return sig
+
+
+def _signal(name: str, text: str) -> str:
+    return parse_signal(text, name)
+
+
+def _patterns(name: str, text: str) -> tuple[str, ...]:
+    import re
+
+    parts = tuple(p.strip() for p in text.split(",") if p.strip())
+    for part in parts:
+        try:
+            re.compile(part)
+        except re.error as err:
+            raise _refuse(
+                name, text, f"comma separated regular expressions ({part!r}: {err})"
+            ) from None
+    return parts
 
 
 def parse_level(value: Any, name: str = "level") -> str:
@@ -306,6 +396,13 @@ SETTINGS: dict[str, Setting] = {
         Setting(COPYTRACE_CACHE_DIR, None, _text),
         Setting(COPYTRACE_PY_SPY, None, _text),
         Setting(COPYTRACE_LAUNCH, None, _text),
+        Setting(COPYTRACE_REDACT, True, _flag),
+        Setting(COPYTRACE_REDACT_PATTERNS, (), _patterns),
+        Setting(COPYTRACE_TRIGGER, TRIGGERS[0], _one_of(TRIGGERS)),
+        Setting(COPYTRACE_TRIGGER_SIGNAL, "SIGUSR2", _signal),
+        Setting(COPYTRACE_TRIGGER_STEPS, DEFAULT_TRIGGER_STEPS, _positive),
+        Setting(COPYTRACE_RING, 0, _whole),
+        Setting(COPYTRACE_RING_SIGNAL, "SIGUSR1", _signal),
     )
 }
 
@@ -397,6 +494,9 @@ def trace_options(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
         "compression": setting(COPYTRACE_COMPRESSION, environ),
         "flush_events": setting(COPYTRACE_FLUSH_EVENTS, environ),
         "flush_seconds": setting(COPYTRACE_FLUSH_SECONDS, environ),
+        "trigger": setting(COPYTRACE_TRIGGER, environ),
+        "trigger_steps": setting(COPYTRACE_TRIGGER_STEPS, environ),
+        "ring": setting(COPYTRACE_RING, environ),
     }
 
 

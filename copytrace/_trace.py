@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +39,27 @@ def find_hazards(path: Path) -> list[dict[str, Any]]:
     from copytrace.tracefile import event_table
 
     return [f.as_dict() for f in analyze(event_table(path, cache=False))]
+
+
+def _window_report(path: Path | None, window: tuple[int, int]) -> None:
+    """The ``on_window`` hook of a :class:`Trace` (on the export thread, once a triggered
+    window is in the trace file): write ``report.html`` beside the trace file, on a thread
+    of its own, unless ``COPYTRACE_REPORT=0``."""
+    from copytrace import _env
+
+    if path is None or not _env.setting(_env.COPYTRACE_REPORT):
+        return
+
+    def write() -> None:
+        from copytrace.dashboards import write_report
+
+        try:
+            out = write_report(path, path.parent / "report.html")
+            print(f"copytrace: report of steps {window[0]}-{window[1] - 1}: {out}", file=sys.stderr)
+        except Exception as err:
+            print(f"copytrace: could not write the window's report: {err}", file=sys.stderr)
+
+    threading.Thread(target=write, name="copytrace-window-report", daemon=True).start()
 
 
 def _session_value(name: str, doc: str) -> property:
@@ -89,6 +112,16 @@ class Trace:
         observer: one of ``copytrace._env.OBSERVERS`` (default ``"auto"``,
             ``$COPYTRACE_OBSERVER``): ``"auto"``/``"native"`` copytrace's C++ observer where it
             can be built, ``"python"`` the Python dispatch mode.
+        trigger: ``"signal"``: armed and idle, nothing installed per op, until
+            ``$COPYTRACE_TRIGGER_SIGNAL`` (``SIGUSR2``) arrives; then the next
+            ``trigger_steps`` steps (default ``$COPYTRACE_TRIGGER_STEPS``, 10) are traced from
+            the next step boundary, flushed, and the report written (``docs/production.md``).
+            Default ``$COPYTRACE_TRIGGER``, else ``"none"`` (trace from the start). It
+            replaces ``schedule``.
+        ring: the flight recorder: keep only the last ``ring`` records (default
+            ``$COPYTRACE_RING``, else 0: off), written with the run span when the run ends
+            (an exception, SIGTERM, or its end) and on ``$COPYTRACE_RING_SIGNAL``
+            (``SIGUSR1``) into a file of their own (``docs/production.md``).
 
     Options left as None take their ``COPYTRACE_*`` variable (parsed by
     :mod:`copytrace._env`); a value not accepted raises ``copytrace.SettingError``.
@@ -122,12 +155,16 @@ class Trace:
         flush_seconds: float | None = None,
         level: str | None = None,
         observer: str | None = None,
+        trigger: str | None = None,
+        trigger_steps: int | None = None,
+        ring: int | None = None,
     ) -> None:
         self.session = Session(
             output_dir, write=write, max_events=max_events, auto_step=auto_step,
             schedule=schedule, exporters=exporters, tracer_provider=tracer_provider,
             compression=compression, flush_events=flush_events, flush_seconds=flush_seconds,
-            level=level, observer=observer, find_hazards=find_hazards,
+            level=level, observer=observer, find_hazards=find_hazards, trigger=trigger,
+            trigger_steps=trigger_steps, ring=ring, on_window=_window_report,
         )  # fmt: skip
         self.session.owner = self
 

@@ -99,6 +99,7 @@ def test_accepted_values_are_typed_and_empty_means_unset():
         "max_events": 5, "auto_step": False, "schedule": {"wait": 1, "active": 2},
         "level": "api",
         "observer": "auto", "compression": "gzip", "flush_events": 4096, "flush_seconds": 0.5,
+        "trigger": "none", "trigger_steps": 10, "ring": 0,
     }  # fmt: skip
     assert _env.check(env) == []
 
@@ -106,7 +107,10 @@ def test_accepted_values_are_typed_and_empty_means_unset():
 def test_trace_options_cover_every_option_trace_reads_from_the_environment():
     # Each option named by the docstring of Trace as defaulting to a COPYTRACE_* variable.
     doc = copytrace.Trace.__doc__
-    options = ("schedule", "compression", "flush_events", "flush_seconds", "level", "observer")
+    options = (
+        "schedule", "compression", "flush_events", "flush_seconds", "level", "observer",
+        "trigger", "trigger_steps", "ring",
+    )  # fmt: skip
     from_env = {opt for opt in options if f"$COPYTRACE_{opt.upper()}" in doc}
     assert from_env == set(options)
     assert from_env | {"max_events", "auto_step"} == set(_env.trace_options({}))
@@ -313,3 +317,23 @@ def test_report_wait_bounds_the_wait_for_a_process_still_tracing(tmp_path):
     assert f"without waiting longer for 1 process(es) still tracing (pid {child})" in proc.stderr
     assert elapsed < 30  # the default wait would have taken 30 s at least
     assert (tmp_path / "out" / "report.html").is_file()
+
+
+def test_production_settings_are_checked():
+    # the trigger and flight recorder's variables: typed, and one line naming the variable
+    env = {"COPYTRACE_TRIGGER_SIGNAL": "usr1", "COPYTRACE_RING": "1_000", "COPYTRACE_REDACT": "no"}
+    assert _env.setting("COPYTRACE_TRIGGER_SIGNAL", env) == "SIGUSR1"
+    assert _env.setting("COPYTRACE_RING", env) == 1000
+    assert _env.setting("COPYTRACE_REDACT", env) is False
+    bad = {
+        "COPYTRACE_TRIGGER": "usr2", "COPYTRACE_TRIGGER_STEPS": "0",
+        "COPYTRACE_TRIGGER_SIGNAL": "9", "COPYTRACE_REDACT_PATTERNS": "ok,(",
+    }  # fmt: skip
+    messages = sorted(str(e) for e in _env.check(bad))
+    assert messages[0].startswith("COPYTRACE_REDACT_PATTERNS: not 'ok,('; use comma separated")
+    assert messages[1] == "COPYTRACE_TRIGGER: not 'usr2'; use none or signal"
+    assert messages[2] == (
+        "COPYTRACE_TRIGGER_SIGNAL: not '9'; use a signal name such as SIGUSR2 or SIGUSR1"
+    )
+    assert messages[3] == "COPYTRACE_TRIGGER_STEPS: not '0'; use a whole number >= 1"
+    assert all("\n" not in m for m in messages)

@@ -1,5 +1,5 @@
 """The ``copytrace`` command line: ``run``, ``report``, ``summary``, ``check``, ``diff``,
-``fix`` and ``export``.
+``fix``, ``export`` and ``trigger``.
 
 Each subcommand lives in its own module (``copytrace/cli/<name>.py``) that defines
 ``register(subparsers)``; the parser it adds sets ``handler`` to a function
@@ -26,7 +26,7 @@ _PROGRAM_AFTER_DASHES = ("fix",)
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every subcommand registered."""
     from copytrace._version import __version__
-    from copytrace.cli import check, diff, doctor, export, fix, report, run, summary
+    from copytrace.cli import check, diff, doctor, export, fix, report, run, summary, trigger
 
     parser = argparse.ArgumentParser(
         prog="copytrace",
@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"copytrace {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
-    for module in (run, report, summary, check, diff, fix, export, doctor):
+    for module in (run, report, summary, check, diff, fix, export, doctor, trigger):
         module.register(sub)
     return parser
 

@@ -1,14 +1,21 @@
-"""Write a trace's events as one Parquet file, or as a Hive-partitioned Parquet dataset.
+"""Write a trace's events as one Parquet file, a Hive-partitioned Parquet dataset, or a Chrome
+trace for Perfetto.
 
-The file holds the columnar event table (docs/trace-format.md, "The event table"): one row
+``--parquet OUT``: the columnar event table (docs/trace-format.md, "The event table"): one row
 per copy or alias event and deepcopy group, columns named as the ``CopyEvent`` fields. An
 attribute the trace leaves out because it holds its common value (a false flag, 0 new bytes,
 no transfer) is written as that value, never null, so ``WHERE NOT noop AND NOT alias`` and
 pandas' ``~df.alias`` work. A deepcopy group row has 0 in ``bytes_allocated`` and
 ``bytes_logical`` (its child rows carry them; its totals are in ``group_bytes_allocated`` /
-``group_bytes_logical``), so a sum over all rows counts each byte once. The
-dataset (``--dataset OUT``) holds the same rows, one file per traced process, under
+``group_bytes_logical``), so a sum over all rows counts each byte once.
+
+``--dataset OUT``: the same rows, one file per traced process, under
 ``OUT/run_id=<id>/host=<host>/rank=<rank>/`` (docs/trace-format.md, "The dataset").
+
+``--chrome-trace OUT.json``: Chrome trace-event JSON (Perfetto, ``chrome://tracing``), one
+track per thread, each copy a slice; with ``--merge PROFILER.json`` (torch.profiler's
+``export_chrome_trace`` of the same run) one file with both on the profiler's clock
+(docs/production.md).
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from copytrace._errors import CopytraceError
 from copytrace.cli._common import add_trace_command, select_runs, warn_unreadable
 
 __all__ = ["export_rows", "handle", "register"]
@@ -70,12 +78,23 @@ def handle(args: argparse.Namespace) -> int:
         TraceFileError: If the trace path is missing, empty or unreadable.
         CopytraceError: If the output cannot be written.
     """
+    if args.chrome_trace is not None:
+        return _chrome(args)
+    if args.merge is not None:
+        raise CopytraceError("--merge goes with --chrome-trace OUT.json")
     if args.dataset is not None:
         return _dataset(args)
+    if args.parquet is None:
+        raise CopytraceError(
+            "say what to write: --parquet OUT.parquet, --dataset OUT or --chrome-trace OUT.json")
+    return _parquet(args)
+
+
+def _parquet(args: argparse.Namespace) -> int:
+    """Write ``args.parquet``: see the module docstring."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    from copytrace._errors import CopytraceError
     from copytrace.tracefile import META_SPANS, event_table
 
     out = Path(args.parquet)
@@ -109,7 +128,6 @@ def handle(args: argparse.Namespace) -> int:
 
 def _dataset(args: argparse.Namespace) -> int:
     """Write ``args.dataset`` from the trace at ``args.path``; say how many rows and runs."""
-    from copytrace._errors import CopytraceError
     from copytrace.tracefile import event_table
     from copytrace.tracefile._dataset import write_dataset
 
@@ -129,11 +147,49 @@ def _dataset(args: argparse.Namespace) -> int:
     return 0
 
 
+def _chrome(args: argparse.Namespace) -> int:
+    """``--chrome-trace`` (and ``--merge``): see the module docstring."""
+    from copytrace.tracefile import event_table
+    from copytrace.tracefile.chrome import merge_into_profiler, write_chrome_trace
+
+    out = Path(args.chrome_trace)
+    if out.is_dir():
+        raise CopytraceError(f"--chrome-trace must name a file, not a directory: {out}")
+    profiler = Path(args.merge) if args.merge is not None else None
+    if profiler is not None and not profiler.is_file():
+        raise CopytraceError(f"--merge: no such file: {profiler}")
+    path = Path(args.path)
+    table = event_table(path)
+    warn_unreadable(table, path)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if profiler is None:
+            n = write_chrome_trace(table, out)
+        else:
+            n = merge_into_profiler(table, profiler, out)
+    except ValueError as err:
+        raise CopytraceError(str(err)) from err
+    except OSError as err:
+        raise CopytraceError(f"cannot write {out}: {err.strerror or err}") from err
+    merged = f", merged into {profiler}'s timeline" if profiler is not None else ""
+    print(f"copytrace: {n} copy slices written to {out}{merged}")
+    return 0
+
+
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``export`` subcommand to ``subparsers``."""
     parser = add_trace_command(subparsers, "export", __doc__)
-    where = parser.add_mutually_exclusive_group(required=True)
+    where = parser.add_mutually_exclusive_group()
     where.add_argument("--parquet", metavar="OUT.parquet", help="the Parquet file to write")
+    where.add_argument(
+        "--chrome-trace", metavar="OUT.json",
+        help="write a Chrome trace-event file (Perfetto, chrome://tracing)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--merge", metavar="PROFILER.json",
+        help="with --chrome-trace: add the copies to torch.profiler's export_chrome_trace "
+        "file of the same run, on its clock",
+    )  # fmt: skip
     where.add_argument(
         "--dataset", metavar="OUT", default=None,
         help="the Hive-partitioned dataset folder to write into (run_id=/host=/rank=); "

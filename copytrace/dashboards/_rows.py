@@ -55,6 +55,10 @@ class RunInfo:
             (``copytrace.overhead_ns`` of the run span), ns; None when not recorded.
         devices: Devices seen in this run's events, sorted (e.g. ``["cpu", "cuda:0"]``).
         files: Trace file names (str) this run was read from.
+        windows: steps traced on a trigger signal, ``"first-last"`` each
+            (``copytrace.windows``; empty when not armed).
+        ring: the flight recorder's size when the trace holds only its last records
+            (``copytrace.ring``), with what wrote it (``ring_reason``).
     """
 
     label: str
@@ -78,6 +82,9 @@ class RunInfo:
     events_discarded: int = 0
     devices: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    windows: list[str] = field(default_factory=list)
+    ring: int | None = None
+    ring_reason: str = ""
 
 
 @dataclass

@@ -275,6 +275,9 @@
       ["host", [...new Set(runs.map((r) => S[r.host] || "?"))].join(", ")],
       ["duration", fmtNs(dur) + (runs.length > 1 ? " (longest)" : "")],
       ["steps", fmtInt(runs.reduce((a, r) => a + r.steps, 0))],
+      ...(runs.some((r) => r.windows && r.windows.length)
+        ? [["traced windows", runs.filter((r) => r.windows && r.windows.length).map((r) => (NRUNS > 1 ? runShort(runs.indexOf(r)) + ": " : "") + "steps " + r.windows.map((w) => S[w]).join(", ")).join("; ")]]
+        : []),
       ["events", fmtInt(recorded)],
       ["dropped", fmtInt(dropped)],
       ["tracer self-overhead", overheadRuns.length ? fmtNs(overhead) + " (" + fmtPct(pct(overhead, runs.reduce((a, r) => a + r.duration_ns, 0))) + " of run time)" : "not recorded"],

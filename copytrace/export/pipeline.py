@@ -94,9 +94,11 @@ class Chunk:
         final: set on the last chunk of the run.
         compiled: compiled-region records (:class:`SpanRecord`: the tracer's compiled calls,
             and on the last chunk its compiled graphs).
+        then: called (no arguments) on the export thread once the chunk is written; its
+            errors are counted, never raised.
     """
 
-    __slots__ = ("events", "steps", "held", "late", "final", "submitted", "compiled")
+    __slots__ = ("events", "steps", "held", "late", "final", "submitted", "compiled", "then")
 
     def __init__(
         self,
@@ -114,6 +116,7 @@ class Chunk:
         self.final = final
         self.submitted = False
         self.compiled: Sequence[Any] = ()
+        self.then: Callable[[], None] | None = None
 
 
 #: One planned span: (span id hex, parent span id hex, event or None, step tuple or None).
@@ -296,6 +299,12 @@ class ExportPipeline:
         for i in live:
             self._call(i, self.sinks[i].write, items, chunk, self._held_parents)
         self.export_seconds += time.perf_counter() - t0
+        if chunk.then is not None:
+            try:
+                chunk.then()
+            except Exception as err:
+                self.errors += 1
+                print(f"copytrace: after a flush: {type(err).__name__}: {err}", file=sys.stderr)
 
     def _held_parents(self) -> set[str]:
         """Parent span ids that held-back events will still need."""

@@ -26,6 +26,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
 from opentelemetry.trace.status import Status, StatusCode
 
+from copytrace._redact import redact_args
 from copytrace._version import __version__
 from copytrace.export.hazard_span import hazard_parts
 from copytrace.export.otlp_json import event_attributes
@@ -66,7 +67,7 @@ def make_resource(extra: dict[str, Any] | None = None) -> Resource:
     attrs: dict[str, Any] = {
         "process.pid": os.getpid(),
         "process.executable.path": sys.executable,
-        "process.command_args": [str(a) for a in getattr(sys, "orig_argv", sys.argv)],
+        "process.command_args": redact_args(getattr(sys, "orig_argv", sys.argv)),
         "process.runtime.name": sys.implementation.name,
         "process.runtime.version": sys.version.split()[0],
         "host.name": socket.gethostname(),
@@ -80,6 +81,11 @@ def make_resource(extra: dict[str, Any] | None = None) -> Resource:
         attrs["copytrace.torchelastic_run_id"] = run_id
     attrs.update(extra or {})
     resource = Resource.create(attrs)
+    line = resource.attributes.get("process.command_line")  # a resource detector's
+    if isinstance(line, str):
+        resource = resource.merge(
+            Resource({"process.command_line": " ".join(redact_args(line.split(" ")))})
+        )
     if "service.name" not in (extra or {}) and not os.environ.get("OTEL_SERVICE_NAME"):
         name = resource.attributes.get("service.name")
         if not name or str(name).startswith("unknown_service"):

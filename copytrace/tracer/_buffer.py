@@ -116,7 +116,7 @@ class Buffer:
         discarded: records of warmup (or untraced) steps, never exported.
         held: exported records the analysis watch may still annotate.
         inflight: the chunk a flush is building (a signal may cut it short).
-        flushes: chunks handed over; last_flush: ``time.monotonic()`` of the last one.
+        flushes: chunks handed over; last_flush: ``perf_counter_ns`` of the last one.
         discard_from: buffer index where the current step's records to discard start.
         calls_discard_from: the same in the compiled calls' list.
     """
@@ -131,9 +131,10 @@ class Buffer:
         self.inflight: Chunk | None = None
         self.seq_final = False
         self.flushes = 0
-        self.last_flush = 0.0
+        self.last_flush = 0
         self.discard_from: int | None = None
         self.calls_discard_from: int | None = None
+        self.ring_skipped = 0  # records the flight recorder let go (copytrace.ring_skipped)
 
     # -- warmup and untraced steps -----------------------------------------------------------
     def mark_discard(self, rec: Any, compiled: Any) -> None:
@@ -161,13 +162,6 @@ class Buffer:
             del events[start:]
 
     # -- steps ---------------------------------------------------------------------------------
-    def end_step(self, step: int, recorded: bool, now: int) -> None:
-        """Step ``step`` ended at ``now``; log its bounds when it was traced."""
-        if recorded:
-            self.step_log.append((step, self.cur_step_start, now))
-            self.steps_traced += 1
-        self.cur_step_start = now
-
     def restart_steps(self, start_ns: int) -> None:
         """Forget the steps logged so far: the run is renumbered from step 0."""
         self.step_log.clear()
@@ -175,18 +169,27 @@ class Buffer:
         self.cur_step_start = start_ns
 
     # -- flushes ---------------------------------------------------------------------------------
-    def flush_due(self, rec: Any, flush_events: int, flush_seconds: float) -> bool:
-        """``flush_events`` records (or steps) buffered, or ``flush_seconds`` passed."""
+    def flush_due(self, rec: Any, flush_events: int, flush_ns: int, now_ns: int) -> bool:
+        """``flush_events`` records (or steps) buffered, or ``flush_ns`` passed since the last
+        flush (``now_ns``: ``perf_counter_ns``, as the step bounds)."""
         if flush_events <= 0:
             return False
         buffered = len(rec.events) + len(self.step_log)
         if buffered >= flush_events:
             return True
-        return buffered > 0 and time.monotonic() - self.last_flush >= flush_seconds
+        return buffered > 0 and now_ns - self.last_flush >= flush_ns
 
-    def flush(self, rec: Any, pipeline: Any, compiled: Any, pid: int) -> None:
+    def flush(
+        self,
+        rec: Any,
+        pipeline: Any,
+        compiled: Any,
+        pid: int,
+        then: Callable[[], None] | None = None,
+    ) -> None:
         """Hand the buffered records and finished steps to the export thread (records that
-        the analysis may still annotate are held back until it is done with them)."""
+        the analysis may still annotate are held back until it is done with them); ``then``
+        runs on the export thread once they are written."""
         if pipeline is None or pid != os.getpid() or pipeline.closed:
             return
         if rec.group is not None or rec.active is not None:
@@ -194,6 +197,7 @@ class Buffer:
         events = rec.events
         settle_unreal_events(events)  # observer.cpp's fast events to a meta device
         chunk = Chunk(events, self.step_log)
+        chunk.then = then
         if compiled is not None:
             chunk.compiled = compiled.take_calls()
         self.inflight = chunk
@@ -206,7 +210,7 @@ class Buffer:
         if events or self.held:
             self._hold_back(rec, events, chunk)
         self.flushes += 1
-        self.last_flush = time.monotonic()
+        self.last_flush = time.perf_counter_ns()
         pipeline.submit(chunk)
         self.inflight = None
 

@@ -69,6 +69,9 @@ TRANSITIONS: dict[tuple[str, str], tuple[str, ...]] = {
     (RECORD_AND_SAVE, RECORD_AND_SAVE): (SAVE,),
 }
 
+#: The transitions that end a traced window (``SAVE`` among their steps).
+SAVES: frozenset[tuple[str, str]] = frozenset(k for k, v in TRANSITIONS.items() if SAVE in v)
+
 #: What entering a step with this action does when tracing starts (no step ended before).
 START: dict[str, tuple[str, ...]] = {
     NONE: (DISENGAGE,),
@@ -113,7 +116,10 @@ def action_name(action: Any) -> str:
     """One of :data:`ACTIONS` for a schedule's answer: a string or a
     ``torch.profiler.ProfilerAction``; anything else records."""
     name = str(getattr(action, "name", action)).upper()
-    return name if name in ACTIONS else RECORD
+    for known in ACTIONS:  # the constant itself
+        if name == known:
+            return known
+    return RECORD
 
 
 class Schedule:

@@ -25,16 +25,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-import torch
 import torch.optim.optimizer as _optim
 
 from copytrace import _env
-from copytrace._version import __version__
 from copytrace.export.file_sink import FileSink
 from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds, epoch_offset
 from copytrace.export.sdk_sink import SdkSink, make_resource
 from copytrace.schema import CopyEvent
-from copytrace.tracer import _native, _process, _recorder
+from copytrace.tracer import _native, _process, _recorder, _ring, _runattrs, _trigger
 from copytrace.tracer import _schedule as S
 from copytrace.tracer._buffer import Buffer, make_pipeline, new_trace_path
 from copytrace.tracer._engage import Engagement
@@ -53,17 +51,6 @@ HazardFinder = Callable[[Path], Sequence[Mapping[str, Any]]]
 def active_session() -> Session | None:
     """The session recording in this process, or None."""
     return _process.active()  # type: ignore[no-any-return]
-
-
-def _compiled_frames() -> int:
-    """Frames torch.compile has compiled in this process so far (0 when dynamo is unused)."""
-    dynamo = sys.modules.get("torch._dynamo.utils")
-    if dynamo is None:
-        return 0
-    try:
-        return int(dynamo.counters["frames"]["ok"])
-    except Exception:
-        return 0
 
 
 class Session:
@@ -99,6 +86,10 @@ class Session:
         level: str | None = None,
         observer: str | None = None,
         find_hazards: HazardFinder | None = None,
+        trigger: str | None = None,
+        trigger_steps: int | None = None,
+        ring: int | None = None,
+        on_window: Callable[[Path | None, tuple[int, int]], None] | None = None,
     ) -> None:
         self.output_dir = Path(output_dir if output_dir is not None else _env.output_dir())
         # Options left as None come from the environment (copytrace._env, one typed check
@@ -121,7 +112,11 @@ class Session:
             flush_seconds = _env.setting(_env.COPYTRACE_FLUSH_SECONDS)
         self.flush_events = max(0, int(flush_events))
         self.flush_seconds = float(flush_seconds)
-        self.schedule = S.schedule_from(schedule)
+        self._flush_ns = int(self.flush_seconds * 1e9)
+        self._production(trigger, trigger_steps, ring, schedule)
+        self.on_window = on_window
+        if self.ring:
+            max_events = max(max_events, 2 * self.ring)
         self.write = write
         self.find_hazards = find_hazards
         self.owner: Any = None
@@ -148,6 +143,25 @@ class Session:
         self.trace_path: Path | None = None
         self.running = False
         self.sampled = True
+
+    def _production(self, trigger: Any, trigger_steps: Any, ring: Any, schedule: Any) -> None:
+        """The trigger (armed and idle) or the schedule, and the flight recorder's ring."""
+        if trigger is None:
+            trigger = _env.setting(_env.COPYTRACE_TRIGGER)
+        if _env.parse_trigger(trigger) == "signal":
+            steps = trigger_steps or _env.setting(_env.COPYTRACE_TRIGGER_STEPS)
+            signame = _env.setting(_env.COPYTRACE_TRIGGER_SIGNAL)
+            #: armed and idle until the signal (:mod:`copytrace.tracer._trigger`), else None
+            self.trigger: _trigger.Trigger | None = _trigger.Trigger(signame, int(steps))
+            self.schedule: Any = self.trigger.windows
+        else:
+            self.trigger = None
+            self.schedule = S.schedule_from(schedule)
+        #: the flight recorder's size (:mod:`copytrace.tracer._ring`); 0: off
+        self.ring = int(ring if ring is not None else _env.setting(_env.COPYTRACE_RING))
+        self._ring_signal = (
+            _trigger.Trigger(_env.setting(_env.COPYTRACE_RING_SIGNAL), 0) if self.ring else None
+        )
 
     def _target(self) -> Session:
         """The session that records: the active one this session delegates to, or itself."""
@@ -176,7 +190,7 @@ class Session:
         self._epoch_offset = epoch_offset()
         self._start_ns = time.perf_counter_ns()
         self._buf.cur_step_start = self._start_ns
-        self._buf.last_flush = time.monotonic()
+        self._buf.last_flush = self._start_ns
         self._run = RunIds(self._start_ns, self._epoch_offset, self._resource)
         self._pipeline = self._make_pipeline()
         if not self.sampled:
@@ -195,6 +209,11 @@ class Session:
         if self._pipeline is not None:
             self._pipeline.start()
         _process.install_signal_handlers()
+        if self.trigger is not None:
+            sink = self._file_sink
+            self.trigger.install(sink.path if sink is not None else None, self.output_dir)
+        if self._ring_signal is not None:
+            self._ring_signal.install(None, self.output_dir, arm=False)
         return self
 
     def _reset(self) -> None:
@@ -264,7 +283,11 @@ class Session:
         """A step ended: log it, discard untraced records, flush when due, apply the schedule.
 
         ``auto``: the boundary is an ``optimizer.step()``; the first one does not flush, so
-        that a first explicit :meth:`step` right after it can still renumber the steps."""
+        that a first explicit :meth:`step` right after it can still renumber the steps.
+
+        Cost: about 1-2 us when the next step's action is the same as this one's and nothing
+        is due to flush (the fast path below: no transition to run, no list to swap).
+        """
         rec, buf = self._rec, self._buf
         now = time.perf_counter_ns()
         ended = rec.step_index
@@ -272,17 +295,57 @@ class Session:
         rec.watch.copies.reap()  # index results that died since the last watched op
         if not self.running:
             return rec.step_index
-        buf.end_step(ended, self._action in S.RECORDING, now)
+        action = self._action
+        if action == S.RECORD or action == S.RECORD_AND_SAVE:
+            buf.step_log.append((ended, buf.cur_step_start, now))
+            buf.steps_traced += 1
+        buf.cur_step_start = now
         if buf.discard_from is not None or buf.calls_discard_from is not None:
             buf.drop_untraced(rec, self._engagement.compiled)
-        nxt = self._action_at(rec.step_index)
-        steps = S.transition(self._action, nxt)
-        if self._pipeline is not None and not (auto and rec.step_index == 1 and rec.auto_step):
+        trig = self.trigger
+        if trig is not None and trig.pending:
+            trig.open(rec.step_index)
+        nxt = S.RECORD if self.schedule is None else self._action_at(rec.step_index)
+        pipeline = self._pipeline
+        if self.ring:  # the flight recorder: no export until something happens
+            _ring.trim(rec, buf, self.ring)
+            if self._ring_signal is not None and self._ring_signal.pending:
+                self._ring_signal.pending = 0
+                path = _ring.dump(self, self._ring_signal.signame)
+                print(f"copytrace: the last {len(rec.events)} events -> {path}", file=sys.stderr)
+            pipeline = None
+            rec.step_starts.clear()
+        if pipeline is not None and not (auto and rec.step_index == 1 and rec.auto_step):
             rec.step_starts.clear()  # the export keeps its own step bounds
-            if S.SAVE in steps or buf.flush_due(rec, self.flush_events, self.flush_seconds):
-                buf.flush(rec, self._pipeline, self._engagement.compiled, self.pid)
-        self._enter_action(nxt, steps)
+            if (action, nxt) in S.SAVES or buf.flush_due(
+                rec, self.flush_events, self._flush_ns, now
+            ):
+                then = None
+                if trig is not None and action == S.RECORD_AND_SAVE:
+                    then = functools.partial(self._window_written, ended)
+                buf.flush(rec, pipeline, self._engagement.compiled, self.pid, then)
+        if nxt != action or nxt == S.WARMUP or (nxt == S.NONE and self._engagement.engaged):
+            self._enter_action(nxt, S.transition(action, nxt))
         return rec.step_index
+
+    def _window_written(self, last: int) -> None:
+        """On the export thread, once a trigger's window ending with step ``last`` is in the
+        trace file: say so, and run the ``on_window`` hook (the report)."""
+        window = next((w for w in self.trigger.windows.windows if w[1] == last + 1), None)  # type: ignore[union-attr]
+        if window is None:
+            return
+        sink = self._file_sink
+        path = sink.path if sink is not None else None
+        print(
+            f"copytrace: traced steps {window[0]}-{window[1] - 1}"
+            + (f" -> {path}" if path is not None else ""),
+            file=sys.stderr,
+        )
+        if self.on_window is not None:
+            try:
+                self.on_window(path, window)
+            except Exception as err:
+                self._rec.note_error(err)
 
     # -- stopping -------------------------------------------------------------------------------------
     def _write_final(self, end_ns: int, timeout: float) -> None:
@@ -334,6 +397,10 @@ class Session:
             self._step_native.set_step_hooks(None, None)
             self._step_native = None
         self.running = False
+        if self.trigger is not None:
+            self.trigger.uninstall()
+        if self._ring_signal is not None:
+            self._ring_signal.uninstall()
         if _process.active() is self:
             _process.set_active(None)
 
@@ -372,27 +439,8 @@ class Session:
             _process.set_finishing(None)
             _process.restore_signal_handlers()
             self._engagement.close()
-        self._say_losses()
+        _runattrs.say_losses(self._rec)
         return self.trace_path
-
-    def _say_losses(self) -> None:
-        """One stderr line each for dropped records and internal errors (stderr, not
-        warnings.warn: a program running with warnings as errors must not see them)."""
-        rec = self._rec
-        if rec.dropped:
-            print(
-                f"copytrace: {rec.dropped} event(s) dropped: more than "
-                f"max_events={rec.max_events} were buffered between two flushes (raise "
-                f"max_events / ${_env.COPYTRACE_MAX_EVENTS}, or mark steps more often); the "
-                f"count is in the trace (copytrace.events_dropped)",
-                file=sys.stderr,
-            )
-        if rec.errors:
-            print(
-                f"copytrace: {rec.errors} internal error(s) while tracing "
-                f"(last: {rec.last_error}); the traced program was not affected",
-                file=sys.stderr,
-            )
 
     def _hazards(self) -> list[Mapping[str, Any]]:
         """The ``find_hazards`` hook over the closed trace file (on the export thread; see
@@ -526,49 +574,7 @@ class Session:
 
     def run_attributes(self) -> dict[str, Any]:
         """The ``copytrace.run`` span's attributes (``docs/trace-format.md``)."""
-        stats = self.stats
-        target = self._target()
-        observer = target._observer_path or "python"
-        attrs: dict[str, Any] = {
-            "copytrace.version": __version__,
-            "copytrace.torch_version": torch.__version__,
-            "process.command_args": [str(a) for a in sys.argv],
-            "copytrace.events": stats["events"],
-            "copytrace.events_dropped": stats["dropped"],
-            "copytrace.events_discarded": stats["discarded"],
-            "copytrace.max_events": self._rec.max_events,
-            "copytrace.errors": stats["errors"],
-            "copytrace.internal_detaches": stats["internal_detaches"],
-            "copytrace.overhead_ns": target._rec.overhead_ns,
-            "copytrace.steps": stats["steps"],
-            "copytrace.steps_traced": stats["steps_traced"],
-            "copytrace.flushes": stats["flushes"],
-            "copytrace.exit": self._exit or "normal",
-            # the level in effect: lean needs the C++ observer, the Python fallback is full
-            "copytrace.level": (
-                "full" if self.level == "lean" and observer == "python" else self.level
-            ),
-            # the aten-level path: "native" (the C++ observer) or "python" (the fallback mode)
-            "copytrace.observer": observer,
-        }
-        if self.schedule is not None:
-            attrs["copytrace.schedule"] = repr(self.schedule)
-        attrs.update(self._compiled_attributes(target))
-        return attrs
-
-    def _compiled_attributes(self, target: Session) -> dict[str, Any]:
-        attrs: dict[str, Any] = {}
-        frames = _compiled_frames()
-        if frames:
-            mode = self._engagement.compiled_mode
-            attrs["copytrace.compiled_frames"] = frames
-            # "compiled": compiled regions ran compiled, as spans of their own; "eager": this
-            # torch offered no hook, so they ran eagerly (force_eager) and were traced op by op.
-            attrs["copytrace.compiled_mode"] = mode or "compiled"
-            attrs["copytrace.compiled_ran_eagerly"] = mode == "eager"
-        if target._engagement.compiled is not None:
-            attrs.update(target._engagement.compiled.run_attributes())
-        return attrs
+        return _runattrs.run_attributes(self)
 
     # -- optimizer steps ------------------------------------------------------------------------
     def _install_step_hooks(self) -> None:

@@ -57,6 +57,9 @@ def _info(meta: RunMeta, index: int) -> RunInfo:
         overhead_ns=opt_int(attrs.get("copytrace.overhead_ns")),
         events_discarded=as_int(attrs.get("copytrace.events_discarded")),
         files=[str(f) for f in meta.files],
+        windows=[str(w) for w in attrs.get("copytrace.windows") or []],
+        ring=opt_int(attrs.get("copytrace.ring")),
+        ring_reason=as_str(attrs.get("copytrace.ring_reason")),
     )
 
 
@@ -123,6 +126,7 @@ def payload_runs(model: Any, S: Strings) -> list[dict[str, Any]]:
             "overhead_ns": r.overhead_ns,
             "devices": [S(d) for d in r.devices],
             "files": [S(f) for f in r.files],
+            "windows": [S(w) for w in r.windows],
         }
         for r in model.runs
     ]
@@ -135,6 +139,9 @@ def payload_warnings(model: Any) -> list[str]:
     if model.bad_lines:
         out.append(f"{model.bad_lines} unreadable line(s) were skipped (file cut mid-write?).")
     for r in model.runs:
+        if r.ring:
+            out.append(f"{r.label}: flight recorder: this trace shows the last {r.ring:,} "
+                       f"events before {r.ring_reason or 'the trigger'}.")  # fmt: skip
         if r.events_dropped:
             out.append(f"{r.label}: {r.events_dropped:,} event(s) dropped at the buffer cap; "
                        "totals are lower bounds.")  # fmt: skip

@@ -1,0 +1,196 @@
+"""Armed and idle: windows of steps traced on a signal (``COPYTRACE_TRIGGER=signal``).
+
+An armed session installs nothing that costs per op: its schedule (:class:`Windows`) says
+``NONE`` for every step until a window is opened, so the modes, wrappers, patches and the
+observer's kernels stay out (:mod:`copytrace.tracer._schedule`'s ``DISENGAGE``); only the
+optimizer step hooks stay, to notice the steps. The signal handler only counts the signal
+(:attr:`Trigger.pending`); the next step boundary opens a window of ``steps`` steps starting
+with the step that begins there (a window queued while one is open starts after it). The
+last step of a window is ``RECORD_AND_SAVE``: its records are flushed and the modes removed.
+
+The handler is installed only where the program has not made the signal its own: a Python
+handler already there is chained to (it still gets every call); ``SIG_IGN`` or a handler
+installed outside Python leaves copytrace's trigger off, said once on stderr; so does a
+platform without the signal. A program that installs its own handler later simply replaces
+copytrace's (said at the next window that does not come).
+
+``copytrace trigger PID`` finds an armed process by its *arm file*,
+``<tempdir>/copytrace-armed/<pid>.json`` (``{"pid", "signal", "steps", "trace", "launch",
+"rank"}``), written when tracing starts and removed when it stops; ``--steps N`` leaves
+``<pid>.request.json`` (``{"steps": N}``) beside it, read at the boundary that opens the
+window.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from copytrace.tracer import _schedule as S
+
+__all__ = ["Trigger", "Windows", "arm_dir", "arm_file", "request_file"]
+
+
+def arm_dir() -> Path:
+    """Where armed processes leave their arm files."""
+    return Path(tempfile.gettempdir()) / "copytrace-armed"
+
+
+def arm_file(pid: int) -> Path:
+    return arm_dir() / f"{pid}.json"
+
+
+def request_file(pid: int) -> Path:
+    return arm_dir() / f"{pid}.request.json"
+
+
+class Windows:
+    """The schedule of an armed session: ``NONE`` outside the opened windows.
+
+    Attributes:
+        steps: steps per window by default.
+        windows: ``(first step, last step + 1)`` of each window opened, in order.
+    """
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.windows: list[tuple[int, int]] = []
+
+    def open(self, step: int, steps: int | None = None) -> tuple[int, int]:
+        """Open a window of ``steps`` steps at ``step`` (after the last one if still open)."""
+        start = max(step, self.windows[-1][1]) if self.windows else step
+        window = (start, start + (steps or self.steps))
+        self.windows.append(window)
+        return window
+
+    def __call__(self, step: int) -> str:
+        for first, end in reversed(self.windows):
+            if step >= end:
+                return S.NONE
+            if step >= first:
+                return S.RECORD_AND_SAVE if step == end - 1 else S.RECORD
+        return S.NONE
+
+    def __repr__(self) -> str:
+        return f"trigger=signal,steps={self.steps}"
+
+
+_SAID: set[str] = set()
+
+
+def _say_once(key: str, message: str) -> None:
+    if key not in _SAID:
+        _SAID.add(key)
+        print(f"copytrace: {message}", file=sys.stderr)
+
+
+class Trigger:
+    """The trigger signal of one armed session.
+
+    Attributes:
+        signame: the signal's name (``SIGUSR2``).
+        pending: signals arrived and not yet turned into a window.
+        installed: copytrace's handler is in place.
+    """
+
+    def __init__(self, signame: str, steps: int) -> None:
+        self.signame = signame
+        self.windows = Windows(steps)
+        self.pending = 0
+        self.installed = False
+        self._previous: Any = None
+        self._arm: Path | None = None
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.pending += 1
+        previous = self._previous
+        if callable(previous):
+            previous(signum, frame)  # the program's own handler still gets its call
+
+    def install(self, trace: Path | None, output_dir: Path, arm: bool = True) -> bool:
+        """Install the handler (see the module docstring) and write the arm file (unless
+        ``arm`` is False: the flight recorder's signal, :mod:`copytrace.tracer._ring`)."""
+        sig = getattr(signal, self.signame, None)
+        if sig is None:
+            _say_once(self.signame, f"this platform has no {self.signame}: the trigger stays idle")
+            return False
+        if threading.current_thread() is not threading.main_thread():
+            _say_once("thread", "a trigger is armed only from the main thread: staying idle")
+            return False
+        try:
+            current = signal.getsignal(sig)
+            if current is signal.SIG_IGN or current is None:
+                _say_once(
+                    self.signame,
+                    f"the program handles {self.signame} itself: copytrace does not take it "
+                    f"(choose another signal: COPYTRACE_TRIGGER_SIGNAL, COPYTRACE_RING_SIGNAL)",
+                )  # fmt: skip
+                return False
+            self._previous = current if callable(current) else None
+            signal.signal(sig, self._handler)
+        except (ValueError, OSError) as err:
+            _say_once(self.signame, f"cannot arm {self.signame} ({err}): the trigger stays idle")
+            return False
+        self.installed = True
+        if arm:
+            self._write_arm(trace, output_dir)
+        return True
+
+    def _write_arm(self, trace: Path | None, output_dir: Path) -> None:
+        info = {
+            "pid": os.getpid(),
+            "signal": self.signame,
+            "steps": self.windows.steps,
+            "trace": str(trace.resolve()) if trace is not None else None,
+            "output_dir": str(output_dir.resolve()),
+            "launch": os.environ.get("COPYTRACE_LAUNCH") or os.environ.get("TORCHELASTIC_RUN_ID"),
+            "rank": os.environ.get("RANK"),
+        }
+        try:
+            path = arm_file(os.getpid())
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(info))
+            tmp.replace(path)
+            self._arm = path
+        except OSError:
+            self._arm = None
+
+    def uninstall(self) -> None:
+        """Put the previous handler back (where ours is still there); remove the arm file."""
+        if self._arm is not None:
+            for path in (self._arm, request_file(os.getpid())):
+                try:
+                    path.unlink()
+                except OSError:
+                    pass
+            self._arm = None
+        if not self.installed:
+            return
+        self.installed = False
+        sig = getattr(signal, self.signame)
+        try:
+            if signal.getsignal(sig) == self._handler:
+                previous = self._previous if self._previous is not None else signal.SIG_DFL
+                signal.signal(sig, previous)
+        except (ValueError, OSError):
+            pass
+
+    def open(self, step: int) -> tuple[int, int]:
+        """Turn the pending signals into a window starting at ``step`` (its steps from a
+        ``copytrace trigger --steps`` request when there is one)."""
+        self.pending = 0
+        steps = None
+        req = request_file(os.getpid())
+        try:
+            steps = int(json.loads(req.read_text())["steps"])
+            req.unlink()
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        return self.windows.open(step, steps if steps and steps > 0 else None)

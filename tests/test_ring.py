@@ -1,0 +1,117 @@
+"""The flight recorder (``COPYTRACE_RING=N``): a real training process keeps only its last N
+records and writes them, with the run span, after an uncaught exception, on SIGTERM and on
+SIGUSR1 (while it goes on). Memory over a long run is checked in a benchmark
+(``benchmarks/ring_memory.py``), not here."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Two clones per iteration, each iteration one step (optimizer.step() ends it): 2 records a
+# step. ``HOW`` decides how the process ends after iteration 20.
+TRAIN = """
+import os, signal, sys, time, torch
+how = sys.argv[1]
+model = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for i in range(21):
+    x = torch.ones(2, 4).clone()
+    model(x.clone()).sum().backward()
+    opt.step()
+    if how == "usr1" and i == 15:
+        os.kill(os.getpid(), signal.SIGUSR1)
+print("done", flush=True)
+if how == "raise":
+    raise MemoryError("out of memory at top level")
+if how == "term":
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+"""
+
+RING = 6
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COPYTRACE", "OTEL_"))}
+    env.update(extra)
+    return env
+
+
+def _read(path: Path) -> tuple[list[int], dict]:
+    """The steps of a trace file's clones, and its run span's attributes."""
+    steps, run = [], {}
+    for line in gzip.open(path, "rt").read().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            for span in rs["scopeSpans"][0]["spans"]:
+                attrs = {a["key"]: next(iter(a["value"].values())) for a in span["attributes"]}
+                if span["name"] == "copytrace.clone":
+                    steps.append(int(attrs["copytrace.step"]))
+                elif span["name"] == "copytrace.run":
+                    run = attrs
+    return sorted(steps), run
+
+
+def _run(tmp_path: Path, how: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    prog = tmp_path / "train.py"
+    prog.write_text(TRAIN)
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, str(prog), how], capture_output=True, text=True, timeout=180,
+        env=_env(COPYTRACE="1", COPYTRACE_RING=str(RING), COPYTRACE_OUTPUT=str(out),
+                 COPYTRACE_REPORT="0"),
+    )  # fmt: skip
+    return proc, out
+
+
+def _last_steps(steps: list[int]) -> None:
+    # the ring keeps at least the last RING records, at most 2 RING (it is cut at step
+    # boundaries), and always the newest: the last steps' 2 records each
+    assert RING <= len(steps) <= 2 * RING, steps
+    assert steps == sorted(steps) and steps[-1] == 20
+    assert steps == [s for s in range(21) for _ in range(2)][-len(steps) :]
+
+
+def test_ring_after_an_exception(tmp_path):
+    proc, out = _run(tmp_path, "raise")
+    assert proc.returncode == 1 and "MemoryError" in proc.stderr
+    (path,) = out.glob("*.otlp.jsonl.gz")
+    steps, run = _read(path)
+    _last_steps(steps)
+    assert run["copytrace.ring"] == str(RING)  # OTLP/JSON: ints as strings
+    assert run["copytrace.ring_reason"] == "MemoryError"
+    assert int(run["copytrace.ring_skipped"]) == 42 - len(steps)  # 21 steps x 2 clones
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTERM"), reason="no SIGTERM")
+def test_ring_on_sigterm(tmp_path):
+    proc, out = _run(tmp_path, "term")
+    assert proc.returncode == -signal.SIGTERM  # it still dies of the signal
+    (path,) = out.glob("*.otlp.jsonl.gz")
+    steps, run = _read(path)
+    _last_steps(steps)
+    assert run["copytrace.ring_reason"] == "SIGTERM"
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1")
+def test_ring_on_sigusr1_while_running(tmp_path):
+    proc, out = _run(tmp_path, "usr1")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "done\n"  # SIGUSR1 did not end the program
+    files = sorted(out.glob("*.otlp.jsonl.gz"), key=lambda p: p.stat().st_mtime)
+    assert len(files) == 2, files  # the dump at SIGUSR1, then the end of the run
+    dumped, run = _read(files[0])
+    # SIGUSR1 arrives in step 15, after its records; written at the boundary ending step 16
+    # (the next one) together with step 16's records
+    assert dumped[-1] == 16 and RING <= len(dumped) <= 2 * RING + 2
+    assert run["copytrace.ring_reason"] == "SIGUSR1"
+    steps, run = _read(files[1])
+    _last_steps(steps)
+    assert run["copytrace.ring_reason"] == "the end of the run"

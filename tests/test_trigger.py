@@ -1,0 +1,174 @@
+"""Armed and idle (``COPYTRACE_TRIGGER=signal``): a real training process traces exactly the
+steps after ``copytrace trigger``, its stdout unchanged; a program's own handler of the
+signal still gets its calls."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from copytrace.tracer._schedule import NONE, RECORD, RECORD_AND_SAVE
+from copytrace.tracer._trigger import Windows
+
+pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGUSR2"), reason="no SIGUSR2 here")
+
+# One clone per iteration; each optimizer.step() ends a step (auto_step), so iteration i's
+# clone is in step i. The program waits after iteration 5's optimizer.step(), i.e. in step 6.
+TRAIN = """
+import os, sys, time, torch
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(8, 4)
+for i in range(30):
+    loss = model(x.clone()).pow(2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    print(f"iter {i} loss {loss.item():.6f}", flush=True)
+    if i == 5:
+        print("waiting", flush=True)
+        while not os.path.exists(sys.argv[1]):
+            time.sleep(0.01)
+"""
+
+OWN_HANDLER = """
+import os, signal, torch, copytrace
+calls = []
+signal.signal(signal.SIGUSR2, lambda s, f: calls.append(s))
+model = torch.nn.Linear(4, 4)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with copytrace.trace(os.environ["OUT"], trigger="signal", trigger_steps=3) as t:
+    for i in range(10):
+        model(torch.ones(2, 4).clone()).sum().backward()
+        opt.step()
+        if i == 2:
+            os.kill(os.getpid(), signal.SIGUSR2)
+print("handler calls", len(calls), "windows", t.session.trigger.windows.windows)
+"""
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COPYTRACE", "OTEL_"))}
+    env.update(extra)
+    return env
+
+
+def _spans(out: Path) -> list[tuple[str, dict]]:
+    (path,) = out.glob("*.otlp.jsonl*")
+    spans = []
+    for line in gzip.open(path, "rt").read().splitlines():
+        for rs in json.loads(line)["resourceSpans"]:
+            for ss in rs["scopeSpans"]:
+                for span in ss["spans"]:
+                    attrs = {a["key"]: a["value"] for a in span["attributes"]}
+                    spans.append((span["name"], attrs))
+    return spans
+
+
+def _steps(spans: list[tuple[str, dict]], name: str) -> list[int]:
+    return sorted(int(a["copytrace.step"]["intValue"]) for n, a in spans if n == name)
+
+
+def test_trigger_traces_exactly_the_next_steps(tmp_path):
+    prog, go, out = tmp_path / "train.py", tmp_path / "go", tmp_path / "out"
+    prog.write_text(TRAIN)
+    plain_go = tmp_path / "plain-go"
+    plain_go.touch()
+    plain = subprocess.run(
+        [sys.executable, str(prog), str(plain_go)], capture_output=True, text=True,
+        env=_env(), timeout=120,
+    )  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(prog), str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=_env(COPYTRACE="1", COPYTRACE_TRIGGER="signal", COPYTRACE_OUTPUT=str(out)),
+    )  # fmt: skip
+    try:
+        lines = []
+        assert proc.stdout is not None
+        while not lines or lines[-1] != "waiting\n":
+            lines.append(proc.stdout.readline())
+            assert lines[-1], "the program ended early"
+        exe = Path(sys.executable).with_name("copytrace")
+        trig = subprocess.run(
+            [str(exe), "trigger", str(proc.pid)], capture_output=True, text=True, timeout=60
+        )
+        assert trig.returncode == 0, trig.stderr
+        assert f"process {proc.pid}: tracing the next 10 steps -> {out}" in trig.stdout
+        time.sleep(0.2)
+        go.touch()
+        rest, err = proc.communicate(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert "".join(lines) + rest == plain.stdout  # the program's output is unchanged
+    assert "copytrace: traced steps 7-16" in err
+    spans = _spans(out)
+    # signalled during step 6: the window opens at the next boundary, steps 7..16
+    assert _steps(spans, "copytrace.step") == list(range(7, 17))
+    assert _steps(spans, "copytrace.clone") == list(range(7, 17))
+    (run,) = [a for n, a in spans if n == "copytrace.run"]
+    windows = [v["stringValue"] for v in run["copytrace.windows"]["arrayValue"]["values"]]
+    assert windows == ["7-16"]
+    assert (out / "report.html").exists()
+
+
+def test_the_programs_own_handler_is_chained(tmp_path):
+    prog = tmp_path / "own.py"
+    prog.write_text(OWN_HANDLER)
+    proc = subprocess.run(
+        [sys.executable, str(prog)], capture_output=True, text=True, timeout=120,
+        env=_env(OUT=str(tmp_path / "out"), COPYTRACE_REPORT="0"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    # the signal arrives in step 3 (after the third optimizer.step, iteration i's clone is
+    # in step i): the window opens at the next boundary, steps 4..6
+    assert "handler calls 1 windows [(4, 7)]" in proc.stdout
+    assert _steps(_spans(tmp_path / "out"), "copytrace.clone") == [4, 5, 6]
+
+
+def test_an_ignored_signal_is_the_programs(tmp_path):
+    code = (
+        "import signal, torch, copytrace\n"
+        "signal.signal(signal.SIGUSR2, signal.SIG_IGN)\n"
+        "with copytrace.trace(write=False, trigger='signal') as t:\n"
+        "    assert not t.session.trigger.installed\n"
+        "assert signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("the program handles SIGUSR2 itself") == 1
+
+
+def test_trigger_refuses_a_process_that_is_not_armed():
+    exe = Path(sys.executable).with_name("copytrace")
+    proc = subprocess.run(
+        [str(exe), "trigger", str(os.getpid())], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [
+        f"copytrace: error: process {os.getpid()} is not armed by copytrace (start it with "
+        "COPYTRACE=1 COPYTRACE_TRIGGER=signal, or copytrace.trace(trigger='signal'))"
+    ]
+
+
+def test_windows_queue_one_after_another():
+    w = Windows(3)
+    assert [w(s) for s in range(3)] == [NONE] * 3
+    assert w.open(5) == (5, 8)
+    assert w.open(6) == (8, 11)  # a second signal mid-window: the next one starts after it
+    assert w.windows == [(5, 8), (8, 11)]
+    assert [w(s) for s in range(4, 12)] == [
+        NONE, RECORD, RECORD, RECORD_AND_SAVE, RECORD, RECORD, RECORD_AND_SAVE, NONE,
+    ]  # fmt: skip
