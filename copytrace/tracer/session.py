@@ -146,8 +146,7 @@ class Session:
 
     def _production(self, trigger: Any, trigger_steps: Any, ring: Any, schedule: Any) -> None:
         """The trigger (armed and idle) or the schedule, and the flight recorder's ring."""
-        if trigger is None:
-            trigger = _env.setting(_env.COPYTRACE_TRIGGER)
+        trigger = trigger if trigger is not None else _env.setting(_env.COPYTRACE_TRIGGER)
         if _env.parse_trigger(trigger) == "signal":
             steps = trigger_steps or _env.setting(_env.COPYTRACE_TRIGGER_STEPS)
             signame = _env.setting(_env.COPYTRACE_TRIGGER_SIGNAL)
@@ -159,9 +158,8 @@ class Session:
             self.schedule = S.schedule_from(schedule)
         #: the flight recorder's size (:mod:`copytrace.tracer._ring`); 0: off
         self.ring = int(ring if ring is not None else _env.setting(_env.COPYTRACE_RING))
-        self._ring_signal = (
-            _trigger.Trigger(_env.setting(_env.COPYTRACE_RING_SIGNAL), 0) if self.ring else None
-        )
+        ring_signal = _env.setting(_env.COPYTRACE_RING_SIGNAL)
+        self._ring_signal = _trigger.Trigger(ring_signal, 0) if self.ring else None
 
     def _target(self) -> Session:
         """The session that records: the active one this session delegates to, or itself."""
@@ -576,12 +574,9 @@ class Session:
         """The ``copytrace.run`` span's attributes (``docs/trace-format.md``)."""
         return _runattrs.run_attributes(self)
 
-    # -- optimizer steps ------------------------------------------------------------------------
     def _install_step_hooks(self) -> None:
-        """Follow optimizer steps: with the C++ observer, a RecordFunction callback on the
-        ``Optimizer.step#<Class>.step`` scope torch's ``Optimizer.profile_hook_step`` opens
-        around every ``step()`` (nothing in torch's global optimizer hook dicts); on the Python
-        fallback, torch's global optimizer step pre/post hooks."""
+        """Follow optimizer steps: the C++ observer's callback on the ``Optimizer.step#...``
+        scope of every ``step()`` (nothing in torch's hook dicts), else torch's global hooks."""
         native = self._native()
         if native is not None and native.set_step_hooks(self._on_optim_pre, self._on_optim_post):
             self._step_native = native
