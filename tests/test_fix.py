@@ -266,3 +266,30 @@ def test_check_names_the_fix_command(exact: dict) -> None:
     cmd = [sys.executable, "-m", "copytrace", "check", "out-before"]
     proc = subprocess.run(cmd, cwd=exact["root"], capture_output=True, text=True, timeout=120)
     assert "copytrace check: patches for some findings: copytrace fix out-before --code " in proc.stdout
+
+
+CONTIGUOUS = """\
+import torch
+
+w = torch.nn.Parameter(torch.ones(8, 4))
+opt = torch.optim.SGD([w], lr=0.1)
+for step in range(6):
+    x = (w * 2).t().t()  # contiguous: .contiguous() returns it unchanged
+    y = x.contiguous().view(32)
+    y.sum().backward()
+    opt.step()
+    opt.zero_grad()
+print(float(w.sum()))
+"""
+
+
+def test_a_contiguous_that_never_copied_is_kept(tmp_path: Path) -> None:
+    # Every recorded .contiguous() returned its input (a no-op-conversion finding), yet the
+    # fix is refused: contiguity comes from the layout a kernel chose, and the .view() after
+    # it raises on a non-contiguous tensor (another device or shape can change that layout).
+    root = _project(tmp_path, "contig", CONTIGUOUS)
+    _trace(root, "train.py", "out")
+    plan = plan_fixes(root / "out", root=root)
+    assert plan.fixes == [] and plan.files == {}
+    reasons = [u.reason for u in plan.unfixed if u.finding.code == "noop-conversion"]
+    assert reasons and "`.contiguous()` is kept" in reasons[0]

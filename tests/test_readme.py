@@ -88,7 +88,7 @@ def test_readme_commands_are_found():
     commands = readme_commands(_readme())
     # One of each kind the README shows (derived by reading it): the set-up's traced run,
     # the hook with and without an output directory, run with arguments and with py-spy,
-    # report, summary and check.
+    # report, summary and check; two runs compared (diff, check --baseline) and fix.
     assert commands == [
         "copytrace run examples/train_charlm.py",
         "COPYTRACE=1 python examples/train_charlm.py",
@@ -99,6 +99,11 @@ def test_readme_commands_are_found():
         "copytrace summary copytrace-out",
         "copytrace check copytrace-out --max-bytes-per-step 64MiB --max-copies-per-step 100 "
         "--forbid data-inplace",
+        "COPYTRACE_OUTPUT=base-out copytrace run examples/train_charlm.py",
+        "COPYTRACE_OUTPUT=new-out copytrace run examples/train_charlm.py",
+        "copytrace diff base-out new-out",
+        "copytrace check new-out --baseline base-out --max-increase 10%",
+        "copytrace fix new-out",
     ]
 
 

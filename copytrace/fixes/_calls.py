@@ -142,9 +142,17 @@ def _literal(node: cst.BaseExpression, src: Source) -> bool:
 
 
 def noop_conversion(t: Target, src: Source) -> Edit:
-    """Drop ``.to("cpu")``, ``.float()``, ``.contiguous()``... where every recorded call at the
-    site returned its input: the result was the input itself, so values do not change."""
+    """Drop ``.to("cpu")``, ``.float()``... where every recorded call at the site returned its
+    input: the result was the input itself, so values do not change.
+
+    ``.contiguous()`` (and ``.to(memory_format=...)``) is never dropped: whether it copies
+    depends on the memory layout a kernel chose (``scaled_dot_product_attention``'s output is
+    laid out so that its transpose is contiguous on one backend and not on another), and the
+    ``.view()`` that usually follows raises on a non-contiguous tensor."""
     op = t.events[0].op
+    if op == "contiguous":
+        raise Refuse("`.contiguous()` is kept: whether it copies depends on the layout a kernel "
+                     "chose, which another device or shape can change")  # fmt: skip
     same_op = [e for e in t.site_events if e.op == op]
     if not same_op or not all(e.noop and not e.error for e in same_op):
         copied = sum(1 for e in same_op if not e.noop)
@@ -153,6 +161,9 @@ def noop_conversion(t: Target, src: Source) -> Edit:
     for a in call.args:
         if a.keyword is not None and a.keyword.value == "copy":
             raise Refuse("`.to(..., copy=...)` is left as it is")
+        if a.keyword is not None and a.keyword.value == "memory_format":
+            raise Refuse("a memory-format conversion is kept: whether it copies depends on "
+                         "the layout a kernel chose")  # fmt: skip
         if not _literal(a.value, src):
             raise Refuse(f"`{_code(src, a.value)}` is not a constant: device- or dtype-generic "
                          "code may convert on another run")  # fmt: skip
