@@ -312,7 +312,7 @@ def _combine(columns: list[np.ndarray]) -> np.ndarray:
     for col in columns:
         _, dense = np.unique(col, return_inverse=True)
         dense = dense.ravel().astype(np.int64)
-        if key is not None:
+        if key is not None and len(dense):  # (no row: nothing to combine)
             _, dense = np.unique(key * (int(dense.max()) + 1) + dense, return_inverse=True)
             dense = dense.ravel().astype(np.int64)
         key = dense
