@@ -408,7 +408,8 @@ int install(const std::vector<OpSpec>& ops) {
   }
   g_lib = std::move(lib);
   counted_names();
-  if (g_rf != 0 && g_rf_thread != std::this_thread::get_id()) g_rf = 0;  // left on another thread
+  if (g_rf != 0 && (g_rf_thread != std::this_thread::get_id() || !in_tls(g_rf)))
+    g_rf = 0;  // left on another thread, or gone with a swapped TLS
   if (g_rf == 0) {
     g_rf = at::addThreadLocalCallback(at::RecordFunctionCallback(&rf_start, &rf_end)
                                           .needsInputs(false)
@@ -423,6 +424,14 @@ int install(const std::vector<OpSpec>& ops) {
 PyObject* py_bool(bool v) { return Py_NewRef(v ? Py_True : Py_False); }
 
 }  // namespace
+
+bool in_tls(uint64_t handle) {
+  static_assert(std::is_same_v<at::CallbackHandle, uint64_t>, "CallbackHandle is uint64_t");
+  if (handle == 0) return false;
+  for (const auto& entry : at::get_record_function_tls_().sorted_tls_callbacks_)
+    if (entry.handle_ == handle) return true;
+  return false;
+}
 
 // A compiled region: no op of it is observed, and the depth callback pauses on this thread.
 void suppress_region() {
@@ -461,7 +470,7 @@ PyObject* py_install(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
 PyObject* py_uninstall(PyObject*, PyObject*) {
   g_on.store(false);
   if (g_rf != 0 && g_rf_thread == std::this_thread::get_id()) {
-    at::removeCallback(g_rf);
+    if (in_tls(g_rf)) at::removeCallback(g_rf);
     g_rf = 0;
   }
   g_lib.reset();  // deregisters: every key's table entry is torch's own again

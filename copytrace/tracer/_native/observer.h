@@ -73,6 +73,14 @@ extern __thread TlsStack<int16_t> tls_fold;
 void suppress_region();
 void unsuppress_region();
 
+// Whether `handle` is one of this thread's current thread-local RecordFunction callbacks. The
+// thread's RecordFunctionTLS is swapped by at::ThreadLocalStateGuard (the autograd engine runs
+// a backward under the graph task's copy, restored when backward returns) and emptied by
+// at::clearCallbacks: a callback added inside such a scope is gone after it, and
+// at::removeCallback of a handle not found logs "Requested callback is not found"
+// (aten/src/ATen/record_function.cpp) on the program's stderr. Remove only when present.
+bool in_tls(uint64_t handle);  // handle: an at::CallbackHandle; defined in kernels.cpp
+
 inline int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())

@@ -64,12 +64,13 @@ PyObject* py_set_step_hooks(PyObject*, PyObject* const* argv, Py_ssize_t nargs) 
   set_slot(g_step_end, on ? argv[1] : Py_None);
   if (!on) {
     if (g_step_rf != 0 && g_step_thread == std::this_thread::get_id()) {
-      at::removeCallback(g_step_rf);
+      if (in_tls(g_step_rf)) at::removeCallback(g_step_rf);
       g_step_rf = 0;
     }
     Py_RETURN_FALSE;
   }
-  if (g_step_rf != 0 && g_step_thread != std::this_thread::get_id()) g_step_rf = 0;
+  if (g_step_rf != 0 && (g_step_thread != std::this_thread::get_id() || !in_tls(g_step_rf)))
+    g_step_rf = 0;  // left on another thread, or gone with a swapped TLS
   if (g_step_rf == 0) {
     g_step_rf = at::addThreadLocalCallback(at::RecordFunctionCallback(&step_start, &step_stop)
                                                .needsInputs(false)

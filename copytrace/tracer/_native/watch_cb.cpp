@@ -157,6 +157,8 @@ void watch_end(const at::RecordFunction&, at::ObserverContext* ctx) {
 // none is. Called with the GIL held.
 void settle_callback() {
   const bool here = g_watch_rf_thread == std::this_thread::get_id();
+  // added under a swapped TLS (in a backward) and gone with it: add it again where needed
+  if (g_watch_rf != 0 && here && !in_tls(g_watch_rf)) g_watch_rf = 0;
   if (g_watched.empty()) {
     if (g_watch_rf != 0 && here) {
       at::removeCallback(g_watch_rf);
