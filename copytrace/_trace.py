@@ -302,8 +302,9 @@ class Trace:
             The report path.
 
         Raises:
-            CopytraceError: The trace is still running, or it wrote no file and some of
-                its events went to exporters only (``write=False`` with ``flush_events``).
+            CopytraceError: The trace is still running, has not started, or it wrote no file
+                and some of its events went to exporters only (``write=False`` with
+                ``flush_events``).
         """
         import tempfile
 
@@ -315,6 +316,8 @@ class Trace:
         out = Path(path) if path is not None else target.output_dir / "report.html"
         if target.trace_path is not None:
             written = write_report(target.trace_path, out)
+        elif not target.session._start_ns:
+            raise CopytraceError("the trace has not been written yet: nothing was traced")
         elif target.stats.get("flushes"):
             raise CopytraceError(
                 "the trace wrote no file and flushed events to its exporters: "

@@ -125,6 +125,9 @@ class RunInfo:
     events_discarded: int = 0
     devices: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
+    windows: list[str] = field(default_factory=list)
+    ring: int | None = None
+    ring_reason: str = ""
 
 
 @dataclass
@@ -769,6 +772,9 @@ def _run_info(run: Run, index: int) -> RunInfo:
         overhead_ns=overhead,
         events_discarded=_int(attrs.get("copytrace.events_discarded")),
         files=[str(f) for f in run.files],
+        windows=[str(w) for w in attrs.get("copytrace.windows") or []],
+        ring=_opt_int(attrs.get("copytrace.ring")),
+        ring_reason=_str(attrs.get("copytrace.ring_reason")),
     )
 
 
