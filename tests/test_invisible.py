@@ -11,6 +11,8 @@ pointers and type slots CPython calls through (read with ctypes, checked against
 from __future__ import annotations
 
 import ctypes
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -532,3 +534,38 @@ def test_write_watch_registered_in_backward_leaves_no_torch_log_line(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[-1] == "done"
     assert "callback" not in done.stderr, done.stderr
+
+
+_DYNAMO_AFTER_TRACE = """
+import sys
+import numpy as np, torch
+import copytrace
+if sys.argv[1] == "traced":  # a trace before the program first imports torch._dynamo
+    with copytrace.trace(write=False):
+        torch.ones(2).clone()
+from torch._dynamo.utils import counters
+ones = np.ones(4, dtype=np.float32)
+@torch.compile(backend="eager")
+def f(x):
+    return x * 2 + torch.from_numpy(ones)
+f(torch.ones(4))
+print(sum(counters["graph_break"].values()), dict(counters["stats"]))
+"""
+
+
+def test_dynamo_imported_after_a_trace_sees_torch_own_functions(tmp_path):
+    # torch._dynamo keeps some torch functions it sees when imported: imported while
+    # copytrace's torch.from_numpy patch stood, it kept the patch and graph-broke on
+    # torch.from_numpy after the trace. The same program compiles the same, traced or not.
+    script = tmp_path / "dynamo_after.py"
+    script.write_text(_DYNAMO_AFTER_TRACE)
+
+    def run(mode: str) -> str:
+        proc = subprocess.run([sys.executable, str(script), mode], capture_output=True,
+                              text=True, timeout=300)  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.strip()
+
+    untraced = run("untraced")
+    assert untraced.startswith("0 ")  # one graph, no break (read from torch, not pinned)
+    assert run("traced") == untraced

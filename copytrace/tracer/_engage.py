@@ -23,6 +23,17 @@ from copytrace.tracer import compiled as _compiled
 __all__ = ["Engagement"]
 
 
+def _preload_dynamo() -> None:
+    """Import ``torch._dynamo`` before any patch is in place (the compiled-call hooks import
+    it anyway). Some of its modules keep the torch functions they see when imported: one
+    imported while copytrace's ``torch.from_numpy`` stands would keep the patch for good, and
+    dynamo would then graph-break on ``torch.from_numpy`` in the program after the trace."""
+    try:
+        import torch._dynamo  # noqa: F401
+    except Exception:  # no dynamo on this torch: nothing of it to protect
+        pass
+
+
 def _force_eager() -> Any:
     """Fallback for a torch whose compiled callables offer no hook (see ``_compiled``): put
     torch.compile in its ``force_eager`` stance while the dispatch mode is active.
@@ -64,6 +75,7 @@ class Engagement:
         if self.engaged:
             return
         self.engaged = True
+        _preload_dynamo()
         _recorder.set_active(rec)
         if native is not None:
             fmode = _observer.engage(rec, native, full=self.level != "api")
