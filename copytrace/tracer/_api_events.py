@@ -159,7 +159,7 @@ class ApiEvents:
         if ev.transfer != "none" and (
             ev.fake or ev.dst_device in NO_MEMORY or ev.src_device in NO_MEMORY
         ):
-            settle_unreal(ev)  # a meta tensor: observer.cpp's record names a transfer
+            settle_unreal(ev)  # a meta tensor: record.cpp's record names a transfer
         if grad_fn is not None and ev.phase != "backward":
             _tag_grad_fn(grad_fn, ev)
         try:  # the rest of Watch.event: an error there still keeps the event

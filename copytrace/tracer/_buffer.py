@@ -195,7 +195,7 @@ class Buffer:
         if rec.group is not None or rec.active is not None:
             return  # not between two records: the next boundary will do
         events = rec.events
-        settle_unreal_events(events)  # observer.cpp's fast events to a meta device
+        settle_unreal_events(events)  # the C fast path's events (api_mode.cpp) to a meta device
         chunk = Chunk(events, self.step_log)
         chunk.then = then
         if compiled is not None:

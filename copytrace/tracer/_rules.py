@@ -234,7 +234,7 @@ def settle_unreal(ev: Any) -> None:
         ev.transfer = "none"
         ev.pinned = False
         if (ev.fake or dst in _NO_MEMORY) and not ev.alias:
-            ev.fake = True  # a copy of no real memory (as observer.cpp marks a meta result)
+            ev.fake = True  # a copy of no real memory (as record.cpp marks a meta result)
             ev.bytes_allocated = 0
 
 
