@@ -9,20 +9,18 @@ summary. The recording side imports none of them.
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import os
 import sys
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from copytrace._errors import CopytraceError
 from copytrace.tracer import CopyEvent, Schedule, Session
 
 __all__ = ["Schedule", "Trace", "trace"]
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def find_hazards(path: Path) -> list[dict[str, Any]]:
@@ -67,7 +65,7 @@ def _session_value(name: str, doc: str) -> property:
     return property(lambda self: getattr(self.session, name), doc=doc)
 
 
-class Trace:
+class Trace(contextlib.ContextDecorator):
     """One tracing session: records every tensor copy and alias while it is active.
 
     Use it as a context manager (``with copytrace.trace() as t:``) or as a decorator. Inside,
@@ -232,16 +230,6 @@ class Trace:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.note_exit(exc_type, exc)
         self.stop()
-
-    def __call__(self, fn: F) -> F:
-        """Use the trace as a decorator: ``fn`` runs traced; each call writes the trace."""
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self:
-                return fn(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
 
     # -- during tracing ---------------------------------------------------------------------------
     def step(self) -> int:

@@ -16,6 +16,7 @@ modes, wrappers and patches), :mod:`._process` (the one active session, SIGTERM,
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -23,7 +24,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch.optim.optimizer as _optim
 
@@ -40,7 +41,6 @@ from copytrace.tracer._rules import settle_unreal_events
 
 __all__ = ["HazardFinder", "Session", "active_session"]
 
-F = TypeVar("F", bound=Callable[..., Any])
 
 #: ``find_hazards(trace file) -> hazards``, each a plain dict with ``code``, ``severity``,
 #: ``message``, ``fix``, ``call_sites`` and optionally ``bytes``, ``event_seqs``,
@@ -53,7 +53,7 @@ def active_session() -> Session | None:
     return _process.active()  # type: ignore[no-any-return]
 
 
-class Session:
+class Session(contextlib.ContextDecorator):
     """One recording: the options of :class:`copytrace.Trace` (see there), plus:
 
     Args:
@@ -471,16 +471,6 @@ class Session:
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
         self.note_exit(exc_type, exc)
         self.stop()
-
-    def __call__(self, fn: F) -> F:
-        """Use the session as a decorator: ``fn`` runs traced; each call writes the trace."""
-
-        @functools.wraps(fn)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            with self:
-                return fn(*args, **kwargs)
-
-        return wrapper  # type: ignore[return-value]
 
     # -- during tracing ---------------------------------------------------------------------------
     def step(self) -> int:
