@@ -196,3 +196,19 @@ def test_ctrl_c_under_copytrace_run_looks_untraced(tmp_path):
     assert traceback_of(traced) == expected
     assert "runpy" not in traced and "copytrace/cli" not in traced
     assert (tmp_path / "out" / "report.html").is_file()  # the trace and report still written
+
+
+def test_run_honours_copytrace_report_0(tmp_path):
+    # COPYTRACE_REPORT=0 means "traces only" under COPYTRACE=1; `copytrace run` reads the same
+    # settings (it honours COPYTRACE_OUTPUT), so it writes the trace and no report.html.
+    script = tmp_path / "one.py"
+    script.write_text("import torch\ny = torch.ones(4).clone()\n")
+    out = tmp_path / "o"
+    proc = subprocess.run(
+        [sys.executable, "-m", "copytrace", "run", "-o", str(out), str(script)],
+        capture_output=True, text=True, env=_env(COPYTRACE_REPORT="0"), timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert _ops(out) == ["clone"]
+    assert not (out / "report.html").exists()
+    assert "report written" not in proc.stderr

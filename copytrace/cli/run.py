@@ -135,7 +135,9 @@ def run(args: argparse.Namespace) -> int:
             sys.path.pop(0)
         if not found:
             raise CopytraceError(f"no module named {target}")
-    _env.settings()  # SettingError (exit 2) names the first variable not accepted
+    settings = _env.settings()  # SettingError (exit 2) names the first variable not accepted
+    if not settings[_env.COPYTRACE_REPORT]:
+        args.no_report = True  # COPYTRACE_REPORT=0 means what it means under COPYTRACE=1
     out_dir = Path(args.output or _env.output_dir()).absolute()
     _check_writable(out_dir)
     launcher = _is_launcher(target, is_module)
