@@ -68,7 +68,12 @@ FIXES: dict[str, FixRule] = {
 
 @dataclass
 class Fix:
-    """One finding's patch: where, what changed, and what it does to values."""
+    """One finding's patch: where, what changed, and what it does to values.
+
+    ``diff`` is this fix's own unified diff on the original file (``a/rel`` / ``b/rel``
+    headers, 3 lines of context; what the report shows); findings that share the line share
+    it. :func:`~copytrace.fixes.format_diff` writes the whole plan's patch.
+    """
 
     finding: Any
     rel: str
@@ -76,6 +81,7 @@ class Fix:
     change: str
     exact: bool
     effect: str
+    diff: str = ""
 
     def reason(self) -> str:
         """The one line shown above the fix's hunk."""
@@ -182,6 +188,20 @@ def _remap(old: str, new: str, lines: list[int]) -> list[int | None]:
     return out
 
 
+def _own_diff(t: Target, rule: FixRule, original: str, text: str, new: str) -> str:
+    """The unified diff of ``t``'s fix alone on the original file: made again on it when
+    fixes below it changed the file first (else the diff on the text they left)."""
+    if text != original:
+        try:
+            alone = rule.rewrite(t, Source(original)).module.code
+            text, new = original, alone
+        except Refuse:
+            pass
+    return "".join(difflib.unified_diff(text.splitlines(keepends=True),
+                                        new.splitlines(keepends=True),
+                                        f"a/{t.rel}", f"b/{t.rel}"))  # fmt: skip
+
+
 def _fix_file(targets: list[Target], plan: Plan) -> None:
     """Make the fixes of one file, bottom line first, each on the previous one's text."""
     path = targets[0].path
@@ -211,13 +231,15 @@ def _fix_file(targets: list[Target], plan: Plan) -> None:
             plan.unfixed += [Unfixed(u.finding, str(why)) for u in (t, *twin.get(id(t), ()))]
             continue
         new = edit.module.code
+        diff = _own_diff(t, rule, original, text, new)
         rest = [u for u in todo if current.get(id(u)) is not None and u is not t]
         for u, mapped in zip(rest, _remap(text, new, [current[id(u)] for u in rest]), strict=True):
             current[id(u)] = mapped  # type: ignore[assignment]
         current[id(t)] = None  # type: ignore[assignment]
         text = new
         for same in (t, *twin.get(id(t), ())):
-            plan.fixes.append(Fix(same.finding, t.rel, t.line, edit.change, rule.exact, rule.effect))
+            plan.fixes.append(Fix(same.finding, t.rel, t.line, edit.change, rule.exact, rule.effect,
+                                  diff))  # fmt: skip
     if text != original:
         plan.files[targets[0].rel] = (original, text)
 
