@@ -71,8 +71,9 @@ def plan_findings(
     """Plan the patches of findings already made (``check``, the report), from ``source``.
 
     The run's events are read (:func:`copytrace.analysis._view.runs_of`, which reuses the
-    views the analysis left on an event table) only when some finding's code has a fix, and
-    each line is rewritten once however many findings (steps, parameters) share it.
+    views the analysis left on an event table) only for the runs where a finding whose code
+    has a fix names a file of the project (a trace from another machine reads none), and each
+    line is rewritten once however many findings (steps, parameters) share it.
 
     Args:
         findings: :class:`copytrace.analysis.Finding` objects, or their ``as_dict()`` dicts
@@ -85,12 +86,19 @@ def plan_findings(
     """
     from copytrace.analysis import Finding
     from copytrace.analysis._view import runs_of
+    from copytrace.fixes._plan import _pin, outside
 
     found = [Finding(**f) if isinstance(f, dict) else f for f in findings or ()]
-    need = {f.run for f in found if f.code in FIXES}
+    base = Path(root if root is not None else Path.cwd()).resolve()
+    here: dict[Path, bool] = {}  # a trace from another machine names no file here: no events read
+    for f in found:
+        pin = _pin(f) if f.code in FIXES else None
+        if pin is not None and pin[0] not in here:
+            here[pin[0]] = outside(pin[0], base) is None
+    need = {f.run for f in found if f.code in FIXES and here.get((_pin(f) or (None,))[0])}
     # list(): a large table's views are cleared once the iteration moves past them
     runs = [list(r) if i in need else [] for i, r in enumerate(runs_of(source))] if need else []
-    return make_plan(found, runs, Path(root) if root is not None else Path.cwd())
+    return make_plan(found, runs, base)
 
 
 def apply_plan(plan: Plan) -> list[Path]:
