@@ -9,11 +9,10 @@ state dict and of the model, an in-place EMA update, ``.clone()``, ``.cpu()``), 
 copytrace has something realistic to trace. One hazard is deliberate and marked as such
 (``torch.tensor(loss)`` every step), so that ``copytrace.analysis`` has one to report.
 
-Run it plainly::
+Run it plainly (``CHARLM_STEPS=N`` in the environment changes the default of ``--steps``,
+400; stdout is the same on every run, the elapsed times go to stderr)::
 
     python examples/train_charlm.py [--steps N] [--eval-every K] [--seed S]
-
-(``CHARLM_STEPS=N`` in the environment changes the default of ``--steps``, 400.)
 
 or traced by copytrace from outside (its step counter advances on each
 ``optimizer.step()``)::
@@ -28,6 +27,7 @@ import argparse
 import copy
 import math
 import os
+import sys
 import time
 from pydoc_data.topics import topics
 
@@ -211,9 +211,9 @@ def main(argv: list[str] | None = None) -> int:
                 best_state = copy.deepcopy(model.state_dict())
             print(
                 f"step {step:5d}  train {train_loss:.4f}  val {val_loss:.4f}  "
-                f"ema_val {ema_loss:.4f}  val_acc {val_acc:.3f}  "
-                f"({time.perf_counter() - t0:.1f}s)"
+                f"ema_val {ema_loss:.4f}  val_acc {val_acc:.3f}"
             )
+            print(f"step {step:5d}: {time.perf_counter() - t0:.1f}s", file=sys.stderr)
 
     if best_state is not None:
         model.load_state_dict(best_state)

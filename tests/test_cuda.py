@@ -82,3 +82,67 @@ def test_tracing_never_synchronises_the_device():
         torch.cuda.set_sync_debug_mode("default")
     assert [e.op for e in t.events] == ["to", "clone", "detach", "to"]
     assert all(x.device.type == "cuda" for x in (a, b, c, d))
+
+
+# A DataLoader's batches moved to the GPU from pageable memory every step (lines 13 and 14:
+# pageable-transfer, fixed with pin_memory=True and non_blocking=True), and a tensor the
+# program made moved the same way (line 15: the near miss, a non-DataLoader source).
+PAGEABLE = """\
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+torch.manual_seed(0)
+data = TensorDataset(torch.randn(64, 32), torch.randn(64, 1))
+loader = DataLoader(data, batch_size=8)
+model = nn.Linear(32, 1).cuda()
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+noise = torch.randn(8, 32)
+for epoch in range(2):
+    for xb, yb in loader:
+        xb = xb.to("cuda")
+        yb = yb.to("cuda")
+        nb = noise.to("cuda")
+        loss = (model(xb + 0 * nb) - yb).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+print(repr(model.weight.sum().item()), repr(loss.item()))
+"""
+
+
+def _line(finding):
+    """The line of a finding's first call site (``file:line function``)."""
+    return int(finding.call_sites[0].rsplit(":", 1)[1].split()[0])
+
+
+def test_pageable_transfer_fix_pins_the_dataloader(tmp_path):
+    """Traced, patched, run again: the same output and the batches' findings gone; the
+    program's own tensor gets no patch. (Needs a GPU: the rule sees real host-to-device
+    copies; tests/test_fix.py checks the rewrite itself on findings made by hand.)"""
+    import subprocess
+    import sys
+
+    from copytrace.fixes import apply_plan, plan_fixes
+
+    (tmp_path / "train.py").write_text(PAGEABLE)
+
+    def trace(out):
+        cmd = [sys.executable, "-m", "copytrace", "run", "--no-report", "-o", out, "train.py"]
+        proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return proc.stdout
+
+    before = trace("out-before")
+    plan = plan_fixes(tmp_path / "out-before", codes="pageable-transfer", root=tmp_path)
+    assert sorted((_line(f.finding), f.exact) for f in plan.fixes) == [(13, True), (14, True)]
+    refused = {_line(u.finding): u.reason for u in plan.unfixed}
+    assert list(refused) == [15] and "not a loop variable over a DataLoader" in refused[15]
+    apply_plan(plan)
+    lines = (tmp_path / "train.py").read_text().splitlines()
+    assert lines[6] == "loader = DataLoader(data, batch_size=8, pin_memory=True)"
+    assert lines[12:14] == ['        xb = xb.to("cuda", non_blocking=True)',
+                            '        yb = yb.to("cuda", non_blocking=True)']
+    assert trace("out-after") == before
+    again = plan_fixes(tmp_path / "out-after", codes="pageable-transfer", root=tmp_path)
+    assert again.fixes == [] and [_line(u.finding) for u in again.unfixed] == [15]

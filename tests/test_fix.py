@@ -262,10 +262,49 @@ def test_pageable_transfer_only_for_a_dataloader_batch(tmp_path: Path) -> None:
     assert "not a loop variable over a DataLoader" in plan.unfixed[0].reason
 
 
-def test_check_names_the_fix_command(exact: dict) -> None:
-    cmd = [sys.executable, "-m", "copytrace", "check", "out-before"]
-    proc = subprocess.run(cmd, cwd=exact["root"], capture_output=True, text=True, timeout=120)
-    assert "copytrace check: patches for some findings: copytrace fix out-before --code " in proc.stdout
+CHECKED = """\
+import torch
+
+w = torch.nn.Parameter(torch.ones(3))
+opt = torch.optim.SGD([w], lr=0.1)
+for step in range(3):
+    loss = (w * 2).sum()
+    kept = torch.tensor(loss)
+    a, b = torch.tensor(loss), torch.tensor(loss)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+print(kept.item(), (a + b).item())
+"""
+
+
+def test_check_names_the_fix_command_of_each_patched_finding(tmp_path: Path) -> None:
+    # line 7 gets a patch; line 8 holds two torch.tensor calls (ambiguous): no patch, no command
+    root = _project(tmp_path, "check", CHECKED)
+    _trace(root, "train.py", "out")
+    cmd = [sys.executable, "-m", "copytrace", "check", "out", "--findings", "--forbid",
+           "tensor-ctor-copy"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    err = proc.stderr.splitlines()
+    forbidden = [i for i, x in enumerate(err) if "forbidden hazard tensor-ctor-copy" in x]
+    assert len(forbidden) == 2
+    at7 = [i for i in forbidden if f"{root / 'train.py'}:7 " in err[i]]
+    assert len(at7) == 1
+    assert err[at7[0] + 1] == "copytrace check:   patch: copytrace fix out --code tensor-ctor-copy"
+    assert sum("patch: copytrace fix" in x for x in err) == 1
+    assert "copytrace check: FAILED: 2 violation(s)" in proc.stdout
+    blocks = proc.stdout.split("\n  warning ")[1:]  # --findings: one block per finding
+    patched = [b for b in blocks if "patch: copytrace fix out --code tensor-ctor-copy" in b]
+    assert len(patched) == 1 and "train.py:7 " in patched[0]
+    assert "copytrace check: patches for some findings: copytrace fix out --code " \
+           "tensor-ctor-copy" in proc.stdout  # fmt: skip
+    # the command it names prints that patch, and lists the ambiguous line with its reason
+    fix = subprocess.run([sys.executable, "-m", "copytrace", "fix", "out", "--code",
+                          "tensor-ctor-copy"], cwd=root, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert "+    kept = loss.detach().clone()" in fix.stdout
+    assert "# no patch: tensor-ctor-copy at" in fix.stdout and "ambiguous line" in fix.stdout
 
 
 CONTIGUOUS = """\

@@ -218,3 +218,87 @@ def test_runs_of_two_programs_are_told_apart(browser: Any, tmp_path: Path) -> No
         assert page.errors == []
     finally:
         page.page.close()
+
+
+# Line 10 has a patch that keeps values; line 11 holds two torch.tensor calls (ambiguous: no
+# patch, the advice only); line 13's .data write, a finding per parameter, has one patch
+# that changes values on purpose (the write moves after the backward).
+PATCHED = """\
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x = torch.randn(5, 3)
+for step in range(3):
+    out = model(x).pow(2).sum()
+    kept = torch.tensor(out)
+    a, b = torch.tensor(out), torch.tensor(out)
+    for p in model.parameters():
+        p.data.mul_(0.5)
+    out.backward()
+    opt.step()
+    opt.zero_grad()
+print(kept.item(), (a + b).item())
+"""
+
+
+def test_each_finding_shows_its_patch(
+    browser: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+    import sys
+
+    from copytrace.dashboards import write_report
+
+    (tmp_path / "train.py").write_text(PATCHED)
+    cmd = [sys.executable, "-m", "copytrace", "run", "--no-report", "-o", "out", "train.py"]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    monkeypatch.chdir(tmp_path)  # the project whose files the patches name
+    loaded = _Page(browser, write_report(tmp_path / "out", tmp_path / "report.html"))
+    page = loaded.page
+    try:
+        rows = page.locator("#ct-hazards-body tr")
+        texts = [rows.nth(i).inner_text() for i in range(1, rows.count())]
+        by_line = {n: [t for t in texts if f"train.py:{n} " in t] for n in (10, 11, 13)}
+        writes = len(by_line[13])  # one finding per parameter whose saved value was written
+        assert [len(by_line[10]), len(by_line[11])] == [1, 1] and writes >= 2
+        patches = page.locator("#ct-hazards-body details.patch")
+        assert patches.count() == 1 + writes
+        # the ambiguous line: the advice and why there is no patch, nothing to unfold
+        assert "no patch: ambiguous line: 2 torch.tensor calls on line 11" in by_line[11][0]
+        assert "detach().clone()" in by_line[11][0]  # the finding's advice
+        # collapsed under its reason and what it does to values
+        ctor = page.locator("#ct-hazards-body tr", has_text="train.py:10 ").locator("details")
+        summary = ctor.locator("summary").inner_text()
+        assert summary.startswith("bit for bit patch: tensor-ctor-copy at train.py:10: ")
+        assert "`torch.tensor(out)` -> `out.detach().clone()`" in summary
+        diff = ctor.locator("pre.diff")
+        assert not diff.is_visible()
+        ctor.locator("summary").click()
+        assert diff.is_visible()
+        # a click on the patch does not select the row (the table is not drawn again)
+        assert page.locator("#ct-hazards-body tr.sel").count() == 0
+        assert diff.locator(".del").all_inner_texts() == ["-    kept = torch.tensor(out)"]
+        assert diff.locator(".add").all_inner_texts() == ["+    kept = out.detach().clone()"]
+        assert diff.locator(".hunk").all_inner_texts() == ["@@ -7,7 +7,7 @@"]
+        # highlighted: additions and deletions on different backgrounds
+        bg = "el => getComputedStyle(el).backgroundColor"
+        assert diff.locator(".add").evaluate(bg) != diff.locator(".del").evaluate(bg)
+        assert diff.locator(".ctx").first.evaluate(bg) == "rgba(0, 0, 0, 0)"
+        # the .data writes: one patch for the line (each parameter's finding shows it)
+        data = page.locator("#ct-hazards-body details.patch", has_text="data-inplace")
+        assert data.count() == writes
+        assert set(data.locator("summary").all_inner_texts()) == {data.first.locator(
+            "summary").inner_text()}  # fmt: skip
+        assert data.first.locator("summary").inner_text().startswith(
+            "changes values patch: data-inplace at train.py:13: ")
+        data.first.locator("summary").click()
+        added = data.first.locator("pre.diff .add").all_inner_texts()
+        assert added == ["+    out.backward()", "+        with torch.no_grad():",
+                         "+            p.mul_(0.5)"]  # fmt: skip
+        assert loaded.errors == [] and loaded.dialogs == []
+    finally:
+        page.close()

@@ -176,12 +176,16 @@ def check(
     return check_budget(source, findings, budget, totals), findings
 
 
-def format_findings(findings: Sequence[Finding], limit: int | None = None) -> str:
+def format_findings(
+    findings: Sequence[Finding], limit: int | None = None, notes: Sequence[str] = ()
+) -> str:
     """Findings as plain text for terminals and ``copytrace summary``.
 
     Args:
         findings: what :func:`analyze` returned.
         limit: show at most this many findings (the rest are counted).
+        notes: one more line under each finding, in order (``""``: none); ``copytrace
+            check`` names there the ``copytrace fix`` command of a finding that has a patch.
 
     Returns:
         The text, ending with a newline; ``"hazards: none found\\n"`` without findings.
@@ -192,12 +196,14 @@ def format_findings(findings: Sequence[Finding], limit: int | None = None) -> st
     head = ", ".join(f"{n} {s}{'s' if n != 1 and s != 'info' else ''}" for s, n in counts.items())
     lines = [f"hazards: {head}"]
     shown = findings if limit is None else findings[:limit]
-    for f in shown:
+    for i, f in enumerate(shown):
         steps = f"{len(f.steps)} step{'s' if len(f.steps) != 1 else ''}"
         lines.append(f"  {f.severity:<7} {f.code}: {f.message}")
         where = "; ".join(f.call_sites[:3]) or "(unknown call site)"
         lines.append(f"          at {where}; {format_bytes_exact(f.bytes)}, {steps}")
         lines.append(f"          fix: {f.fix}")
+        if i < len(notes) and notes[i]:
+            lines.append(f"          {notes[i]}")
     if len(shown) < len(findings):
         lines.append(f"  ... and {len(findings) - len(shown)} more")
     return "\n".join(lines) + "\n"

@@ -9,6 +9,7 @@ from typing import Any, TextIO
 
 from copytrace.cli._common import add_trace_command, select_runs, warn_unreadable
 from copytrace.cli._engine import add_engine_options, is_dataset
+from copytrace.cli.fix import suggest
 
 __all__ = ["register", "handle", "EXIT_VIOLATION"]
 
@@ -91,19 +92,49 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
         violations += _partial(trace)
     if args.baseline is not None:
         violations += _against_baseline(args, trace, limit, err)
+    patches = _patches(args, findings, trace)
     if args.findings:
-        out.write(format_findings(findings))
-    status = _verdict(violations, len(findings), totals[0], out, err)
-    _suggest_fix(args, findings, out)
+        out.write(format_findings(findings, notes=[patches.get(id(f), "") for f in findings]))
+    status = _verdict(_with_patches(violations, findings, patches), len(findings), totals[0],
+                      out, err)  # fmt: skip
+    if patches:
+        codes = sorted({f.code for f in findings if id(f) in patches})
+        command = suggest(str(args.path), codes)
+        print(f"copytrace check: patches for some findings: {command}", file=out)
     return status
 
 
+def _patches(args: argparse.Namespace, findings: list[Any], trace: Any) -> dict[int, str]:
+    """``id(finding) -> "patch: copytrace fix TRACE --code CODE"`` for each finding that has a
+    mechanical patch (``copytrace fix``)."""
+    from copytrace.cli.fix import patch_commands
+
+    return {k: f"patch: {v}" for k, v in patch_commands(str(args.path), findings, trace).items()}
+
+
+def _with_patches(violations: list[str], findings: list[Any], patches: dict[int, str]) -> list[str]:
+    """The violations, each forbidden hazard that has a patch followed by its command."""
+    if not patches:
+        return violations
+    out = []
+    for line in violations:
+        out.append(line)
+        for f in findings:  # the line of a forbidden finding (copytrace.analysis.check_budget)
+            if id(f) in patches and line.startswith(f"forbidden hazard {f.code} ({f.severity}) "
+                                                    f"at {', '.join(f.call_sites[:3])}: "):
+                out.append(f"  {patches[id(f)]}")
+                break
+    return out
+
+
 def _verdict(violations: list[str], findings: int, steps: list, out: TextIO, err: TextIO) -> int:
-    """Print the violations (stderr) and the one-line verdict (stdout); the exit status."""
+    """Print the violations (stderr) and the one-line verdict (stdout); the exit status.
+    A line starting with two spaces belongs to the violation above it (not counted)."""
     from copytrace._units import format_bytes_exact
 
     for line in violations:
         print(f"copytrace check: {line}", file=err)
+    violations = [v for v in violations if not v.startswith("  ")]
     worst_bytes = max((t.bytes for t in steps), default=0)
     worst_copies = max((t.copies for t in steps), default=0)
     verdict = "FAILED" if violations else "OK"
@@ -132,15 +163,6 @@ def _partial(trace: Any) -> list[str]:
             "(killed or still running); --allow-partial to check what was read"
         )
     return lines
-
-
-def _suggest_fix(args: argparse.Namespace, findings: list[Any], out: TextIO) -> None:
-    """Name the ``copytrace fix`` command when some finding has a mechanical patch."""
-    from copytrace.cli.fix import suggest
-
-    command = suggest(str(args.path), sorted({f.code for f in findings}))
-    if command:
-        print(f"copytrace check: patches for some findings: {command}", file=out)
 
 
 def _increase(args: argparse.Namespace) -> Any:

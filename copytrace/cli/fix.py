@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import TextIO
+from typing import Any, TextIO
 
 from copytrace.cli._common import add_trace_command, select_runs, warn_unreadable
 
-__all__ = ["register", "handle", "suggest"]
+__all__ = ["register", "handle", "patch_commands", "suggest"]
 
 
 def suggest(path: str, codes: list[str]) -> str:
@@ -32,6 +32,18 @@ def suggest(path: str, codes: list[str]) -> str:
 
     fixable = [c for c in codes if c in FIXES]
     return f"copytrace fix {path} --code {','.join(fixable)}" if fixable else ""
+
+
+def patch_commands(path: str, findings: list[Any], source: Any) -> dict[int, str]:
+    """``id(finding) -> the copytrace fix command that prints its patch``, for each finding
+    that gets one from the current directory (the files it names are here, inside it, and
+    the rule does not refuse); planned once (:func:`copytrace.fixes.plan_findings`)."""
+    from copytrace.fixes import FIXES, plan_findings
+
+    if not any(f.code in FIXES for f in findings):
+        return {}
+    plan = plan_findings(findings, source)
+    return {id(f.finding): suggest(path, [f.finding.code]) for f in plan.fixes}
 
 
 def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None) -> int:

@@ -251,7 +251,8 @@ def _print_pyspy_summary(profile: Path, trace_path: Path | None, out_dir: Path) 
 
             # This process's trace; for a launcher (not traced itself), its workers'.
             where = trace_path if trace_path is not None else out_dir
-            model = build_model(event_table(where), timeline=False, hazard_events=False)
+            model = build_model(event_table(where), timeline=False, hazard_events=False,
+                                patches=False)
             if trace_path is None:
                 scope = [r.pid for r in model.runs if r.pid is not None] or None
             traced = pyspy.traced_numbers(model, scope)

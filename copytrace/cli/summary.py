@@ -315,7 +315,8 @@ def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
         return 0
     trace = select_runs(event_table(path), args, path)
     warn_unreadable(trace, path)
-    model = build_model(trace, analyze=not args.no_analysis, timeline=False, hazard_events=False)
+    model = build_model(trace, analyze=not args.no_analysis, timeline=False, hazard_events=False,
+                        patches=False)
     (out or sys.stdout).write(format_summary(model, args.top))
     return 0
 

@@ -25,7 +25,7 @@ def _summary_html(data: TraceData) -> str:
     from copytrace.dashboards._model import build_model
     from copytrace.dashboards._notebook import summary_html
 
-    return summary_html(build_model(data, analyze=True), _where(data.files))
+    return summary_html(build_model(data, analyze=True, patches=False), _where(data.files))
 
 
 def _summary_markdown(data: TraceData) -> str:
@@ -33,7 +33,7 @@ def _summary_markdown(data: TraceData) -> str:
     from copytrace.dashboards._model import build_model
     from copytrace.dashboards._notebook import summary_markdown
 
-    return summary_markdown(build_model(data, analyze=True), _where(data.files))
+    return summary_markdown(build_model(data, analyze=True, patches=False), _where(data.files))
 
 
 def register() -> None:

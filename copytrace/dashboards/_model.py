@@ -202,6 +202,7 @@ def build_model(
     max_points: int = MAX_TIMELINE_POINTS,
     timeline: bool = True,
     hazard_events: bool = True,
+    patches: bool = True,
 ) -> ReportModel:
     """Aggregate a trace into the data shown by the report.
 
@@ -223,6 +224,8 @@ def build_model(
             (False: only what the finding names, and the run of a one-run trace; the
             terminal summary shows neither, and on a 1M-event trace whose findings name
             every event this saves joining them all).
+        patches: Plan each finding's patch (``copytrace fix``, against the files under the
+            current directory) for the report to show; the terminal summary does not.
 
     Returns:
         Run metadata, totals (bytes in bytes, times in ns), steps with stages, per call site /
@@ -230,15 +233,18 @@ def build_model(
         the sampled event columns (times in ns since each run's start).
     """
     from copytrace.dashboards._query import Query
-    from copytrace.dashboards.sections.hazards import analysis_findings
+    from copytrace.dashboards.sections.hazards import analysis_findings, finding_patches
     from copytrace.tracefile import TraceData, table_from_trace
 
     found, status = analysis_findings(source, findings, analyze)
+    fixes = finding_patches(source, found) if patches and found else None
+    if hasattr(source, "analysis_views"):  # the analysis' per-event views: not needed again,
+        source.analysis_views = None  # and never held with the report's own tables
     table = table_from_trace(source) if isinstance(source, TraceData) else source
     q = Query(table)
     try:
         points = max_points if timeline else -1
-        return _build(q, found, status, read_sources, progress, points, hazard_events)
+        return _build(q, found, status, read_sources, progress, points, hazard_events, fixes)
     finally:
         q.close()
 
@@ -251,6 +257,7 @@ def _build(
     progress: Any,
     max_points: int,
     hazard_events: bool = True,
+    fixes: list[Any] | None = None,
 ) -> ReportModel:
     """The sections of :func:`build_model`, in order, over the open query ``q``."""
     from copytrace.dashboards import sections as sec
@@ -266,7 +273,7 @@ def _build(
     runs = sec.run.run_infos(q)
     sec.run.run_devices(q, runs)
     tick()
-    hz_rows = sec.hazards.hazard_rows(q, findings, [r.label for r in runs], hazard_events)
+    hz_rows = sec.hazards.hazard_rows(q, findings, [r.label for r in runs], hazard_events, fixes)
     tick()
     step_rows = sec.steps.step_rows(q, runs)
     src = sec.sources.sources(q, runs, read_sources)

@@ -333,6 +333,10 @@ class HazardRow:
         event_ids: Span ids of the events involved (16 hex digits).
         source: ``analysis`` or ``trace`` (the ``copytrace.hazards`` span in the trace file).
         runs: Labels of the runs (processes) whose events show it.
+        patch: Its mechanical fix as a unified diff (``copytrace fix``), or ''.
+        patch_reason: The fix's one line (code, file:line, the change, what it does to values).
+        patch_exact: Whether the fix keeps values bit for bit (None without a patch).
+        no_patch: Why a finding whose code has a fix gets none here, or ''.
     """
 
     code: str
@@ -345,6 +349,10 @@ class HazardRow:
     event_ids: list[str] = field(default_factory=list)
     source: str = "analysis"
     runs: list[str] = field(default_factory=list)
+    patch: str = ""
+    patch_reason: str = ""
+    patch_exact: bool | None = None
+    no_patch: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1002,10 +1002,25 @@
         el("td", { class: "n", text: h.bytes == null ? "-" : fmtBytes(h.bytes) }),
         el("td", { text: rangeText(h.steps, h.n_steps) }),
         el("td", { class: "n", text: fmtInt(h.events) }),
-        el("td", { text: S[h.fix] }),
+        el("td", { class: "fixcell" }, [S[h.fix], patchView(h)]),
       ]));
     });
     box.appendChild(el("div", { class: "scroll" }, [tbl]));
+  }
+
+  // A finding's patch (copytrace fix): collapsed under its one-line reason, the diff's lines
+  // coloured; or why a finding whose code has a fix gets none here.
+  function patchView(h) {
+    if (h.patch == null) return h.no_patch == null ? null : el("div", { class: "nopatch", text: "no patch: " + S[h.no_patch] });
+    const kind = (line) => line.startsWith("+++") || line.startsWith("---") ? "file" : line.startsWith("@@") ? "hunk" :
+      line.startsWith("+") ? "add" : line.startsWith("-") ? "del" : "ctx";
+    const lines = S[h.patch].replace(/\n$/, "").split("\n").map((line) => el("span", { class: "dl " + kind(line), text: line }));
+    return el("details", { class: "patch", onclick: (e) => e.stopPropagation() }, [
+      el("summary", null, [
+        el("span", { class: "badge " + (h.patch_exact ? "exact" : "changes"), text: h.patch_exact ? "bit for bit" : "changes values" }),
+        " patch: " + S[h.patch_reason]]),
+      el("pre", { class: "diff mono" }, lines),
+    ]);
   }
 
   // ---- focus and the events list -----------------------------------------------------------

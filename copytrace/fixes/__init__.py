@@ -34,6 +34,7 @@ __all__ = [
     "format_diff",
     "format_unfixed",
     "make_plan",
+    "plan_findings",
     "plan_fixes",
 ]
 
@@ -55,16 +56,49 @@ def plan_fixes(source: Any, *, codes: Any = None, root: str | os.PathLike | None
         ValueError: for an unknown hazard code.
     """
     from copytrace.analysis import analyze, normalize_codes
-    from copytrace.analysis._view import runs_of
 
     if isinstance(source, (str, os.PathLike)):
         from copytrace.tracefile import event_table
 
         source = event_table(source)
     wanted = normalize_codes(codes) if codes is not None else None
-    findings = analyze(source, codes=wanted)
-    runs = [list(r) for r in runs_of(source)] if findings else []
-    return make_plan(findings, runs, Path(root) if root is not None else Path.cwd())
+    return plan_findings(analyze(source, codes=wanted), source, root=root)
+
+
+def plan_findings(
+    findings: Any, source: Any, *, root: str | os.PathLike | None = None
+) -> Plan:
+    """Plan the patches of findings already made (``check``, the report), from ``source``.
+
+    The run's events are read (:func:`copytrace.analysis._view.runs_of`, which reuses the
+    views the analysis left on an event table) only for the runs where a finding whose code
+    has a fix names a file of the project (a trace from another machine reads none), and each
+    line is rewritten once however many findings (steps, parameters) share it.
+
+    Args:
+        findings: :class:`copytrace.analysis.Finding` objects, or their ``as_dict()`` dicts
+            (the report's cache).
+        source: what the findings were made from (as for :func:`plan_fixes`).
+        root: the project root (default: the current directory).
+
+    Returns:
+        The :class:`Plan` (nothing is written).
+    """
+    from copytrace.analysis import Finding
+    from copytrace.analysis._view import runs_of
+    from copytrace.fixes._plan import _pin, outside
+
+    found = [Finding(**f) if isinstance(f, dict) else f for f in findings or ()]
+    base = Path(root if root is not None else Path.cwd()).resolve()
+    here: dict[Path, bool] = {}  # a trace from another machine names no file here: no events read
+    for f in found:
+        pin = _pin(f) if f.code in FIXES else None
+        if pin is not None and pin[0] not in here:
+            here[pin[0]] = outside(pin[0], base) is None
+    need = {f.run for f in found if f.code in FIXES and here.get((_pin(f) or (None,))[0])}
+    # list(): a large table's views are cleared once the iteration moves past them
+    runs = [list(r) if i in need else [] for i, r in enumerate(runs_of(source))] if need else []
+    return make_plan(found, runs, base)
 
 
 def apply_plan(plan: Plan) -> list[Path]:

@@ -2,9 +2,11 @@
 
 Each finding with a rule in :data:`FIXES` is pinned to one line (its first call site; for
 ``data-inplace`` the in-place write). Files outside the project root, in the standard library
-or in installed packages are never touched. A file's fixes are made one at a time, bottom
-line first, each on the text the previous one left (parsed again), so every rule sees valid
-code; a line that an earlier fix of the same file changed is refused rather than guessed.
+or in installed packages are never touched. Every rule first runs on the file as it is (one
+parse: the refusals, and each fix's own diff). Then a file's fixes are made one at a time,
+bottom line first, each made again on the text the previous one left (parsed again), so every
+rule sees valid code; a line that an earlier fix of the same file changed is refused rather
+than guessed.
 """
 
 from __future__ import annotations
@@ -68,7 +70,12 @@ FIXES: dict[str, FixRule] = {
 
 @dataclass
 class Fix:
-    """One finding's patch: where, what changed, and what it does to values."""
+    """One finding's patch: where, what changed, and what it does to values.
+
+    ``diff`` is this fix's own unified diff on the original file (``a/rel`` / ``b/rel``
+    headers, 3 lines of context; what the report shows); findings that share the line share
+    it. :func:`~copytrace.fixes.format_diff` writes the whole plan's patch.
+    """
 
     finding: Any
     rel: str
@@ -76,6 +83,7 @@ class Fix:
     change: str
     exact: bool
     effect: str
+    diff: str = ""
 
     def reason(self) -> str:
         """The one line shown above the fix's hunk."""
@@ -182,33 +190,52 @@ def _remap(old: str, new: str, lines: list[int]) -> list[int | None]:
     return out
 
 
+def _alone(todo: list[Target], original: Source) -> dict[int, Edit | Refuse]:
+    """Each target's rule on the original file: its refusal, or the fix made alone (the diff
+    the report shows). One parse serves them all; most files need no other."""
+    out: dict[int, Edit | Refuse] = {}
+    for t in todo:
+        try:
+            out[id(t)] = FIXES[t.code].rewrite(t, original)
+        except Refuse as why:
+            out[id(t)] = why
+    return out
+
+
+def _unified(rel: str, old: str, new: str) -> str:
+    return "".join(difflib.unified_diff(old.splitlines(keepends=True),
+                                        new.splitlines(keepends=True), f"a/{rel}", f"b/{rel}"))  # fmt: skip
+
+
 def _fix_file(targets: list[Target], plan: Plan) -> None:
-    """Make the fixes of one file, bottom line first, each on the previous one's text."""
+    """Make the fixes of one file: each rule on the original text first (its refusal, or its
+    own diff), then the fixes bottom line first, each made again on the previous one's text."""
     path = targets[0].path
     twin: dict[int, list[Target]] = {}
     with open(path, encoding="utf-8", newline="") as fh:  # keep \r\n line ends as they are
         original = text = fh.read()
     todo = []
-    first: dict[tuple[str, int], Target] = {}
+    seen: dict[tuple[str, int], Target] = {}
     for t in sorted(targets, key=lambda t: -t.line):
-        if (t.code, t.line) in first:  # the same line again (another step, parameter...)
-            twin.setdefault(id(first[(t.code, t.line)]), []).append(t)
+        if (t.code, t.line) in seen:  # the same line again (another step, parameter...)
+            twin.setdefault(id(seen[(t.code, t.line)]), []).append(t)
         else:
-            first[(t.code, t.line)] = t
+            seen[(t.code, t.line)] = t
             todo.append(t)
     current = {id(t): t.line for t in todo}
+    alone = _alone(todo, Source(original))
     for t in todo:
-        line = current[id(t)]
+        line, edit = current[id(t)], alone[id(t)]
         if line is None:
-            plan.unfixed += [Unfixed(u.finding, "its line was changed by another fix")
-                             for u in (t, *twin.get(id(t), ()))]  # fmt: skip
-            continue
-        rule = FIXES[t.code]
-        try:
-            edit = rule.rewrite(Target(t.finding, t.path, t.rel, line, t.events, t.site_events),
-                                Source(text))  # fmt: skip
-        except Refuse as why:
-            plan.unfixed += [Unfixed(u.finding, str(why)) for u in (t, *twin.get(id(t), ()))]
+            edit = Refuse("its line was changed by another fix")
+        elif text != original and isinstance(edit, Edit):  # made again on what the fixes
+            try:  # below it left (parsed once per text)
+                edit = FIXES[t.code].rewrite(Target(t.finding, t.path, t.rel, line, t.events,
+                                                    t.site_events), Source(text))  # fmt: skip
+            except Refuse as why:
+                edit = why
+        if isinstance(edit, Refuse):
+            plan.unfixed += [Unfixed(u.finding, str(edit)) for u in (t, *twin.get(id(t), ()))]
             continue
         new = edit.module.code
         rest = [u for u in todo if current.get(id(u)) is not None and u is not t]
@@ -216,8 +243,10 @@ def _fix_file(targets: list[Target], plan: Plan) -> None:
             current[id(u)] = mapped  # type: ignore[assignment]
         current[id(t)] = None  # type: ignore[assignment]
         text = new
+        rule, diff = FIXES[t.code], _unified(t.rel, original, alone[id(t)].module.code)  # type: ignore[union-attr]
         for same in (t, *twin.get(id(t), ())):
-            plan.fixes.append(Fix(same.finding, t.rel, t.line, edit.change, rule.exact, rule.effect))
+            plan.fixes.append(Fix(same.finding, t.rel, t.line, edit.change, rule.exact, rule.effect,
+                                  diff))  # fmt: skip
     if text != original:
         plan.files[targets[0].rel] = (original, text)
 

@@ -17,7 +17,8 @@ from copytrace.dashboards._rows import HazardRow
 from copytrace.schema import HAZARD_ATTRS
 
 __all__ = ["payload_hazards",
-    "analysis_findings", "attach_events", "from_finding", "from_trace", "hazard_rows",
+    "analysis_findings", "attach_events", "finding_patches", "from_finding", "from_trace",
+    "hazard_rows",
     "run_analysis", "sort_hazards",
 ]  # fmt: skip
 
@@ -198,9 +199,7 @@ def analysis_findings(
             return json.loads(cache.read_text(encoding="utf-8")), "ran"
         except (OSError, ValueError):
             pass
-    found, status = run_analysis(source)
-    if hasattr(source, "analysis_views"):
-        source.analysis_views = None
+    found, status = run_analysis(source)  # (build_model drops the views it left on source)
     if cache is not None and found is not None:
         try:
             cache.parent.mkdir(parents=True, exist_ok=True)
@@ -251,15 +250,54 @@ def _findings_cache(source: Any) -> Path | None:
     return home / f"findings-{key.hexdigest()[:24]}.json"
 
 
+def finding_patches(source: Any, findings: list[Any] | None) -> list[dict[str, Any]]:
+    """Each finding's patch (``copytrace fix``), in the findings' order: ``{"patch": diff,
+    "reason": line, "exact": bool}``, ``{"no_patch": why}`` for a finding whose code has a
+    fix that does not apply here, or ``{}``.
+
+    Planned once for all findings (:func:`copytrace.fixes.plan_findings`: each line is
+    rewritten once however many findings share it, and the events are read only when some
+    code has a fix), against the files under the current directory. The report must not die
+    with the fixer: an error leaves every finding without a patch.
+    """
+    if not findings:
+        return []
+    try:
+        from copytrace.analysis import Finding
+        from copytrace.fixes import FIXES, plan_findings
+
+        found = [Finding(**f) if isinstance(f, dict) else f for f in findings]
+        if not any(f.code in FIXES for f in found):
+            return [{} for _ in found]
+        plan = plan_findings(found, source)
+    except Exception:  # a stale findings cache, an unreadable file...
+        return [{} for _ in findings]
+    by_id: dict[int, dict[str, Any]] = {}
+    for fx in plan.fixes:
+        by_id[id(fx.finding)] = {"patch": fx.diff, "reason": fx.reason(), "exact": fx.exact}
+    for u in plan.unfixed:
+        if u.finding.code in FIXES:
+            by_id[id(u.finding)] = {"no_patch": u.reason}
+    return [by_id.get(id(f), {}) for f in found]
+
+
 def hazard_rows(
-    q: Query, findings: list[Any] | None, labels: list[str], events: bool = True
+    q: Query,
+    findings: list[Any] | None,
+    labels: list[str],
+    events: bool = True,
+    patches: list[dict[str, Any]] | None = None,
 ) -> list[HazardRow]:
     """The section's hazards, sorted, with their events registered (table ``hz``):
     the findings' when there are (the analysis ran), else those the tracer wrote.
     ``labels``: the run labels, in ``q``'s run order. ``events``: False leaves the call
     sites and steps as the findings name them and registers no events (the timeline then
-    marks none), when the trace holds one run."""
+    marks none), when the trace holds one run. ``patches``: :func:`finding_patches` of the
+    findings."""
     rows = [from_finding(f) for f in findings] if findings is not None else from_trace(q, labels)
+    for row, p in zip(rows, patches or (), strict=False):
+        row.patch, row.patch_reason = p.get("patch", ""), p.get("reason", "")
+        row.patch_exact, row.no_patch = p.get("exact"), p.get("no_patch", "")
     rows, new_pos = sort_hazards(rows)
     if not events and len(labels) == 1:
         for h in rows:
@@ -289,6 +327,10 @@ def payload_hazards(model: Any, S: Strings) -> list[dict[str, Any]]:
             "events": len(h.event_ids),
             "source": S(h.source),
             "runs": [S(r) for r in h.runs],
+            "patch": S(h.patch) if h.patch else None,
+            "patch_reason": S(h.patch_reason) if h.patch else None,
+            "patch_exact": h.patch_exact,
+            "no_patch": S(h.no_patch) if h.no_patch else None,
         }
         for h in model.hazards
     ]

@@ -1,0 +1,75 @@
+"""The example's fix end to end, as the README shows it: trace ``examples/train_charlm.py``,
+check the patch by tracing again (``fix --verify``), apply it, trace the patched example, and
+gate on the finding (``check --forbid``). The patched example prints exactly what it printed.
+
+Run with bash, in order, in a folder that holds a copy of ``examples/`` (the scratch copy the
+patch is applied to); ``CHARLM_STEPS`` shortens the run as in ``tests/test_readme.py``."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: The commands of the README's "patch a finding" section, in its order.
+SEQUENCE = [
+    "copytrace run examples/train_charlm.py",
+    "copytrace fix copytrace-out --verify -- python examples/train_charlm.py",
+    "copytrace fix copytrace-out --apply",
+    "COPYTRACE_OUTPUT=fixed-out copytrace run examples/train_charlm.py",
+    "copytrace check fixed-out --forbid tensor-ctor-copy",
+]
+#: The example's deliberate hazard: line 193, ``loss_curve.append(torch.tensor(loss))``.
+LINE = 193
+
+
+def test_the_example_fixed_end_to_end(tmp_path: Path) -> None:
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    example = tmp_path / "examples" / "train_charlm.py"
+    original = example.read_text(encoding="utf-8")
+    assert original.splitlines()[LINE - 1].strip() == "loss_curve.append(torch.tensor(loss))"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COPYTRACE", "OTEL_"))}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    env["CHARLM_STEPS"] = "6"
+    procs = []
+    for command in SEQUENCE:
+        proc = subprocess.run(
+            ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
+            timeout=600,
+        )  # fmt: skip
+        assert proc.returncode == 0, f"{command}\n{proc.stdout}\n{proc.stderr[-3000:]}"
+        procs.append(proc)
+    first, verify, apply, again, check = procs
+
+    # the program's stdout (copytrace's own lines go to stderr), before and after the patch
+    assert "final: step=6" in first.stdout
+    assert again.stdout == first.stdout
+
+    where = f"tensor-ctor-copy at examples/train_charlm.py:{LINE}"
+    for proc in (verify, apply):  # the same diff both times; only --apply writes it
+        assert f"# copytrace fix: {where}: `torch.tensor(loss)` -> `loss.detach().clone()` " \
+               "(keeps values bit for bit" in proc.stdout  # fmt: skip
+        assert "-        loss_curve.append(torch.tensor(loss))\n" \
+               "+        loss_curve.append(loss.detach().clone())\n" in proc.stdout  # fmt: skip
+    # a float32 scalar loss: 4 bytes per step, made outside autograd after the patch
+    assert f"copytrace fix --verify: {where}: gone; its bytes/step 4 -> 0" in verify.stderr
+    assert "copytrace fix --verify: stdout: same; exit status 0 -> 0" in verify.stderr
+    assert f"copytrace fix: wrote {example}" in apply.stderr
+
+    # only the pinned line changed, and the first trace had the finding the second has not
+    patched = example.read_text(encoding="utf-8").splitlines()
+    changed = [i + 1 for i, (a, b) in enumerate(zip(original.splitlines(), patched, strict=True))
+               if a != b]  # fmt: skip
+    assert changed == [LINE]
+    assert "copytrace check: OK: 0 violation(s)" in check.stdout
+    gate = subprocess.run(
+        ["bash", "-c", "copytrace check copytrace-out --forbid tensor-ctor-copy"], cwd=tmp_path,
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert gate.returncode == 1, gate.stderr
+    assert f"forbidden hazard tensor-ctor-copy (warning) at {example}:{LINE} main" in gate.stderr
