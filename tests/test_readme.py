@@ -88,7 +88,8 @@ def test_readme_commands_are_found():
     commands = readme_commands(_readme())
     # One of each kind the README shows (derived by reading it): the set-up's traced run,
     # the hook with and without an output directory, run with arguments and with py-spy,
-    # report, summary and check; two runs compared (diff, check --baseline) and fix.
+    # report, summary and check; two runs compared (diff, check --baseline) and fix; then a
+    # finding of the example patched end to end (verify, apply, trace again, check).
     assert commands == [
         "copytrace run examples/train_charlm.py",
         "COPYTRACE=1 python examples/train_charlm.py",
@@ -104,6 +105,10 @@ def test_readme_commands_are_found():
         "copytrace diff base-out new-out",
         "copytrace check new-out --baseline base-out --max-increase 10%",
         "copytrace fix new-out",
+        "copytrace fix copytrace-out --verify -- python examples/train_charlm.py",
+        "copytrace fix copytrace-out --apply",
+        "COPYTRACE_OUTPUT=fixed-out copytrace run examples/train_charlm.py",
+        "copytrace check fixed-out --forbid tensor-ctor-copy",
     ]
 
 
