@@ -15,10 +15,10 @@ platform without the signal. A program that installs its own handler later simpl
 copytrace's (said at the next window that does not come).
 
 ``copytrace trigger PID`` finds an armed process by its *arm file*,
-``<tempdir>/copytrace-armed/<pid>.json`` (``{"pid", "signal", "steps", "trace", "launch",
-"rank"}``), written when tracing starts and removed when it stops; ``--steps N`` leaves
-``<pid>.request.json`` (``{"steps": N}``) beside it, read at the boundary that opens the
-window.
+``<tempdir>/copytrace-armed/<pid>.json`` (``{"pid", "ppid", "signal", "steps", "trace",
+"output_dir", "launch", "rank"}``), written when tracing starts and removed when it stops;
+``--steps N`` leaves ``<pid>.request.json`` (``{"steps": N}``) beside it, read at the
+boundary that opens the window.
 """
 
 from __future__ import annotations
@@ -145,6 +145,7 @@ class Trigger:
     def _write_arm(self, trace: Path | None, output_dir: Path) -> None:
         info = {
             "pid": os.getpid(),
+            "ppid": os.getppid(),  # the launcher (torchrun) that ``trigger --all-ranks`` may name
             "signal": self.signame,
             "steps": self.windows.steps,
             "trace": str(trace.resolve()) if trace is not None else None,
