@@ -18,6 +18,7 @@ variable                      default           meaning
                                                 the program calls ``Trace.step()`` itself)
 ``COPYTRACE_REPORT_WAIT``     ``30``            seconds the report writer waits for other
                                                 traced processes still writing their traces
+                                                (and a process for its window's report)
 ``COPYTRACE_SCHEDULE``        unset (all)       steps traced, as ``torch.profiler.schedule``:
                                                 ``wait=1,warmup=1,active=3,repeat=2``
 ``COPYTRACE_COMPRESSION``     ``gzip``          trace file compression: ``gzip`` or ``none``

@@ -102,8 +102,7 @@ def test_trigger_all_ranks_of_a_torchrun_job(tmp_path):
     assert plain.returncode == 0, plain.stdout + plain.stderr
 
     out, go = tmp_path / "out", tmp_path / "go"
-    env = _env(COPYTRACE="1", COPYTRACE_TRIGGER="signal", COPYTRACE_OUTPUT=str(out),
-               COPYTRACE_REPORT="0")  # fmt: skip
+    env = _env(COPYTRACE="1", COPYTRACE_TRIGGER="signal", COPYTRACE_OUTPUT=str(out))
     proc = subprocess.Popen(
         [*cmd, str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         cwd=tmp_path, env=env,
@@ -154,3 +153,11 @@ def test_trigger_all_ranks_of_a_torchrun_job(tmp_path):
         assert steps == list(range(7, 7 + STEPS)), (path.name, steps)
         assert windows == [f"7-{6 + STEPS}"]
     assert err.count(f"copytrace: traced steps 7-{6 + STEPS}") == 2, err
+    # each rank's window report has a name of its own (they share the directory and end
+    # their windows together); the launcher's merged report.html comes at the end
+    for rank in (0, 1):
+        report = out / f"report-rank{rank}.html"
+        assert f"copytrace: report of steps 7-{6 + STEPS}: {report}" in err, err
+        assert files[rank].name in report.read_text(encoding="utf-8")
+        assert files[1 - rank].name not in report.read_text(encoding="utf-8")
+    assert (out / "report.html").is_file()
