@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from copytrace._errors import CopytraceError
-from copytrace.tracer._trigger import arm_dir, arm_file, request_file
+from copytrace.tracer._trigger import arm_dir, arm_file, request_file, start_time
 
 __all__ = ["register"]
 
@@ -33,19 +33,28 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _read_arm(path: Path) -> dict[str, Any] | None:
+    """The arm file at ``path`` if its process still runs: alive, and started when the file
+    says (an arm file left by a killed process names a pid another process may now have:
+    signalling that one would kill it); else None."""
+    try:
+        info: dict[str, Any] = json.loads(path.read_text())
+        pid = int(info["pid"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not _alive(pid):
+        return None
+    start = start_time(pid)
+    if info.get("start") is not None and start is not None and start != info["start"]:
+        return None
+    return info
+
+
 def _all_armed() -> list[dict[str, Any]]:
     """The arm files of every living armed process."""
-    found = []
-    for path in sorted(arm_dir().glob("*.json")):
-        if path.name.endswith(".request.json"):
-            continue
-        try:
-            info = json.loads(path.read_text())
-            if _alive(int(info["pid"])):
-                found.append(info)
-        except (OSError, ValueError, KeyError, TypeError):
-            continue
-    return found
+    paths = sorted(arm_dir().glob("*.json"))
+    found = [_read_arm(p) for p in paths if not p.name.endswith(".request.json")]
+    return [info for info in found if info is not None]
 
 
 def _by_rank(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -75,9 +84,8 @@ def _targets(pid: int, all_ranks: bool) -> list[dict[str, Any]]:
     """
     if not _alive(pid):
         raise CopytraceError(f"no process {pid}")
-    try:
-        info: dict[str, Any] = json.loads(arm_file(pid).read_text())
-    except (OSError, ValueError):
+    info = _read_arm(arm_file(pid))
+    if info is None:
         under = _under(pid)
         if under and all_ranks:
             return under
@@ -85,11 +93,11 @@ def _targets(pid: int, all_ranks: bool) -> list[dict[str, Any]]:
             raise CopytraceError(
                 f"process {pid} is not armed by copytrace; {len(under)} armed processes run "
                 f"under it: use --all-ranks to signal them all"
-            ) from None
+            )
         raise CopytraceError(
             f"process {pid} is not armed by copytrace (start it with COPYTRACE=1 "
             f"COPYTRACE_TRIGGER=signal, or copytrace.trace(trigger='signal'))"
-        ) from None
+        )
     launch = info.get("launch")
     if not all_ranks or not launch:
         return [info]
