@@ -8,6 +8,8 @@ variant's median ratio to it.
     python benchmarks/overhead.py               # all workloads
     python benchmarks/overhead.py --rounds 5 --workloads W1 W2
     python benchmarks/overhead.py --workloads W5 --variants plain copytrace   # compiled step
+    python benchmarks/overhead.py --workloads W1 W5 --variants plain ct_armed ct_step copytrace
+        # production: armed and idle (goal <= 1.01x), t.step() as the README traces
 
 W5 is a ``torch.compile``d model (inductor; ``--compile-backend aot_eager`` for a quicker
 compile): under copytrace its compiled region runs compiled, not traced op by op, so its cost

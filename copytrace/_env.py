@@ -18,6 +18,7 @@ variable                      default           meaning
                                                 the program calls ``Trace.step()`` itself)
 ``COPYTRACE_REPORT_WAIT``     ``30``            seconds the report writer waits for other
                                                 traced processes still writing their traces
+                                                (and a process for its window's report)
 ``COPYTRACE_SCHEDULE``        unset (all)       steps traced, as ``torch.profiler.schedule``:
                                                 ``wait=1,warmup=1,active=3,repeat=2``
 ``COPYTRACE_COMPRESSION``     ``gzip``          trace file compression: ``gzip`` or ``none``
@@ -422,12 +423,36 @@ def setting(name: str, environ: Mapping[str, str] | None = None) -> Any:
     return spec.parse(name, text)
 
 
+def ring_and_trigger(
+    ring: int, trigger: str, ring_name: str = COPYTRACE_RING, trigger_name: str = COPYTRACE_TRIGGER
+) -> None:
+    """Refuse the flight recorder together with the trigger: the ring records every step to
+    keep the last N events, the trigger records nothing until its signal, and each writes
+    at a different moment (on a failure; at the end of a window).
+
+    Raises:
+        SettingError: ``ring`` > 0 and ``trigger`` is ``"signal"`` (one line naming both).
+    """
+    if ring and trigger == "signal":
+        raise SettingError(
+            f"{ring_name}={ring} and {trigger_name}=signal do not go together: the flight "
+            f"recorder records every step to keep the last {ring} events, the trigger records "
+            f"nothing until its signal; use one of them"
+        )
+
+
 def check(environ: Mapping[str, str] | None = None) -> list[SettingError]:
-    """Every variable whose value is not accepted, as errors (empty: all are fine)."""
+    """Every variable whose value is not accepted, as errors (empty: all are fine), and
+    then settings that do not go together (:func:`ring_and_trigger`)."""
     errors = []
     for name in SETTINGS:
         try:
             setting(name, environ)
+        except SettingError as err:
+            errors.append(err)
+    if not errors:
+        try:
+            ring_and_trigger(setting(COPYTRACE_RING, environ), setting(COPYTRACE_TRIGGER, environ))
         except SettingError as err:
             errors.append(err)
     return errors
@@ -437,9 +462,12 @@ def settings(environ: Mapping[str, str] | None = None) -> dict[str, Any]:
     """``{variable: typed value}`` for every variable.
 
     Raises:
-        SettingError: the first variable whose value is not accepted.
+        SettingError: the first variable whose value is not accepted, or settings that do
+            not go together (:func:`ring_and_trigger`).
     """
-    return {name: setting(name, environ) for name in SETTINGS}
+    values = {name: setting(name, environ) for name in SETTINGS}
+    ring_and_trigger(values[COPYTRACE_RING], values[COPYTRACE_TRIGGER])
+    return values
 
 
 def enabled() -> bool:

@@ -42,22 +42,53 @@ def find_hazards(path: Path) -> list[dict[str, Any]]:
 def _window_report(path: Path | None, window: tuple[int, int]) -> None:
     """The ``on_window`` hook of a :class:`Trace` (on the export thread, once a triggered
     window is in the trace file): write ``report.html`` beside the trace file, on a thread
-    of its own, unless ``COPYTRACE_REPORT=0``."""
+    of its own, unless ``COPYTRACE_REPORT=0``. A rank of a distributed job (``RANK`` set,
+    as torchrun does) writes ``report-rank<RANK>.html``: the ranks share the directory, and
+    ``trigger --all-ranks`` ends their windows at the same time."""
     from copytrace import _env
 
     if path is None or not _env.setting(_env.COPYTRACE_REPORT):
         return
+    rank = os.environ.get("RANK", "")
+    name = f"report-rank{rank}.html" if rank.isdigit() else "report.html"
 
     def write() -> None:
         from copytrace.dashboards import write_report
 
         try:
-            out = write_report(path, path.parent / "report.html")
+            out = write_report(path, path.parent / name)
             print(f"copytrace: report of steps {window[0]}-{window[1] - 1}: {out}", file=sys.stderr)
         except Exception as err:
             print(f"copytrace: could not write the window's report: {err}", file=sys.stderr)
 
-    threading.Thread(target=write, name="copytrace-window-report", daemon=True).start()
+    thread = threading.Thread(target=write, name="copytrace-window-report", daemon=True)
+    _WINDOW_REPORTS.append(thread)
+    thread.start()
+
+
+#: The window reports being written (:func:`_window_report`): :meth:`Trace.stop` waits for
+#: them, so that a process that ends right after a window still writes its report.
+_WINDOW_REPORTS: list[threading.Thread] = []
+
+
+def _wait_for_window_reports() -> None:
+    """Join the window reports still being written, at most ``COPYTRACE_REPORT_WAIT``
+    seconds in all (a report left unfinished is said on stderr)."""
+    import time
+
+    from copytrace import _env
+
+    try:
+        wait = float(_env.setting(_env.COPYTRACE_REPORT_WAIT))
+    except _env.SettingError:
+        wait = _env.DEFAULT_REPORT_WAIT_S
+    deadline = time.monotonic() + wait
+    while _WINDOW_REPORTS:
+        thread = _WINDOW_REPORTS.pop(0)
+        thread.join(max(0.0, deadline - time.monotonic()))
+        if thread.is_alive():
+            print(f"copytrace: a window's report was not written within {wait:g} s",
+                  file=sys.stderr)  # fmt: skip
 
 
 def _session_value(name: str, doc: str) -> property:
@@ -217,7 +248,9 @@ class Trace(contextlib.ContextDecorator):
             The trace file written, or ``None`` (``write=False``, sampled out, or a
             delegating inner trace). A failure to write is reported on stderr, never raised.
         """
-        return self.session.stop()
+        path = self.session.stop()
+        _wait_for_window_reports()
+        return path
 
     def note_exit(self, exc_type: Any, exc: Any) -> None:
         """Record how the traced program ended (``copytrace.exit``) before :meth:`stop`:

@@ -190,3 +190,12 @@ def test_readme_screenshot_is_small():
     assert f"]({shot.relative_to(ROOT).as_posix()})" in _readme()
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert shot.stat().st_size < 200_000
+
+
+def test_merged_trace_picture_is_small():
+    # drawn by docs/img/make_merged_trace.py from the example's merged Chrome trace
+    shot = ROOT / "docs" / "img" / "merged-trace.png"
+    production = (ROOT / "docs" / "production.md").read_text(encoding="utf-8")
+    assert "](img/merged-trace.png)" in production
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert shot.stat().st_size < 200_000

@@ -115,3 +115,51 @@ def test_ring_on_sigusr1_while_running(tmp_path):
     steps, run = _read(files[1])
     _last_steps(steps)
     assert run["copytrace.ring_reason"] == "the end of the run"
+
+
+# The flight recorder and the trigger together are refused, with one line, before any work.
+REFUSED = (
+    "COPYTRACE_RING=6 and COPYTRACE_TRIGGER=signal do not go together: the flight recorder "
+    "records every step to keep the last 6 events, the trigger records nothing until its "
+    "signal; use one of them"
+)
+
+
+def test_ring_and_trigger_under_copytrace_1_run_untraced(tmp_path):
+    # the COPYTRACE=1 hook never stops a program: one line, and the program runs untraced
+    prog = tmp_path / "train.py"
+    prog.write_text(TRAIN)
+    out = tmp_path / "out"
+    env = _env(COPYTRACE="1", COPYTRACE_RING=str(RING), COPYTRACE_TRIGGER="signal",
+               COPYTRACE_OUTPUT=str(out))  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, str(prog), "end"], capture_output=True, text=True, env=env, timeout=180
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "done\n"
+    assert proc.stderr.splitlines() == [f"copytrace: {REFUSED}; tracing disabled"]
+    assert not list(out.glob("*.otlp.jsonl*"))
+
+
+def test_ring_and_trigger_refused_by_copytrace_run(tmp_path):
+    prog = tmp_path / "train.py"
+    prog.write_text(TRAIN)
+    exe = Path(sys.executable).with_name("copytrace")
+    env = _env(COPYTRACE_RING=str(RING), COPYTRACE_TRIGGER="signal")
+    proc = subprocess.run(
+        [str(exe), "run", "-o", str(tmp_path / "out"), str(prog), "end"],
+        capture_output=True, text=True, env=env, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 2
+    assert proc.stdout == ""  # refused before the program started
+    assert proc.stderr.splitlines() == [f"copytrace: error: {REFUSED}"]
+
+
+def test_ring_and_trigger_refused_by_trace():
+    import copytrace
+
+    with pytest.raises(copytrace.SettingError) as err:
+        copytrace.trace(write=False, ring=RING, trigger="signal")
+    assert str(err.value) == REFUSED.replace("COPYTRACE_RING", "ring").replace(
+        "COPYTRACE_TRIGGER", "trigger"
+    )

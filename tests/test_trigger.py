@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from copytrace.tracer._schedule import NONE, RECORD, RECORD_AND_SAVE
-from copytrace.tracer._trigger import Windows
+from copytrace.tracer._trigger import Windows, arm_file, start_time
 
 pytestmark = pytest.mark.skipif(not hasattr(signal, "SIGUSR2"), reason="no SIGUSR2 here")
 
@@ -172,3 +172,27 @@ def test_windows_queue_one_after_another():
     assert [w(s) for s in range(4, 12)] == [
         NONE, RECORD, RECORD, RECORD_AND_SAVE, RECORD, RECORD, RECORD_AND_SAVE, NONE,
     ]  # fmt: skip
+
+
+@pytest.mark.skipif(start_time(os.getpid()) is None, reason="no /proc here")
+def test_an_arm_file_left_by_a_killed_process_is_not_taken_for_a_new_one():
+    # a process that reuses the pid of an armed process that was killed (its arm file left
+    # behind) is not signalled: SIGUSR2's default action would kill it
+    proc = subprocess.Popen(["sleep", "60"])
+    arm = arm_file(proc.pid)
+    try:
+        arm.parent.mkdir(parents=True, exist_ok=True)
+        stale = {"pid": proc.pid, "start": start_time(proc.pid) - 1, "signal": "SIGUSR2",
+                 "steps": 10, "trace": None, "output_dir": "out", "launch": None}  # fmt: skip
+        arm.write_text(json.dumps(stale))
+        exe = Path(sys.executable).with_name("copytrace")
+        trig = subprocess.run(
+            [str(exe), "trigger", str(proc.pid)], capture_output=True, text=True, timeout=60
+        )
+        assert trig.returncode == 2
+        assert f"process {proc.pid} is not armed by copytrace" in trig.stderr
+        assert proc.poll() is None  # not signalled
+    finally:
+        arm.unlink(missing_ok=True)
+        proc.kill()
+        proc.wait()

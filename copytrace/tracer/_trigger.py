@@ -15,10 +15,10 @@ platform without the signal. A program that installs its own handler later simpl
 copytrace's (said at the next window that does not come).
 
 ``copytrace trigger PID`` finds an armed process by its *arm file*,
-``<tempdir>/copytrace-armed/<pid>.json`` (``{"pid", "signal", "steps", "trace", "launch",
-"rank"}``), written when tracing starts and removed when it stops; ``--steps N`` leaves
-``<pid>.request.json`` (``{"steps": N}``) beside it, read at the boundary that opens the
-window.
+``<tempdir>/copytrace-armed/<pid>.json`` (``{"pid", "ppid", "start", "signal", "steps",
+"trace", "output_dir", "launch", "rank"}``), written when tracing starts and removed when
+it stops; ``--steps N`` leaves ``<pid>.request.json`` (``{"steps": N}``) beside it, read at
+the boundary that opens the window.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from typing import Any
 
 from copytrace.tracer import _schedule as S
 
-__all__ = ["Trigger", "Windows", "arm_dir", "arm_file", "request_file"]
+__all__ = ["Trigger", "Windows", "arm_dir", "arm_file", "request_file", "start_time"]
 
 
 def arm_dir() -> Path:
@@ -48,6 +48,18 @@ def arm_file(pid: int) -> Path:
 
 def request_file(pid: int) -> Path:
     return arm_dir() / f"{pid}.request.json"
+
+
+def start_time(pid: int) -> int | None:
+    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat``'s 22nd
+    field, see proc(5)), or None where there is no ``/proc``. An arm file records it, so
+    that one left by a killed process is not taken for the process that reuses its pid."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+        return int(stat[stat.rindex(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class Windows:
@@ -145,6 +157,8 @@ class Trigger:
     def _write_arm(self, trace: Path | None, output_dir: Path) -> None:
         info = {
             "pid": os.getpid(),
+            "ppid": os.getppid(),  # the launcher (torchrun) that ``trigger --all-ranks`` may name
+            "start": start_time(os.getpid()),
             "signal": self.signame,
             "steps": self.windows.steps,
             "trace": str(trace.resolve()) if trace is not None else None,

@@ -145,7 +145,10 @@ class Session(contextlib.ContextDecorator):
         self.sampled = True
 
     def _production(self, trigger: Any, trigger_steps: Any, ring: Any, schedule: Any) -> None:
-        """The trigger (armed and idle) or the schedule, and the flight recorder's ring."""
+        """The trigger (armed and idle) or the schedule, and the flight recorder's ring;
+        SettingError for both the ring and the trigger (:func:`._env.ring_and_trigger`)."""
+        names = ("ring" if ring is not None else _env.COPYTRACE_RING,
+                 "trigger" if trigger is not None else _env.COPYTRACE_TRIGGER)  # fmt: skip
         trigger = trigger if trigger is not None else _env.setting(_env.COPYTRACE_TRIGGER)
         if _env.parse_trigger(trigger) == "signal":
             steps = trigger_steps or _env.setting(_env.COPYTRACE_TRIGGER_STEPS)
@@ -158,6 +161,7 @@ class Session(contextlib.ContextDecorator):
             self.schedule = S.schedule_from(schedule)
         #: the flight recorder's size (:mod:`copytrace.tracer._ring`); 0: off
         self.ring = int(ring if ring is not None else _env.setting(_env.COPYTRACE_RING))
+        _env.ring_and_trigger(self.ring, "none" if self.trigger is None else "signal", *names)
         ring_signal = _env.setting(_env.COPYTRACE_RING_SIGNAL)
         self._ring_signal = _trigger.Trigger(ring_signal, 0) if self.ring else None
 
