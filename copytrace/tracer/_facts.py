@@ -19,7 +19,7 @@ import torch
 
 from copytrace.tracer import _native
 
-__all__ = ["Facts", "facts", "py_facts", "strides_in_python"]
+__all__ = ["Facts", "batch_size", "facts", "py_facts", "strides_in_python", "unbatched"]
 
 
 class Facts(NamedTuple):
@@ -134,15 +134,51 @@ def strides_in_python(t: torch.Tensor) -> bool:
     ).startswith("torch.")
 
 
+_functorch = torch._C._functorch
+_is_batched = _functorch.is_batchedtensor
+
+
+def unbatched(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """The physical tensor under a batched tensor (``torch.func.vmap``) and the batch size:
+    ``(t, 1)`` for any other tensor. Nested vmap levels are unwrapped one by one and their
+    sizes multiplied. A batched tensor has no storage of its own
+    (``aten/src/ATen/functorch/BatchedTensorImpl.h``); its physical tensor is what the
+    dispatch level (a ``TorchDispatchMode``) sees, with the batch dimension in it."""
+    size = 1
+    for _ in range(64):  # vmap levels
+        if not _is_batched(t):
+            break
+        bdim = _functorch.maybe_get_bdim(t)
+        t = _functorch.get_unwrapped(t)
+        size *= t.shape[bdim]
+    return t, size
+
+
+def batch_size(t: torch.Tensor) -> int | None:
+    """How many members a batched tensor ``t`` holds (:func:`unbatched`), None when plain."""
+    if not _is_batched(t):
+        return None
+    try:
+        return unbatched(t)[1]
+    except Exception:  # a batched tensor whose vmap level has exited
+        return None
+
+
 def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> Facts:
     """The facts read with torch's Python bindings (any tensor, subclasses included).
 
     ``IS_LEAF``, ``GRAD_FN``, ``GRAD_FN_NAME`` and ``FAKE`` are read only with ``with_grad_fn``
     (the facts of a call's result; reading a view's ``grad_fn`` may regenerate its node); they
     are None (``FAKE``: False) otherwise."""
-    logical = nbytes(t)
+    real = t
+    if _is_batched(t):  # vmap: the whole batch's memory (what a dispatch mode sees)
+        try:
+            real = unbatched(t)[0]
+        except Exception:
+            real = t
+    logical = nbytes(real)
     try:
-        storage = t.untyped_storage()
+        storage = real.untyped_storage()
     except Exception:  # sparse, nested, some subclasses: no single storage
         storage = None
     storage_bytes = logical
@@ -152,10 +188,10 @@ def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> Facts:
             storage_bytes = storage.nbytes()
         except Exception:
             pass
-        if not t.is_nested:  # nested tensors have no single view
-            offset = t.storage_offset()
+        if not real.is_nested:  # nested tensors have no single view
+            offset = real.storage_offset()
             # not read where the subclass answers it in Python: the read would reach it
-            stride = None if strides_in_python(t) else tuple(t.stride())
+            stride = None if strides_in_python(real) else tuple(real.stride())
     if with_grad_fn:
         grad_fn = t.grad_fn
         is_leaf = t.is_leaf
