@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 import copytrace
 from copytrace.analysis import analyze

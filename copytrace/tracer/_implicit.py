@@ -111,6 +111,8 @@ class ImplicitEvents:
             # counter once the op returns (a write-back `x[:, 0] = f(x[:, 0])`): record the
             # version the tensor has afterwards, as for an API-level copy_.
             ev.dst_version += 1
+        if kind == _COPY_INTO and ev.via in _STORAGE_COPIES:
+            _storage_level(ev, _STORAGE_COPIES[ev.via])
         self._append(ev)
         return None
 
@@ -173,6 +175,25 @@ class ImplicitEvents:
         ev.bytes_logical = _nbytes(out)
         self._context(ev)
         self._append(ev)
+
+
+#: torch/storage.py's storage-level copies: a ``copy_`` into a storage they just allocated,
+#: the storage's whole bytes (``clone``), or moved into a new shared segment that the source
+#: storage then owns (``_share_fd_cpu_`` / ``_share_filename_cpu_``, by the sharing strategy)
+_STORAGE_COPIES = {
+    "_StorageBase.clone": False,
+    "UntypedStorage._share_fd_cpu_": True,
+    "UntypedStorage._share_filename_cpu_": True,
+}
+
+
+def _storage_level(ev: CopyEvent, move: bool) -> None:
+    """A storage-level copy (see :data:`_STORAGE_COPIES`): its bytes are a new allocation of
+    the whole storage; a move keeps the source storage (``dst_storage`` is its id)."""
+    ev.bytes_allocated = ev.bytes_logical  # the copy_ over the whole new storage
+    if move:
+        ev.storage_move = True
+        ev.dst_storage = ev.src_storage
 
 
 _modules_loaded = sys.modules
