@@ -172,3 +172,44 @@ def test_checkpoint_sequential_and_a_plain_run(setup: dict) -> None:
         ("forward", False), ("forward", False),
     ]  # fmt: skip
     assert not [e for e in second if e.recompute]
+
+
+def _inner(h: torch.Tensor) -> torch.Tensor:
+    return h.half().relu()  # the inner checkpoint's cast
+
+
+def _outer(x: torch.Tensor) -> torch.Tensor:
+    h = x.float() * 2  # the outer checkpoint's cast
+    return checkpoint(_inner, h, use_reentrant=False)
+
+
+class CastPairs(TorchDispatchMode):
+    """Ground truth: each ``_to_copy`` in backward as (source dtype, result dtype)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pairs: list[tuple[str, str]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ == "_to_copy" and torch._C._current_graph_task_id() >= 0:
+            self.pairs.append((str(args[0].dtype)[6:], str(out.dtype)[6:]))
+        return out
+
+
+@pytest.mark.parametrize("setup", SETUPS[1:])
+def test_nested_checkpoints_rerun_each_users_cast(setup: dict) -> None:
+    x = torch.randn(8, 16, dtype=torch.bfloat16, requires_grad=True)
+    with CastPairs() as truth:
+        checkpoint(_outer, x, use_reentrant=False).sum().backward()
+    # recomputed casts: bf16 -> fp32 (outer) and fp32 -> fp16 (inner); the gradient casts
+    # autograd makes go the other way (fp32 -> bf16, fp16 -> fp32)
+    outer, inner = truth.pairs.count(("bfloat16", "float32")), truth.pairs.count(("float32", "float16"))
+    assert outer >= 1 and inner >= 1
+    with copytrace.trace(write=False, **setup) as t:
+        checkpoint(_outer, x, use_reentrant=False).sum().backward()
+    again = [(e.op, e.src_dtype, e.dtype) for e in t.events if e.recompute]
+    assert sorted(again) == sorted(
+        [("float", "bfloat16", "float32")] * outer + [("half", "float32", "float16")] * inner
+    )
+    assert all(e.function in ("_outer", "_inner") for e in t.events if e.recompute)

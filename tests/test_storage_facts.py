@@ -12,6 +12,8 @@ through ``Module._apply``, whose ``param.data = param`` rebinds nothing. A stora
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn as nn
@@ -106,3 +108,25 @@ def test_storage_level_clone_and_share(setup: dict) -> None:
         program()
     got = [(e.bytes_allocated, e.storage_move, e.src_storage == e.dst_storage) for e in t.events]
     assert got == [(32, False, False), (32, True, True)]
+
+
+def test_the_new_facts_are_parquet_columns(tmp_path: Path) -> None:
+    import duckdb
+
+    from copytrace.cli import main
+
+    x = torch.randn(16, 16)  # 1024 B
+
+    def body(a: torch.Tensor) -> torch.Tensor:
+        return a.clone()
+
+    with copytrace.trace(tmp_path / "trace"):
+        x.share_memory_()
+        torch.func.vmap(body)(torch.randn(3, 8))  # 3 members of 32 B
+    out = tmp_path / "events.parquet"
+    assert main(["export", str(tmp_path / "trace"), "--parquet", str(out)]) == 0
+    rows = duckdb.sql(
+        f"SELECT op, bytes_allocated, storage_move, batch_size, recompute FROM '{out}' "
+        "WHERE storage_move OR batch_size IS NOT NULL ORDER BY start_ns"
+    ).fetchall()
+    assert rows == [("share_memory_", 1024, True, None, False), ("clone", 96, False, 3, False)]
