@@ -130,3 +130,43 @@ def test_the_new_facts_are_parquet_columns(tmp_path: Path) -> None:
         "WHERE storage_move OR batch_size IS NOT NULL ORDER BY start_ns"
     ).fetchall()
     assert rows == [("share_memory_", 1024, True, None, False), ("clone", 96, False, 3, False)]
+
+
+class PinTruth(TorchDispatchMode):
+    """Ground truth: the storage bytes of each ``_pin_memory`` result."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pinned: list[int] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        out = func(*args, **(kwargs or {}))
+        if func.overloadpacket.__name__ == "_pin_memory":
+            self.pinned.append(out.untyped_storage().nbytes())
+        return out
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_pin_memory_is_a_copy_into_new_storage(setup: dict) -> None:
+    row = torch.randn(10, 100)[2]  # 400 B of a 4000 B storage
+    if not torch.accelerator.is_available():
+        # no accelerator: torch refuses, and the failed call passes through unchanged
+        with pytest.raises(RuntimeError) as untraced:
+            row.pin_memory()
+        with copytrace.trace(write=False, **setup) as t:
+            with pytest.raises(RuntimeError) as traced:
+                row.pin_memory()
+        assert str(traced.value) == str(untraced.value)
+        assert [(e.op, e.error, e.bytes_allocated) for e in t.events] == [
+            ("pin_memory", "RuntimeError", 0)
+        ]
+        return
+    with PinTruth() as truth:
+        row.pin_memory()
+    assert truth.pinned == [400]  # the view only, into new page-locked memory
+    with copytrace.trace(write=False, **setup) as t:
+        pinned = row.pin_memory()
+    assert pinned.is_pinned()
+    (ev,) = [e for e in t.events if e.op == "pin_memory"]
+    assert (ev.bytes_allocated, ev.bytes_logical, ev.alias) == (400, 400, False)
+    assert ev.src_storage != ev.dst_storage

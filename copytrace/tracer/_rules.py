@@ -71,6 +71,8 @@ def _api_table() -> dict[Any, str]:
         _Tensor.numpy: "numpy",
         # moves the storage's bytes into a new shared segment the same storage then owns
         _Tensor.share_memory_: "share_memory_",
+        # a copy into new page-locked host memory (aten::_pin_memory; needs an accelerator)
+        _Tensor.pin_memory: "pin_memory",
         _Tensor.reshape: "reshape",  # a view when strides allow, else a hidden copy
         torch.reshape: "reshape",
         # Advanced indexing gathers into fresh storage (aten::index and its relatives).
