@@ -152,3 +152,23 @@ def test_an_ensemble_of_functional_calls_under_vmap(setup: dict) -> None:
     numpy = [e for e in t.events if e.op == "numpy"]
     assert [e.error for e in numpy] == ["RuntimeError"]
     assert t.stats["errors"] == 0
+
+
+@pytest.mark.parametrize("setup", SETUPS)
+def test_per_member_gradients_under_vmap(setup: dict) -> None:
+    def loss(w: torch.Tensor) -> torch.Tensor:
+        return (w.clone() * w.double()).sum().float()
+
+    w = torch.randn(4, 8)  # 4 members of 8 float32
+    with Allocations() as truth:
+        vmap(torch.func.grad(loss))(w)
+    # the whole batch each time: clone 4 x 8 x 4 = 128 B, double 256 B, the scalar float
+    # 4 x 4 = 16 B, then the backward's casts of the gradients
+    assert truth.made[:3] == [("clone", 128), ("_to_copy", 256), ("_to_copy", 16)]
+    with copytrace.trace(write=False, **setup) as t:
+        vmap(torch.func.grad(loss))(w)
+    assert [e.bytes_allocated for e in t.events] == [n for _, n in truth.made]
+    assert [(e.op, e.batch_size) for e in t.events[:3]] == [
+        ("clone", 4), ("double", 4), ("float", 4),
+    ]  # fmt: skip
+    assert t.stats["errors"] == 0

@@ -44,7 +44,7 @@ _perf_ns = time.perf_counter_ns
 _NoTorchFunction = torch._C.DisableTorchFunction
 _Tensor = torch.Tensor
 _py_facts = _F.py_facts
-_is_batched = torch._C._functorch.is_batchedtensor
+_is_wrapped = _F.is_wrapped
 _THREAD_NAMES: dict[int, str] = {}  # thread ident -> name (names are read once per thread)
 # Every field at its default: the C++ observer copies it for each new event (copy_slots).
 _PROTOTYPE = CopyEvent()
@@ -318,7 +318,7 @@ class ApiEvents:
         ev.requires_grad = rg
         ev.grad_fn = grad_fn_name
         ev.is_leaf = is_leaf
-        if _is_batched(out):  # vmap: one call over the whole batch (its facts: _F.unbatched)
+        if _is_wrapped(out):  # vmap: one call over the whole batch (its facts: _F.unbatched)
             ev.batch_size = _F.batch_size(out)
         noop = False
         if op in _WRITES_INTO:

@@ -19,7 +19,9 @@ import torch
 
 from copytrace.tracer import _native
 
-__all__ = ["Facts", "batch_size", "facts", "py_facts", "strides_in_python", "unbatched"]
+__all__ = [
+    "Facts", "batch_size", "facts", "is_wrapped", "py_facts", "strides_in_python", "unbatched",
+]
 
 
 class Facts(NamedTuple):
@@ -136,31 +138,36 @@ def strides_in_python(t: torch.Tensor) -> bool:
 
 _functorch = torch._C._functorch
 _is_batched = _functorch.is_batchedtensor
+_is_grad_tracking = _functorch.is_gradtrackingtensor
+#: a functorch wrapper (vmap's batched tensor, grad's grad-tracking tensor, ...)
+is_wrapped = _functorch.is_functorch_wrapped_tensor
 
 
-def unbatched(t: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """The physical tensor under a batched tensor (``torch.func.vmap``) and the batch size:
-    ``(t, 1)`` for any other tensor. Nested vmap levels are unwrapped one by one and their
-    sizes multiplied. A batched tensor has no storage of its own
-    (``aten/src/ATen/functorch/BatchedTensorImpl.h``); its physical tensor is what the
-    dispatch level (a ``TorchDispatchMode``) sees, with the batch dimension in it."""
-    size = 1
-    for _ in range(64):  # vmap levels
-        if not _is_batched(t):
+def unbatched(t: torch.Tensor) -> tuple[torch.Tensor, int | None]:
+    """The physical tensor under functorch's wrappers (``torch.func.vmap``'s batched tensors,
+    ``torch.func.grad``'s grad-tracking tensors) and the batch size: the product of the
+    vmap levels' sizes, None without a vmap level. A batched tensor has no storage of its own
+    (``aten/src/ATen/functorch/BatchedTensorImpl.h``); the physical tensor is what the
+    dispatch level (a ``TorchDispatchMode``) sees, with the batch dimensions in it."""
+    size = None
+    for _ in range(64):  # functorch levels
+        if _is_batched(t):
+            bdim = _functorch.maybe_get_bdim(t)
+            t = _functorch.get_unwrapped(t)
+            size = (size or 1) * t.shape[bdim]
+        elif _is_grad_tracking(t):
+            t = _functorch.get_unwrapped(t)
+        else:
             break
-        bdim = _functorch.maybe_get_bdim(t)
-        t = _functorch.get_unwrapped(t)
-        size *= t.shape[bdim]
     return t, size
 
 
 def batch_size(t: torch.Tensor) -> int | None:
-    """How many members a batched tensor ``t`` holds (:func:`unbatched`), None when plain."""
-    if not _is_batched(t):
-        return None
+    """How many vmap members a functorch-wrapped tensor ``t`` holds (:func:`unbatched`),
+    None when it is no batched tensor."""
     try:
         return unbatched(t)[1]
-    except Exception:  # a batched tensor whose vmap level has exited
+    except Exception:  # a wrapper whose level has exited
         return None
 
 
@@ -171,7 +178,7 @@ def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> Facts:
     (the facts of a call's result; reading a view's ``grad_fn`` may regenerate its node); they
     are None (``FAKE``: False) otherwise."""
     real = t
-    if _is_batched(t):  # vmap: the whole batch's memory (what a dispatch mode sees)
+    if is_wrapped(t):  # vmap, grad: the physical tensor's memory (what a dispatch mode sees)
         try:
             real = unbatched(t)[0]
         except Exception:
