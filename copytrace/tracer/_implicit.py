@@ -131,15 +131,21 @@ class ImplicitEvents:
         ev.graph = "attached" if ev.src_requires_grad and torch.is_grad_enabled() else "none"
         # the module call the recomputation re-entered (Module._call_impl below the checkpoint)
         ev.module = self.modules.current(frame)
-        events = self.events
         aten = ev.aten[0] if ev.aten else None
+        key = (ev.file, ev.line, aten)
+        found = _FORWARD_OPS.get(key)
+        events = self.events
         for i in range(len(events) - 1, max(-1, len(events) - _LOOK_BACK), -1):
+            if found is not None:
+                break
             e = events[i]
             if (e.line == ev.line and e.file == ev.file and not e.recompute
                     and e.phase != "backward" and aten in e.aten):  # fmt: skip
-                ev.op = e.op
-                ev.via = e.via
-                return
+                if len(_FORWARD_OPS) >= _LOOK_BACK:
+                    _FORWARD_OPS.clear()
+                found = _FORWARD_OPS[key] = (e.op, e.via)
+        if found is not None:
+            ev.op, ev.via = found
 
     def _implicit_foreach(self: Recorder, name: str, args: tuple, start: int, end: int) -> None:
         """``_foreach_copy_(dsts, srcs)``: one event for the whole list (0 bytes allocated)."""
@@ -200,6 +206,8 @@ _modules_loaded = sys.modules
 _CHECKPOINT = "torch.utils.checkpoint"
 #: events searched back for a recomputed line's forward event
 _LOOK_BACK = 100_000
+#: (file, line, aten op) of a recomputed copy -> (op, via) of that line's forward event
+_FORWARD_OPS: dict[tuple, tuple] = {}
 _MARKS: dict[Any, bool] = {}
 
 
