@@ -178,6 +178,11 @@ FIELDS: tuple[Field, ...] = (
     Field("snapshot", _C + "snapshot", "bool", "analysis", False, False),
     Field("stale", _C + "stale", "bool", "analysis", False, False),
     Field("fake", _C + "fake", "bool", "analysis", False, False),
+    # --- facts of what the tensor is (batched, storage-level, recomputed), written when set
+    Field("batch_size", _C + "batch_size", "int", "analysis"),
+    Field("storage_move", _C + "storage_move", "bool", "analysis", False, False),
+    Field("recompute", _C + "recompute", "bool", "analysis", False, False),
+    # --- end of the tensor-kind facts
     # arrays written when non-empty, and the deepcopy group's two
     Field("aten", _C + "aten", "str_list", "list", (), ()),
     Field("shape", _C + "shape", "int_list", "list", (), ()),
@@ -294,6 +299,16 @@ class CopyEvent:
         fake: the result is a FakeTensor or a meta tensor (``FakeTensorMode``, torch.compile's
             tracing, ``FakeCopyMode``): ``bytes_logical`` is what a real copy would move,
             ``bytes_allocated`` is 0 (no real memory).
+        batch_size: the result is a batched tensor (``torch.func.vmap``): how many members
+            its one call ran over (the product over nested vmap levels); ``shape`` is one
+            member's, ``bytes_logical`` and ``bytes_allocated`` are the whole batch's (what
+            the dispatch level sees); None for a plain tensor.
+        storage_move: ``share_memory_()`` (or ``Module.share_memory()``) moved the storage's
+            bytes into a new shared segment that the same storage now owns:
+            ``bytes_allocated`` is the storage's bytes, ``src_storage`` and ``dst_storage``
+            are its one id (the storage object stays, its memory moved).
+        recompute: the call ran again in backward, inside an activation checkpoint's
+            recomputation (``torch.utils.checkpoint``): the user's own op and line, re-run.
     """
 
     __slots__ = EVENT_SLOTS
@@ -340,7 +355,7 @@ CopyEvent.__init__ = _generated_init()  # type: ignore[method-assign]
 
 # --- the event table ------------------------------------------------------------------------
 #: Version of the event table's columns (the Parquet cache and the sidecar carry it).
-TABLE_VERSION = "2"
+TABLE_VERSION = "3"  # 3: batch_size, storage_move, recompute
 #: Hidden folder beside the trace files for their event tables: the tracer's columnar sidecar
 #: (``<file>`` + :data:`SIDECAR_SUFFIX`) and the Parquet cache of files read without one.
 CACHE_DIR = ".copytrace-cache"

@@ -257,7 +257,9 @@ def redundant_copy(events: list[Ev]) -> list[Finding]:
     # (one clone per consumer that modifies its argument): neither is redundant.
     # Copies made inside a torch function (a scheduler cloning its learning rates) are not
     # the user's to fold or reuse.
-    copies = [e for e in events if _is_copy(e) and e.op != "deepcopy" and not e.via]
+    # An activation checkpoint's recomputation makes its copy again on purpose.
+    copies = [e for e in events if _is_copy(e) and e.op != "deepcopy" and not e.via
+              and not e.recompute]
     unwritten = [e for e in copies if not e.inplace_writes and e.op not in _OWN_RULE]
     # (a) the same unchanged source view copied to the same kind of result within a step
     same: dict[tuple, list[Ev]] = {}

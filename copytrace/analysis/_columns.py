@@ -28,7 +28,7 @@ __all__ = ["RunColumns", "columns_of"]
 EVENT_TYPES = {f.name: f.type for f in EVENT_SCHEMA}
 
 _BOOLS = ("group", "alias", "noop", "non_blocking", "requires_grad", "src_requires_grad",
-          "snapshot", "stale")  # fmt: skip
+          "snapshot", "stale", "recompute")  # fmt: skip
 _INTS0 = ("step", "bytes_allocated", "bytes_logical")
 _INTS = ("src_storage", "src_offset", "src_version", "dst_storage", "dst_version",
          "inplace_writes", "retained_bytes")  # fmt: skip

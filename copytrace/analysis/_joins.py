@@ -32,13 +32,15 @@ def _ok(rc: Any) -> np.ndarray:
 
 
 def _copies(rc: Any) -> np.ndarray:
-    """A copy into new storage with its storage facts recorded, neither a deepcopy nor made
-    inside a torch function."""
+    """A copy into new storage with its storage facts recorded, neither a deepcopy, nor made
+    inside a torch function, nor an activation checkpoint's recomputation (the copy it
+    exists to make again instead of keeping)."""
     return (  # type: ignore[no-any-return]
         _ok(rc) & ~rc.flag("alias") & ~rc.flag("noop")
         & (rc.np("bytes_allocated") > 0)
         & ~rc.null("src_storage") & ~rc.null("src_version")
         & ~rc.eq("op", "copy_") & ~rc.eq("op", "deepcopy") & ~rc.truthy("via")
+        & ~rc.flag("recompute")
     )  # fmt: skip
 
 

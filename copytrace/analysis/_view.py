@@ -25,6 +25,7 @@ class Ev:
         "src_storage", "src_offset", "src_stride", "src_version", "dst_storage",
         "dst_version", "inplace_writes", "saved_by", "write_site", "src_name",
         "retained_bytes", "snapshot", "stale", "load_site", "origin",
+        "recompute",  # tensor-kind facts
     )  # fmt: skip
 
     def __init__(self, **fields: Any) -> None:
@@ -128,6 +129,7 @@ def _from_span(span: Any, seq: int, run: int, parent: int) -> Ev:
         retained_bytes=_int(get("retained_bytes")),
         snapshot=get("snapshot") is True,
         stale=get("stale") is True,
+        recompute=get("recompute") is True,
         load_site=get("load_site"),
         origin=get("origin"),
     )

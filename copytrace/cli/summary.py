@@ -203,6 +203,9 @@ def _headline_lines(model: ReportModel) -> list[str]:
         f"{format_bytes(t.bytes_allocated)}, copy time {format_ns(t.copy_time_ns)}, "
         f"cross-device {format_bytes(t.cross_device_bytes)} in {t.cross_device_count} events"
     )
+    from copytrace.dashboards._rows import BYTES_DEFINITION
+
+    lines.append(f"  ({BYTES_DEFINITION})")
     if model.hazards or model.analysis == "ran":
         lines.append(f"hazards: {len(model.hazards)}")
     return lines
@@ -223,13 +226,15 @@ def _top_lines(model: ReportModel, top_n: int) -> list[str]:
                 name = f"{name}  | {src}"
             out.append(
                 [str(i), format_bytes(r.bytes_copied), _pct(r.bytes_copied, t.bytes_copied),
+                 format_bytes(r.bytes_allocated),  # logical vs really allocated
                  format_ns(r.time_ns), _pct(r.time_ns, t.copy_time_ns), str(r.count),
                  str(r.copy_count), str(r.alias_count), str(r.noop_count), name]
             )  # fmt: skip
         return out
 
     lines: list[str] = []
-    headers = ["#", "bytes copied", "%", "time", "%", "events", "copies", "aliases", "no-ops"]
+    headers = ["#", "bytes copied", "%", "allocated", "time", "%", "events", "copies",
+               "aliases", "no-ops"]  # fmt: skip
     for what, rows_of, is_site in (
         ("call sites", model.call_sites, True),
         ("modules", model.modules, False),
@@ -238,7 +243,7 @@ def _top_lines(model: ReportModel, top_n: int) -> list[str]:
             chosen = [r for r in top(rows_of, by, top_n) if getattr(r, by) > 0]
             lines.append("")
             lines.append(f"top {what} by {label}:")
-            lines.extend(_table(headers + [what[:-1]], site_rows(chosen, is_site), set(range(9))))
+            lines.extend(_table(headers + [what[:-1]], site_rows(chosen, is_site), set(range(10))))
     return lines
 
 

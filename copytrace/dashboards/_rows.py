@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 __all__ = [
-    "KINDS", "LARGE_EVENT_BYTES", "NO_MODULE", "STAGES", "UNKNOWN_SITE", "WARMUP_FACTOR",
+    "BYTES_DEFINITION", "KINDS", "LARGE_EVENT_BYTES", "NO_MODULE", "STAGES", "UNKNOWN_SITE", "WARMUP_FACTOR",
     "CubeRow", "EventTemplate", "GroupRow", "HazardRow", "OpRow", "RunInfo",
     "SiteRow", "StageStats", "StepRow", "Totals", "TransferRow",
 ]  # fmt: skip
@@ -85,6 +85,15 @@ class RunInfo:
     windows: list[str] = field(default_factory=list)
     ring: int | None = None
     ring_reason: str = ""
+
+
+#: The two byte totals, defined once (the summary, the report and docs/trace-format.md say
+#: this): logical bytes, what the program's copies hold; allocated, what they really made.
+BYTES_DEFINITION = (
+    "bytes copied = numel x element size of each copy's result; allocated = the new storage "
+    "the copies really made: a deepcopy of a view copies its whole storage, a clone under "
+    "vmap the whole batch, a copy_ into an existing tensor none"
+)
 
 
 @dataclass

@@ -349,7 +349,8 @@
     box.appendChild(hero);
     box.appendChild(kpi("Bytes copied", fmtBytes(T.bc),
       (steady.steps ? fmtBytes(steady.bc / steady.steps) + " per steady step \u00b7 " : "") +
-      fmtBytes(T.ba) + " newly allocated"));
+      fmtBytes(T.ba) + " newly allocated", false,
+      D.totals.bytes_defs ? el("div", { class: "d", id: "ct-bytes-defs", text: D.totals.bytes_defs }) : null));
     box.appendChild(kpi("Copy calls (host time)", fmtNs(T.t),
       "copies " + fmtNs(T.t_kind.copy) + " \u00b7 aliases " + fmtNs(T.t_kind.alias) + " \u00b7 no-ops " + fmtNs(T.t_kind.noop)));
     const bar = el("div", { class: "kindbar" }, KINDS.map((k) => {

@@ -28,6 +28,7 @@ from copytrace.tracer._rules import (
     IN_PYTHON,
     NO_MEMORY,
     RULES,
+    STORAGE_MOVES,
     _basic_index,
     _storage_nbytes,
     _transfer,
@@ -43,6 +44,7 @@ _perf_ns = time.perf_counter_ns
 _NoTorchFunction = torch._C.DisableTorchFunction
 _Tensor = torch.Tensor
 _py_facts = _F.py_facts
+_is_wrapped = _F.is_wrapped
 _THREAD_NAMES: dict[int, str] = {}  # thread ident -> name (names are read once per thread)
 # Every field at its default: the C++ observer copies it for each new event (copy_slots).
 _PROTOTYPE = CopyEvent()
@@ -180,6 +182,8 @@ class ApiEvents:
             dst, src = args[0], args[1]
             if not isinstance(dst, _Tensor) or not isinstance(src, _Tensor):
                 return
+            if dst is src and op == "data_set":
+                return  # `p.data = p` (Module._apply after an in-place fn): nothing rebound
             out = dst
         else:
             src = args[0] if args else None
@@ -214,6 +218,8 @@ class ApiEvents:
                 return
             # None: not a plain tensor, the Python readers below
         self._record_py(op, src, out, kwargs, aten, start, end, error, src_requires_grad)
+        if op in STORAGE_MOVES and self.events:  # reached through torch's Python function
+            _past_entry(self.events[-1])
 
     def _record_py(
         self: Recorder, op: str, src: Any, out: Any, kwargs: dict, aten: tuple, start: int,
@@ -312,9 +318,16 @@ class ApiEvents:
         ev.requires_grad = rg
         ev.grad_fn = grad_fn_name
         ev.is_leaf = is_leaf
+        if _is_wrapped(out):  # vmap: one call over the whole batch (its facts: _F.unbatched)
+            ev.batch_size = _F.batch_size(out)
         noop = False
         if op in _WRITES_INTO:
             alias = False  # written into an existing tensor: 0 bytes allocated
+        elif out is src and op in STORAGE_MOVES and "aten::copy_" in ev.aten:
+            alias = False  # the same storage, its bytes moved into a new allocation
+            ev.storage_move = True
+            ev.bytes_allocated = storage_bytes
+            noop = rg  # the same tensor: still in its graph
         elif out is src:
             noop = ev.noop = alias = ev.alias = True
         elif op in _ALWAYS_ALIAS:
@@ -347,6 +360,26 @@ class ApiEvents:
         elif src_rg:
             ev.graph = "detached"
         return alias
+
+
+#: torch/overrides.py's function through which a Python-level torch function (``Tensor.
+#: share_memory_``) hands its own call to a function mode
+_ENTRY = "handle_torch_function"
+
+
+def _past_entry(ev: CopyEvent) -> None:
+    """Where ``ev``'s ``via`` is ``handle_torch_function``, set its call site from the frames
+    beyond that frame and the torch function that called it (the user's API call itself, not
+    a ``via``)."""
+    if ev.via != _ENTRY:
+        return
+    frame: Any = sys._getframe(2)
+    while frame is not None and frame.f_code.co_name != _ENTRY:
+        frame = frame.f_back
+    if frame is not None and frame.f_back is not None:
+        site = user_frame(frame.f_back.f_back)
+        if site is not None:
+            ev.file, ev.line, ev.function, ev.via = site
 
 
 def _first_tensor(data: Any, depth: int = 0) -> Any:

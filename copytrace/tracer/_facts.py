@@ -19,7 +19,9 @@ import torch
 
 from copytrace.tracer import _native
 
-__all__ = ["Facts", "facts", "py_facts", "strides_in_python"]
+__all__ = [
+    "Facts", "batch_size", "facts", "is_wrapped", "py_facts", "strides_in_python", "unbatched",
+]
 
 
 class Facts(NamedTuple):
@@ -134,15 +136,56 @@ def strides_in_python(t: torch.Tensor) -> bool:
     ).startswith("torch.")
 
 
+_functorch = torch._C._functorch
+_is_batched = _functorch.is_batchedtensor
+_is_grad_tracking = _functorch.is_gradtrackingtensor
+#: a functorch wrapper (vmap's batched tensor, grad's grad-tracking tensor, ...)
+is_wrapped = _functorch.is_functorch_wrapped_tensor
+
+
+def unbatched(t: torch.Tensor) -> tuple[torch.Tensor, int | None]:
+    """The physical tensor under functorch's wrappers (``torch.func.vmap``'s batched tensors,
+    ``torch.func.grad``'s grad-tracking tensors) and the batch size: the product of the
+    vmap levels' sizes, None without a vmap level. A batched tensor has no storage of its own
+    (``aten/src/ATen/functorch/BatchedTensorImpl.h``); the physical tensor is what the
+    dispatch level (a ``TorchDispatchMode``) sees, with the batch dimensions in it."""
+    size = None
+    for _ in range(64):  # functorch levels
+        if _is_batched(t):
+            bdim = _functorch.maybe_get_bdim(t)
+            t = _functorch.get_unwrapped(t)
+            size = (size or 1) * t.shape[bdim]
+        elif _is_grad_tracking(t):
+            t = _functorch.get_unwrapped(t)
+        else:
+            break
+    return t, size
+
+
+def batch_size(t: torch.Tensor) -> int | None:
+    """How many vmap members a functorch-wrapped tensor ``t`` holds (:func:`unbatched`),
+    None when it is no batched tensor."""
+    try:
+        return unbatched(t)[1]
+    except Exception:  # a wrapper whose level has exited
+        return None
+
+
 def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> Facts:
     """The facts read with torch's Python bindings (any tensor, subclasses included).
 
     ``IS_LEAF``, ``GRAD_FN``, ``GRAD_FN_NAME`` and ``FAKE`` are read only with ``with_grad_fn``
     (the facts of a call's result; reading a view's ``grad_fn`` may regenerate its node); they
     are None (``FAKE``: False) otherwise."""
-    logical = nbytes(t)
+    real = t
+    if is_wrapped(t):  # vmap, grad: the physical tensor's memory (what a dispatch mode sees)
+        try:
+            real = unbatched(t)[0]
+        except Exception:
+            real = t
+    logical = nbytes(real)
     try:
-        storage = t.untyped_storage()
+        storage = real.untyped_storage()
     except Exception:  # sparse, nested, some subclasses: no single storage
         storage = None
     storage_bytes = logical
@@ -152,10 +195,10 @@ def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> Facts:
             storage_bytes = storage.nbytes()
         except Exception:
             pass
-        if not t.is_nested:  # nested tensors have no single view
-            offset = t.storage_offset()
+        if not real.is_nested:  # nested tensors have no single view
+            offset = real.storage_offset()
             # not read where the subclass answers it in Python: the read would reach it
-            stride = None if strides_in_python(t) else tuple(t.stride())
+            stride = None if strides_in_python(real) else tuple(real.stride())
     if with_grad_fn:
         grad_fn = t.grad_fn
         is_leaf = t.is_leaf

@@ -11,6 +11,7 @@ these events stay unknown (``"none"``).
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -98,6 +99,8 @@ class ImplicitEvents:
         ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
         # Dispatch-level tensors carry no autograd metadata: graph facts stay unknown ("none").
         self._context(ev)
+        if ev.phase == "backward" and _CHECKPOINT in _modules_loaded:
+            self._recomputed(ev)
         if ev.module is not None and ev.phase != "backward" and _made_node(tensors):
             # autograd made this copy's node just before the copy ran (the next sequence
             # number is the node's + 1): a backward copy of that node names this module
@@ -108,8 +111,41 @@ class ImplicitEvents:
             # counter once the op returns (a write-back `x[:, 0] = f(x[:, 0])`): record the
             # version the tensor has afterwards, as for an API-level copy_.
             ev.dst_version += 1
+        if kind == _COPY_INTO and ev.via in _STORAGE_COPIES:
+            _storage_level(ev, _STORAGE_COPIES[ev.via])
         self._append(ev)
         return None
+
+    def _recomputed(self: Recorder, ev: CopyEvent) -> None:
+        """Mark a backward copy made by an activation checkpoint's recomputation (the user's
+        forward re-run inside backward, ``torch.utils.checkpoint``) as the user's own call:
+        ``recompute`` set, the op, module and ``via`` of the same line's forward event (the
+        function mode does not see calls in backward: a recomputed ``x.float()`` reaches
+        copytrace as an aten copy only), phase backward. A copy autograd makes for a node
+        (the reentrant checkpoint's inner backward, a ``ToCopyBackward0``) is not one."""
+        frame = sys._getframe(2)
+        if _recompute_frame(frame) is None:
+            return
+        ev.recompute = True
+        ev.via = ev.origin = None
+        ev.graph = "attached" if ev.src_requires_grad and torch.is_grad_enabled() else "none"
+        # the module call the recomputation re-entered (Module._call_impl below the checkpoint)
+        ev.module = self.modules.current(frame)
+        aten = ev.aten[0] if ev.aten else None
+        key = (ev.file, ev.line, aten)
+        found = _FORWARD_OPS.get(key)
+        events = self.events
+        for i in range(len(events) - 1, max(-1, len(events) - _LOOK_BACK), -1):
+            if found is not None:
+                break
+            e = events[i]
+            if (e.line == ev.line and e.file == ev.file and not e.recompute
+                    and e.phase != "backward" and aten in e.aten):  # fmt: skip
+                if len(_FORWARD_OPS) >= _LOOK_BACK:
+                    _FORWARD_OPS.clear()
+                found = _FORWARD_OPS[key] = (e.op, e.via)
+        if found is not None:
+            ev.op, ev.via = found
 
     def _implicit_foreach(self: Recorder, name: str, args: tuple, start: int, end: int) -> None:
         """``_foreach_copy_(dsts, srcs)``: one event for the whole list (0 bytes allocated)."""
@@ -145,6 +181,68 @@ class ImplicitEvents:
         ev.bytes_logical = _nbytes(out)
         self._context(ev)
         self._append(ev)
+
+
+#: torch/storage.py's storage-level copies: a ``copy_`` into a storage they just allocated,
+#: the storage's whole bytes (``clone``), or moved into a new shared segment that the source
+#: storage then owns (``_share_fd_cpu_`` / ``_share_filename_cpu_``, by the sharing strategy)
+_STORAGE_COPIES = {
+    "_StorageBase.clone": False,
+    "UntypedStorage._share_fd_cpu_": True,
+    "UntypedStorage._share_filename_cpu_": True,
+}
+
+
+def _storage_level(ev: CopyEvent, move: bool) -> None:
+    """A storage-level copy (see :data:`_STORAGE_COPIES`): its bytes are a new allocation of
+    the whole storage; a move keeps the source storage (``dst_storage`` is its id)."""
+    ev.bytes_allocated = ev.bytes_logical  # the copy_ over the whole new storage
+    if move:
+        ev.storage_move = True
+        ev.dst_storage = ev.src_storage
+
+
+_modules_loaded = sys.modules
+_CHECKPOINT = "torch.utils.checkpoint"
+#: events searched back for a recomputed line's forward event
+_LOOK_BACK = 100_000
+#: (file, line, aten op) of a recomputed copy -> (op, via) of that line's forward event
+_FORWARD_OPS: dict[tuple, tuple] = {}
+_MARKS: dict[Any, bool] = {}
+
+
+def _recompute_marks() -> dict[Any, bool]:
+    """Code objects that decide, walking out from a backward copy, whether it is a
+    recomputation (torch 2.13's ``torch/utils/checkpoint.py``): True for the non-reentrant
+    checkpoint's ``recompute_fn`` (run by its saved-tensor unpack hook) and the reentrant
+    ``CheckpointFunction.backward``; False for ``_engine_run_backward`` (a backward pass,
+    such as the reentrant checkpoint's inner one, runs autograd's nodes, not the user's code)."""
+    if not _MARKS:
+        from torch.autograd import graph
+        from torch.utils import checkpoint
+
+        for name in ("_checkpoint_without_reentrant_generator", "checkpoint"):
+            fn = getattr(checkpoint, name, None)
+            for const in getattr(getattr(fn, "__code__", None), "co_consts", ()):
+                if getattr(const, "co_name", None) == "recompute_fn":
+                    _MARKS[const] = True
+        _MARKS[checkpoint.CheckpointFunction.backward.__code__] = True
+        _MARKS[graph._engine_run_backward.__code__] = False
+    return _MARKS
+
+
+def _recompute_frame(frame: Any) -> Any:
+    """The checkpoint's recompute frame above ``frame`` (see :func:`_recompute_marks`), or
+    None when the copy is not a recomputation."""
+    marks = _recompute_marks()
+    for _ in range(512):
+        if frame is None:
+            return None
+        mark = marks.get(frame.f_code)
+        if mark is not None:
+            return frame if mark else None
+        frame = frame.f_back
+    return None
 
 
 def _made_node(tensors: list) -> bool:

@@ -69,6 +69,10 @@ def _api_table() -> dict[Any, str]:
         torch.tensor: "tensor_ctor",
         _Tensor.new_tensor: "new_tensor",
         _Tensor.numpy: "numpy",
+        # moves the storage's bytes into a new shared segment the same storage then owns
+        _Tensor.share_memory_: "share_memory_",
+        # a copy into new page-locked host memory (aten::_pin_memory; needs an accelerator)
+        _Tensor.pin_memory: "pin_memory",
         _Tensor.reshape: "reshape",  # a view when strides allow, else a hidden copy
         torch.reshape: "reshape",
         # Advanced indexing gathers into fresh storage (aten::index and its relatives).
@@ -249,16 +253,20 @@ def settle_unreal_events(events: list) -> None:
 # Ops whose result always shares the input's storage (RULES.always_alias).
 _ALWAYS_ALIAS = RULES.always_alias
 # Ops whose event the Python path records (record.cpp's record leaves them out).
-_IN_PYTHON = frozenset(("numpy", "deepcopy"))
+_IN_PYTHON = frozenset(("numpy", "deepcopy", "share_memory_"))
+#: Ops that return their input after moving its storage's bytes into a new allocation the same
+#: storage then owns (``share_memory_``: ``torch/storage.py``, ``_share_fd_cpu_``); a move
+#: shows as the ``aten::copy_`` folded into the call (none when already shared).
+STORAGE_MOVES = frozenset(("share_memory_",))
 # Ops whose api_before has work to do for any call (a check before the call, a read of the
 # input's state, a memo or basic-index test): never on the C observer's one-call path.
 _BEFORE_OPS = frozenset(("backward", "deepcopy", "index", "detach_", "numpy"))
 # Fast ops whose whole event the observer may finish in C (api_mode.cpp's fast_event): not
 # those _record_api reads differently (a write into a tensor, a rebinding) nor the gathers (a fresh copy watched
 # by identity, _fresh.py).
-_NOT_C_EVENT_OPS = frozenset(("copy_", "data_set", "data_get", "swap_tensors")) | frozenset(
-    INDEX_OPS
-)
+_NOT_C_EVENT_OPS = frozenset(
+    ("copy_", "data_set", "data_get", "swap_tensors", *STORAGE_MOVES)
+) | frozenset(INDEX_OPS)
 
 # public names for the modules that read the rules
 ALIAS, COPY, COPY_INTO = _ALIAS, _COPY, _COPY_INTO

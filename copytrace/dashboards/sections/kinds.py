@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from copytrace.dashboards._query import Query
-from copytrace.dashboards._rows import KINDS, Totals
+from copytrace.dashboards._rows import BYTES_DEFINITION, KINDS, Totals
 
 __all__ = ["payload_totals", "totals"]
 
@@ -57,4 +57,5 @@ def payload_totals(model: Any) -> dict[str, Any]:
         "xdev_n": t.cross_device_count,
         "xdev_b": t.cross_device_bytes,
         "hazards": t.hazard_count,
+        "bytes_defs": BYTES_DEFINITION,  # what "bytes copied" and "allocated" mean
     }

@@ -33,6 +33,7 @@
 #include <ATen/ops/copy_ops.h>
 #include <ATen/ops/detach_ops.h>
 #include <ATen/record_function.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <pybind11/pybind11.h>
 #include <torch/csrc/Export.h>
@@ -44,6 +45,7 @@
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
+#include <vector>
 
 // An aten argument (IValue) as the Python object torch makes of it: torch::jit::toPyObject,
 // declared here rather than through torch/csrc/jit/python/pybind_utils.h, whose include tree
@@ -120,25 +122,51 @@ thread_local int tls_rf_paused = 0;
 // what a dispatch mode sees in backward, whatever op is in progress around the engine.
 thread_local std::vector<int> tls_saved_depth;
 
+// Under torch.func.vmap one user call reaches the dispatcher several times as the same op:
+// the functorch front layer's call, the interpreter's re-call, the batch rule's call on the
+// physical tensor and the back layer's re-call (aten/src/ATen/functorch/DynamicLayer.cpp).
+// A dispatch mode sees one of them, on the physical tensor. So an op started while a
+// functorch layer is active counts once: its re-calls (the same op, innermost) do not.
+thread_local std::vector<const char*> tls_functorch_ops;
+struct FunctorchMark : at::ObserverContext {
+  bool pushed;  // counted and pushed on tls_functorch_ops (else: a re-call, not counted)
+  explicit FunctorchMark(bool p) : pushed(p) {}
+};
+
+inline bool functorch_active() {
+  return c10::impl::tls_is_dispatch_key_included(
+      c10::DispatchKey::FuncTorchDynamicLayerBackMode);
+}
+
 std::unique_ptr<at::ObserverContext> rf_start(const at::RecordFunction& fn) {
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
     tls_saved_depth.push_back(tls_depth);
     tls_depth = 0;
   } else if (g_counted.count(fn.name()) != 0) {
+    if (!tls_functorch_ops.empty() && tls_functorch_ops.back() == fn.name())
+      return std::make_unique<FunctorchMark>(false);  // a functorch re-call: not counted
     ++tls_depth;
+    if (functorch_active()) {
+      tls_functorch_ops.push_back(fn.name());
+      return std::make_unique<FunctorchMark>(true);
+    }
   }
   return nullptr;
 }
 
-void rf_end(const at::RecordFunction& fn, at::ObserverContext*) {
+void rf_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
     if (!tls_saved_depth.empty()) {
       tls_depth = tls_saved_depth.back();
       tls_saved_depth.pop_back();
     }
-  } else if (tls_depth > 0 && g_counted.count(fn.name()) != 0) {
-    --tls_depth;
+    return;
   }
+  if (ctx != nullptr) {
+    if (!static_cast<FunctorchMark*>(ctx)->pushed) return;
+    if (!tls_functorch_ops.empty()) tls_functorch_ops.pop_back();
+  }
+  if (tls_depth > 0 && g_counted.count(fn.name()) != 0) --tls_depth;
 }
 
 void counted_names() {
