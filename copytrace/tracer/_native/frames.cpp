@@ -1,4 +1,4 @@
-// Frames: the user's call site, the innermost Module._call_impl frame, a frame's variable.
+// Frames: the user's and the library's call sites, the innermost Module._call_impl frame, a frame's variable.
 // Python only: no torch header.
 #include "observer.h"
 
@@ -17,11 +17,12 @@
 namespace copytrace {
 namespace {
 
-// call_site(classify): (file, line, function, via) of the innermost user-code frame on the
-// calling thread's stack, as copytrace/tracer/_callsite.py's user_frame() finds it, or None.
-// classify(code) gives a code object's kind (0 user, 1 torch or an installed package,
-// 2 copytrace or the stdlib, 3 a mode's handler), kept per code object (by identity: hashing a
-// code object hashes its whole contents). The user
+// call_site(classify): (file, line, function, via, library) of the innermost user-code frame
+// on the calling thread's stack, as copytrace/tracer/_callsite.py's call_site() finds it, or
+// None; library: (file, line, function) of the innermost library frame below the user's, or
+// None. classify(code) gives a code object's kind (0 user, 1 torch, 2 copytrace or the
+// stdlib, 3 a mode's handler, 4 an installed package other than torch), kept per code object
+// (by identity: hashing a code object hashes its whole contents). The user
 // frame's (file, line, function) is cached per (code object, instruction): a line number is
 // otherwise a scan of the code's line table. The cache holds its code objects (never frames).
 struct SiteKey {
@@ -74,10 +75,12 @@ PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     return nullptr;
   }
   PyObject* via = nullptr;  // borrowed from a code object we hold while walking
+  PyObject* lib = nullptr;  // (file, line, function) of the innermost library frame, owned
   PyObject* result = nullptr;
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
   Py_XINCREF(frame);
   std::vector<PyCodeObject*> held;  // codes whose qualname `via` may borrow
+  bool failed = false;
   while (frame != nullptr) {
     PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
     long kind;
@@ -90,6 +93,7 @@ PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
       Py_XDECREF(k);
       if (kind == -1 && PyErr_Occurred()) {
         Py_DECREF(code);
+        failed = true;
         break;
       }
       if (g_kinds.size() >= kMaxSites) clear_sites();
@@ -99,14 +103,25 @@ PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     if (kind == 0) {
       PyObject* site = user_site(frame, code);
       if (site != nullptr) {
-        result = PyTuple_Pack(4, PyTuple_GET_ITEM(site, 0), PyTuple_GET_ITEM(site, 1),
-                              PyTuple_GET_ITEM(site, 2), via != nullptr ? via : Py_None);
+        result = PyTuple_Pack(5, PyTuple_GET_ITEM(site, 0), PyTuple_GET_ITEM(site, 1),
+                              PyTuple_GET_ITEM(site, 2), via != nullptr ? via : Py_None,
+                              lib != nullptr ? lib : Py_None);
         Py_DECREF(site);
       }
+      failed = result == nullptr;
       Py_DECREF(code);
       break;
     }
-    if (kind == 1 && via == nullptr) {
+    // kind 4: an installed package other than torch: the via, and the library site
+    if (kind == 4 && lib == nullptr) {
+      lib = user_site(frame, code);  // the same cached (file, line, function)
+      if (lib == nullptr) {
+        Py_DECREF(code);
+        failed = true;
+        break;
+      }
+    }
+    if ((kind == 1 || kind == 4) && via == nullptr) {
       via = code->co_qualname;
       held.push_back(code);
     } else {
@@ -116,9 +131,13 @@ PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     Py_DECREF(frame);
     frame = back;
   }
-  if (result == nullptr && !PyErr_Occurred()) {
-    if (frame == nullptr) result = Py_NewRef(Py_None);  // no user frame on the stack
+  if (!failed && result == nullptr && frame == nullptr) {
+    // no user frame on the stack: the library site alone, or None
+    result = lib == nullptr ? Py_NewRef(Py_None)
+                            : PyTuple_Pack(5, Py_None, Py_None, Py_None,
+                                           via != nullptr ? via : Py_None, lib);
   }
+  Py_XDECREF(lib);
   Py_XDECREF(frame);
   for (PyCodeObject* code : held) Py_DECREF(code);
   return result;
