@@ -168,7 +168,9 @@ FIELDS: tuple[Field, ...] = (
     Field("lib_file", _C + "library.file.path", "str", "str"),
     Field("lib_line", _C + "library.line.number", "int", "scalar"),
     Field("lib_function", _C + "library.function.name", "str", "str"),
-    # --- end of the library's call site
+    # an aten cast made while autocast ran with its weight cache off (analysis fact)
+    Field("autocast_nocache", _C + "autocast_nocache", "bool", "analysis", False, False),
+    # --- end of the library's call site and the autocast fact
     # facts for copytrace.analysis (hazards), written when set
     Field("src_storage", _C + "src_storage", "int", "analysis"),
     Field("src_offset", _C + "src_offset", "int", "analysis"),
@@ -303,6 +305,9 @@ class CopyEvent:
             held when its step ended (no backward had run through it); ``None`` otherwise.
         snapshot: a ``detach`` alias made by ``Module.state_dict()``.
         stale: on a snapshot, its source was changed in place while the alias was kept.
+        autocast_nocache: an implicit ``aten::_to_copy`` in forward, made while autocast was
+            on for its device with its weight cache off (``torch.autocast(...,
+            cache_enabled=False)``): autocast casts each weight again at every use.
         fake: the result is a FakeTensor or a meta tensor (``FakeTensorMode``, torch.compile's
             tracing, ``FakeCopyMode``): ``bytes_logical`` is what a real copy would move,
             ``bytes_allocated`` is 0 (no real memory).

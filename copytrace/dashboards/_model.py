@@ -100,6 +100,8 @@ class ReportModel:
         templates: Distinct descriptions of the sampled events.
         site_labels: Short display label per call-site key.
         site_sources: Source line per call-site key ('' if unavailable).
+        group_by: The call site the "where from" tables group by: ``library`` (the
+            library's call site where an event has one, else the user's line) or ``user``.
     """
 
     runs: list[RunInfo]
@@ -131,6 +133,7 @@ class ReportModel:
     sample_info: SampleInfo = field(default_factory=SampleInfo)
     #: Compiled regions (``copytrace.dashboards._compiled.CompiledSection``), or None.
     compiled: Any = None
+    group_by: str = "library"
 
     @property
     def multi_run(self) -> bool:
@@ -202,6 +205,7 @@ def build_model(
     max_points: int = MAX_TIMELINE_POINTS,
     timeline: bool = True,
     hazard_events: bool = True,
+    group_by: str = "library",
 ) -> ReportModel:
     """Aggregate a trace into the data shown by the report.
 
@@ -223,6 +227,12 @@ def build_model(
             (False: only what the finding names, and the run of a one-run trace; the
             terminal summary shows neither, and on a 1M-event trace whose findings name
             every event this saves joining them all).
+        group_by: What the call-site tables and the treemap group by: ``library`` (the
+            library's call site where an event has one, else the user's line; each row
+            names the user's lines beside it) or ``user`` (the user's line).
+
+    Raises:
+        ValueError: ``group_by`` is neither.
 
     Returns:
         Run metadata, totals (bytes in bytes, times in ns), steps with stages, per call site /
@@ -233,12 +243,16 @@ def build_model(
     from copytrace.dashboards.sections.hazards import analysis_findings
     from copytrace.tracefile import TraceData, table_from_trace
 
+    if group_by not in ("library", "user"):
+        raise ValueError(f"group_by: not {group_by!r}; use library or user")
     found, status = analysis_findings(source, findings, analyze)
     table = table_from_trace(source) if isinstance(source, TraceData) else source
-    q = Query(table)
+    q = Query(table, group_by)
     try:
         points = max_points if timeline else -1
-        return _build(q, found, status, read_sources, progress, points, hazard_events)
+        model = _build(q, found, status, read_sources, progress, points, hazard_events)
+        model.group_by = group_by
+        return model
     finally:
         q.close()
 

@@ -208,6 +208,8 @@ class SiteRow:
         others: Event count per module (for a call site) or per call site (for a module).
         vias: Event count per torch function the events came through (``copytrace.via``;
             direct calls not counted).
+        entries: For a call site, event count per other site of its events (the user's lines
+            that reached a library call site, or the library sites a user's line reached).
     """
 
     key: str
@@ -224,6 +226,12 @@ class SiteRow:
     ops: dict[str, int] = field(default_factory=dict)
     others: dict[str, int] = field(default_factory=dict)
     vias: dict[str, int] = field(default_factory=dict)
+    entries: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def entry(self) -> str:
+        """The other site of most of the events ('' if none)."""
+        return max(self.entries, key=lambda k: (self.entries[k], k)) if self.entries else ""
 
 
 @dataclass
@@ -430,6 +438,8 @@ class CubeRow:
         bytes_logical: Logical bytes, bytes.
         time_ns: Summed duration, ns.
         errors: Events whose op raised.
+        entry: The other call site of these events (the user's line beside a library call
+            site; the library's beside the user's with ``group_by="user"``), '' if none.
     """
 
     run: int
@@ -446,5 +456,6 @@ class CubeRow:
     bytes_logical: int
     time_ns: int
     errors: int
+    entry: str = ""
 
 

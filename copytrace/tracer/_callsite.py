@@ -5,7 +5,8 @@ installed package other than torch, between the copy and the user's line).
 Which code is whose (decided once per code object, by its file's real path):
 
 - copytrace itself and the standard library: neither; passed over.
-- torch (its package directory): a library frame that names the ``via`` only.
+- torch (its package directory, and ``functorch``, ``torchgen`` and ``typing_extensions``
+  installed beside it): a frame that names the ``via`` only.
 - a *library*: a file under a ``site-packages`` or ``dist-packages`` directory (an installed
   package: transformers, accelerate, lightning...), or under one of the path prefixes in
   ``COPYTRACE_LIBRARY_PATHS`` (``os.pathsep``-separated: a library installed editable or
@@ -72,6 +73,10 @@ _USER, _LIB, _OTHER, _MODE, _PKG = 0, 1, 2, 3, 4
 # holds the code object, so its id is not reused while the entry lives.
 _KIND: dict[int, tuple[CodeType, int]] = {}
 _SITE_MARKERS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+# Installed packages that count as torch (the via only, never the library site): torch's
+# siblings in its wheel, and typing_extensions, whose `deprecated` wrapper sits around some
+# torch functions.
+_TORCH_LIKE = frozenset(("torch", "functorch", "torchgen", "typing_extensions.py"))
 _MODE_HANDLERS = frozenset(("__torch_function__", "__torch_dispatch__"))
 
 
@@ -91,7 +96,12 @@ def _kind(filename: str) -> int:
         return _LIB
     # An installed package (also when site-packages lies below the stdlib dir): not the
     # user's code, e.g. typing_extensions' `deprecated` wrapper around a torch function.
-    if any(marker in path for marker in _SITE_MARKERS) or (_EXTRA and path.startswith(_EXTRA)):
+    for marker in _SITE_MARKERS:
+        at = path.find(marker)
+        if at >= 0:
+            top = path[at + len(marker) :].split(os.sep, 1)[0]
+            return _LIB if top in _TORCH_LIKE else _PKG
+    if _EXTRA and path.startswith(_EXTRA):
         return _PKG
     for prefix in stdlib:
         if path.startswith(prefix):
@@ -136,11 +146,12 @@ def _walk(frame: FrameType | None) -> tuple[FrameType | None, str | None, FrameT
     return None, via, lib
 
 
-def _triple(frame: FrameType | None) -> tuple[str, int, str] | None:
+def _triple(frame: FrameType | None, qualified: bool = False) -> tuple[str, int, str] | None:
     if frame is None:
         return None
     code = frame.f_code
-    return code.co_filename, frame.f_lineno, code.co_name
+    name = getattr(code, "co_qualname", code.co_name) if qualified else code.co_name
+    return code.co_filename, frame.f_lineno, name
 
 
 def call_site(frame: FrameType) -> tuple[Any, ...] | None:
@@ -149,8 +160,9 @@ def call_site(frame: FrameType) -> tuple[Any, ...] | None:
 
     ``file``, ``line``, ``function`` are the user's line (``None`` each when no frame on the
     stack is user code); ``via`` as :func:`user_frame` names it; ``library`` is ``(file, line,
-    function)`` of the innermost library frame between the copy and the user's line
-    (transformers' ``sdpa_attention_forward``, accelerate's ``send_to_device``), or ``None``.
+    qualified function name)`` of the innermost library frame between the copy and the
+    user's line (transformers' ``sdpa_attention_forward``, ``Trainer._prepare_input``), or
+    ``None``.
 
     Returns:
         The sites, or ``None`` when the stack holds neither a user nor a library frame.
@@ -159,7 +171,7 @@ def call_site(frame: FrameType) -> tuple[Any, ...] | None:
     if found is None and lib is None:
         return None
     user = _triple(found) or (None, None, None)
-    return (*user, via, _triple(lib))
+    return (*user, via, _triple(lib, True))
 
 
 def put_site(ev: Any, site: tuple[Any, ...]) -> None:

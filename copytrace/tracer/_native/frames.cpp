@@ -36,29 +36,36 @@ struct SiteKeyHash {
   }
 };
 std::unordered_map<SiteKey, PyObject*, SiteKeyHash> g_sites;  // -> (file, line, name), owned
+// library frames: -> (file, line, qualified name), owned
+std::unordered_map<SiteKey, PyObject*, SiteKeyHash> g_lib_sites;
 std::unordered_map<PyObject*, int> g_kinds;  // code object (owned) -> kind
 constexpr size_t kMaxSites = 1 << 16;
 
 void clear_sites() {
-  for (auto& [key, site] : g_sites) {
-    Py_DECREF(key.code);
-    Py_DECREF(site);
+  for (auto* sites : {&g_sites, &g_lib_sites}) {
+    for (auto& [key, site] : *sites) {
+      Py_DECREF(key.code);
+      Py_DECREF(site);
+    }
+    sites->clear();
   }
-  g_sites.clear();
   for (auto& [code, kind] : g_kinds) Py_DECREF(code);
   g_kinds.clear();
 }
 
-PyObject* user_site(PyFrameObject* frame, PyCodeObject* code) {
+// (file, line, name) of a frame, cached per (code, instruction); a library frame's name is
+// its qualified name (Trainer._prepare_input).
+PyObject* frame_site(PyFrameObject* frame, PyCodeObject* code, bool library) {
+  auto& sites = library ? g_lib_sites : g_sites;
   const SiteKey key{reinterpret_cast<PyObject*>(code), PyFrame_GetLasti(frame)};
-  auto found = g_sites.find(key);
-  if (found != g_sites.end()) return Py_NewRef(found->second);
+  auto found = sites.find(key);
+  if (found != sites.end()) return Py_NewRef(found->second);
   PyObject* site = Py_BuildValue("(OiO)", code->co_filename, PyFrame_GetLineNumber(frame),
-                                 code->co_name);
+                                 library ? code->co_qualname : code->co_name);
   if (site == nullptr) return nullptr;
-  if (g_sites.size() >= kMaxSites) clear_sites();
+  if (sites.size() >= kMaxSites) clear_sites();
   Py_INCREF(key.code);
-  g_sites.emplace(key, Py_NewRef(site));
+  sites.emplace(key, Py_NewRef(site));
   return site;
 }
 
@@ -101,7 +108,7 @@ PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
       g_kinds.emplace(reinterpret_cast<PyObject*>(code), static_cast<int>(kind));
     }
     if (kind == 0) {
-      PyObject* site = user_site(frame, code);
+      PyObject* site = frame_site(frame, code, false);
       if (site != nullptr) {
         result = PyTuple_Pack(5, PyTuple_GET_ITEM(site, 0), PyTuple_GET_ITEM(site, 1),
                               PyTuple_GET_ITEM(site, 2), via != nullptr ? via : Py_None,
@@ -114,7 +121,7 @@ PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     }
     // kind 4: an installed package other than torch: the via, and the library site
     if (kind == 4 && lib == nullptr) {
-      lib = user_site(frame, code);  // the same cached (file, line, function)
+      lib = frame_site(frame, code, true);
       if (lib == nullptr) {
         Py_DECREF(code);
         failed = true;
