@@ -31,6 +31,15 @@ def prepare(batch):
 
 def snapshot(model):
     return copy.deepcopy(model.state_dict())  # line 9
+
+from dataclasses import dataclass
+
+@dataclass
+class Holder:  # its __init__ is compiled from a string, in this module's globals
+    x: torch.Tensor
+
+    def __post_init__(self):
+        self.x = self.x.clone()  # line 18
 '''
 
 
@@ -77,6 +86,20 @@ def test_events_name_the_library_and_the_user_line(fakelib, tmp_path, observer):
     user, lib = found[0].call_sites
     assert user.startswith(f"{__file__}:") and user.endswith(" _train_with")
     assert lib == f"{lib_file}:9 snapshot"
+
+
+@pytest.mark.parametrize("observer", ["auto", "python"])
+def test_a_library_dataclass_is_the_library(fakelib, observer):
+    # Holder(x) runs dataclasses' generated __init__ (file "<string>", globals of ctfakelib),
+    # which calls __post_init__: both are the library's; the user's line is this test's
+    x = torch.randn(3)
+    with copytrace.trace(write=False, observer=observer) as t:
+        fakelib.Holder(x)
+    line = sys._getframe(0).f_lineno - 1
+    (e,) = [e for e in t.events if e.op == "clone"]
+    assert (e.file, e.line) == (__file__, line)
+    assert (e.lib_file, e.lib_line, e.lib_function) == (fakelib.__file__, 18,
+                                                        "Holder.__post_init__")
 
 
 def test_summary_groups_by_library_or_user(fakelib, tmp_path, capsys):

@@ -11,7 +11,9 @@ Which code is whose (decided once per code object, by its file's real path):
   package: transformers, accelerate, lightning...), or under one of the path prefixes in
   ``COPYTRACE_LIBRARY_PATHS`` (``os.pathsep``-separated: a library installed editable or
   vendored into the project). Its innermost frame is the event's library site.
-- everything else (the script, the project's own modules, ``<string>``): the user's code.
+- code compiled from a string (``<string>``: a dataclass's generated ``__init__``): the kind
+  of the module whose globals it runs in (a library's dataclass is the library's).
+- everything else (the script, the project's own modules, ``python -c``): the user's code.
 
 A ``__torch_function__`` / ``__torch_dispatch__`` handler on the way (torch's own modes such
 as ``with torch.device(...)``'s ``DeviceContext``, or a mode the program defines) is passed
@@ -67,7 +69,10 @@ _EXTRA: tuple[str, ...] | None = None
 # _LIB: torch (names the via); _OTHER: copytrace, the stdlib; _MODE: a mode's handler, passed
 # through; _PKG: an installed package other than torch (names the via and the library site).
 # The C walk (frames.cpp's call_site) reads the same numbers.
-_USER, _LIB, _OTHER, _MODE, _PKG = 0, 1, 2, 3, 4
+# _STRING: code compiled from a string (`<string>`: dataclasses' and namedtuple's generated
+# methods, `python -c`): of the kind of the file whose globals it runs in, the user's code when
+# there is none; resolved at its first frame (see _resolve).
+_USER, _LIB, _OTHER, _MODE, _PKG, _STRING = 0, 1, 2, 3, 4, 5
 # id(code object) -> (code object, kind): keyed by identity, since hashing a code object hashes
 # its whole contents (constants, names, bytecode: ~2k instructions per lookup); the entry
 # holds the code object, so its id is not reused while the entry lives.
@@ -109,10 +114,21 @@ def _kind(filename: str) -> int:
     return _USER
 
 
-def _code_kind(code: CodeType) -> int:
+def _code_kind(code: CodeType, globals_file: Any = None) -> int:
+    """The kind of ``code``; for code compiled from a string, :data:`_STRING`, or with
+    ``globals_file`` (the ``__file__`` of the globals it runs in) that file's kind."""
     if code.co_name in _MODE_HANDLERS:
         return _MODE
+    if code.co_filename == "<string>":
+        if globals_file is None:
+            return _STRING
+        return _kind(globals_file) if isinstance(globals_file, str) else _USER
     return _kind(code.co_filename)
+
+
+def _resolve(frame: FrameType) -> int:
+    """The kind of a :data:`_STRING` frame's code, from its globals' ``__file__``."""
+    return _code_kind(frame.f_code, frame.f_globals.get("__file__", 0))
 
 
 def is_library_file(filename: str) -> bool:
@@ -133,6 +149,9 @@ def _walk(frame: FrameType | None) -> tuple[FrameType | None, str | None, FrameT
         if entry is None or entry[0] is not code:
             entry = kinds[id(code)] = (code, _code_kind(code))
         kind = entry[1]
+        if kind == _STRING:
+            kind = _resolve(frame)
+            kinds[id(code)] = (code, kind)
         if kind == _USER:
             return frame, via, lib
         if kind == _PKG:

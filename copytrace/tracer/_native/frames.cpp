@@ -21,7 +21,8 @@ namespace {
 // on the calling thread's stack, as copytrace/tracer/_callsite.py's call_site() finds it, or
 // None; library: (file, line, function) of the innermost library frame below the user's, or
 // None. classify(code) gives a code object's kind (0 user, 1 torch, 2 copytrace or the
-// stdlib, 3 a mode's handler, 4 an installed package other than torch), kept per code object
+// stdlib, 3 a mode's handler, 4 an installed package other than torch, 5 code compiled from a
+// string: classify(code, globals' __file__) then says which), kept per code object
 // (by identity: hashing a code object hashes its whole contents). The user
 // frame's (file, line, function) is cached per (code object, instruction): a line number is
 // otherwise a scan of the code's line table. The cache holds its code objects (never frames).
@@ -106,6 +107,21 @@ PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
       if (g_kinds.size() >= kMaxSites) clear_sites();
       Py_INCREF(code);  // held by the map: its address is not reused while there
       g_kinds.emplace(reinterpret_cast<PyObject*>(code), static_cast<int>(kind));
+    }
+    if (kind == 5) {  // code compiled from a string: the kind of its globals' file
+      PyObject* globals = PyFrame_GetGlobals(frame);  // new reference
+      PyObject* file = globals != nullptr ? PyDict_GetItemString(globals, "__file__") : nullptr;
+      PyObject* k = PyObject_CallFunctionObjArgs(argv[0], reinterpret_cast<PyObject*>(code),
+                                                 file != nullptr ? file : Py_False, nullptr);
+      Py_XDECREF(globals);
+      kind = k != nullptr ? PyLong_AsLong(k) : -1;
+      Py_XDECREF(k);
+      if (kind == -1 && PyErr_Occurred()) {
+        Py_DECREF(code);
+        failed = true;
+        break;
+      }
+      g_kinds[reinterpret_cast<PyObject*>(code)] = static_cast<int>(kind);  // held already
     }
     if (kind == 0) {
       PyObject* site = frame_site(frame, code, false);
