@@ -32,6 +32,8 @@ import sysconfig
 from types import CodeType, FrameType
 from typing import Any
 
+from copytrace._env import COPYTRACE_LIBRARY_PATHS
+
 __all__ = ["call_site", "put_site", "user_frame", "user_frame_object", "is_library_file"]
 
 
@@ -43,7 +45,7 @@ def _dir_of(module_file: str | None) -> str | None:
 
 def _extra_libraries() -> tuple[str, ...]:
     """The prefixes of ``COPYTRACE_LIBRARY_PATHS`` (real paths, each ending in a separator)."""
-    text = os.environ.get("COPYTRACE_LIBRARY_PATHS", "")
+    text = os.environ.get(COPYTRACE_LIBRARY_PATHS, "")
     return tuple(
         os.path.join(os.path.realpath(p.strip()), "") for p in text.split(os.pathsep) if p.strip()
     )
