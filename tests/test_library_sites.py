@@ -122,6 +122,22 @@ def test_summary_groups_by_library_or_user(fakelib, tmp_path, capsys):
     assert any("ctfakelib/__init__.py:6 prepare" in r for r in rows)  # beside them
 
 
+def test_parquet_export_has_the_library_columns(fakelib, tmp_path):
+    import duckdb
+
+    out = tmp_path / "ct"
+    _train_with(fakelib, out)
+    pq = tmp_path / "events.parquet"
+    assert main(["export", str(out), "--parquet", str(pq)]) == 0
+    rows = duckdb.sql(
+        "SELECT lib_function, lib_line, function, count(*) FROM read_parquet(?) "
+        "WHERE lib_file IS NOT NULL AND NOT \"group\" GROUP BY ALL ORDER BY 1", params=[str(pq)]
+    ).fetchall()
+    # the 5 .to(float64) of prepare (line 6) and the deepcopies' children in snapshot (9)
+    assert [r[:3] for r in rows] == [("prepare", 6, "_train_with"), ("snapshot", 9, "_train_with")]
+    assert rows[0][3] >= 4
+
+
 def test_group_by_is_checked_before_reading(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         main(["summary", str(tmp_path), "--group-by", "module"])
