@@ -384,6 +384,8 @@ class EventTemplate:
         via: The torch function the user's line went through (``clip_grad_norm_``), or for
             a backward copy the autograd node that made it; '' for a direct call.
         origin: For a backward copy, ``file:line`` of the forward call behind it, else ''.
+        entry: The event's other call site (the user's line beside a library call site; the
+            library's beside the user's line when grouped by it), else ''.
     """
 
     op: str
@@ -409,6 +411,7 @@ class EventTemplate:
     error: str
     via: str
     origin: str
+    entry: str = ""
 
     @property
     def bytes_copied(self) -> int:

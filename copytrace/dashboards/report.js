@@ -859,6 +859,7 @@
       ["op", S[TP.op[t]] + " (" + KIND_LABEL[kind] + ")"], ["aten", S[TP.aten[t]] || "(none)"],
       ["call site", S[TP.call_site[t]] + (viaName(TP.via[t]) ? "  (via " + viaName(TP.via[t]) + ")" : "")],
       ["source", siteSource(TP.call_site[t]) || "(not available)"],
+      ...(TP.entry && S[TP.entry[t]] ? [[D.group_by === "user" ? "library's line" : "your line", siteLabel(TP.entry[t])]] : []),
       ["module", S[TP.module[t]] || "(none)"],
       ["bytes", "allocated " + fmtInt(TP.ba[t]) + " B \u00b7 logical " + fmtInt(TP.bl[t]) + " B"],
       ["shape / dtype", S[TP.shape[t]] + " \u00b7 " + (S[TP.src_dtype[t]] || "?") + " \u2192 " + (S[TP.dtype[t]] || "?")],
