@@ -12,6 +12,9 @@ own subprocess (import and start-up excluded: the timed region is the loop):
     ct_nosidecar  the same without the columnar sidecar (COPYTRACE_SIDECAR=0)
     ct_python   COPYTRACE=1 COPYTRACE_OBSERVER=python, the Python fallback path
     profiler    torch.profiler (record_shapes=True, with_stack=True), then listing its events
+    plain_library, ct_library  the loop untraced / traced as ``copytrace``, its copies made
+                inside a library function (code under a ``site-packages`` folder): each
+                event then also records the library's call site
 
 and prints seconds for the loop, (variant - plain) / events in microseconds per event (wall
 time, and the loop thread's CPU time, which a loaded machine changes less), and the seconds
@@ -42,6 +45,17 @@ def loop():
         for _ in range(33):
             a = x.clone(); b = y.detach(); c = y.to(torch.float64)
 
+if variant.endswith("_library"):  # the same copies, made by a library's function
+    ns = {"torch": torch, "x": x, "y": y}
+    src = "def body():\n    return x.clone(), y.detach(), y.to(torch.float64)\n"
+    exec(compile(src, "/opt/bench/site-packages/benchlib/ops.py", "exec"), ns)
+    body = ns["body"]
+
+    def loop():
+        for _ in range(steps):
+            for _ in range(33):
+                body()
+
 t0, c0 = time.perf_counter(), time.thread_time()
 if variant == "profiler":
     from torch.profiler import ProfilerActivity, profile
@@ -60,7 +74,7 @@ print(json.dumps({"run": run, "cpu": cpu, "listed": listed, "loop_end": time.tim
 def _run(variant: str, steps: int, out: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith("COPYTRACE")}
     env["OMP_NUM_THREADS"] = "1"
-    if variant in ("copytrace", "ct_full", "ct_python", "ct_nosidecar"):
+    if variant in ("copytrace", "ct_full", "ct_python", "ct_nosidecar", "ct_library"):
         env.update(COPYTRACE="1", COPYTRACE_REPORT="0", COPYTRACE_OUTPUT=out)
         env["COPYTRACE_LEVEL"] = "full" if variant == "ct_full" else "lean"
         if variant == "ct_nosidecar":
@@ -87,13 +101,15 @@ def main(argv: list[str] | None = None) -> int:
     events = args.steps * 99
     with tempfile.TemporaryDirectory() as out:
         results = {v: _run(v, args.steps, out) for v in args.variants}
-    plain = results.get("plain", {"run": 0.0, "cpu": 0.0})
+    none = {"run": 0.0, "cpu": 0.0}
+    plain = results.get("plain", none)
     print(f"{events} events ({args.steps} steps x 99)")
     head = ("variant", "loop s", "listing s", "us/event", "cpu us/event", "exit s")
     print(f"{head[0]:12s} {head[1]:>7s} {head[2]:>10s} {head[3]:>9s} {head[4]:>13s} {head[5]:>7s}")
     for v, r in results.items():
-        per = (r["run"] - plain["run"]) / events * 1e6
-        cpu = (r["cpu"] - plain["cpu"]) / events * 1e6
+        base = results.get("plain_library", none) if v.endswith("_library") else plain
+        per = (r["run"] - base["run"]) / events * 1e6
+        cpu = (r["cpu"] - base["cpu"]) / events * 1e6
         print(
             f"{v:12s} {r['run']:7.2f} {r['listed']:10.2f} {per:9.1f} {cpu:13.1f} {r['exit']:7.2f}"
         )

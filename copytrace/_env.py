@@ -52,6 +52,9 @@ variable                      default           meaning
 ``COPYTRACE_RING``            ``0`` (off)       flight recorder: keep only the last N
                                                 records, written when something goes wrong
 ``COPYTRACE_RING_SIGNAL``     ``SIGUSR1``       the signal that writes the ring
+``COPYTRACE_LIBRARY_PATHS``   unset             more path prefixes (``os.pathsep``-separated)
+                                                whose code counts as a library's, not the
+                                                user's (an editable or vendored library)
 ============================= ================= ============================================
 
 Every process of a launch (the process started with ``COPYTRACE=1``, its ``torchrun``
@@ -95,6 +98,7 @@ __all__ = [
     "COPYTRACE_TRIGGER_STEPS",
     "COPYTRACE_RING",
     "COPYTRACE_RING_SIGNAL",
+    "COPYTRACE_LIBRARY_PATHS",
     "TRIGGERS",
     "DEFAULT_OUTPUT_DIR",
     "DEFAULT_MAX_EVENTS",
@@ -177,6 +181,9 @@ COPYTRACE_TRIGGER_STEPS = "COPYTRACE_TRIGGER_STEPS"
 COPYTRACE_RING = "COPYTRACE_RING"
 #: The signal that writes the flight recorder's ring. Default: ``SIGUSR1``.
 COPYTRACE_RING_SIGNAL = "COPYTRACE_RING_SIGNAL"
+#: Path prefixes whose code is a library's call site (beside site-packages / dist-packages);
+#: read by copytrace.tracer._callsite when the first call site is classified.
+COPYTRACE_LIBRARY_PATHS = "COPYTRACE_LIBRARY_PATHS"
 
 DEFAULT_OUTPUT_DIR = "copytrace-out"
 DEFAULT_MAX_EVENTS = 1_000_000
@@ -404,6 +411,7 @@ SETTINGS: dict[str, Setting] = {
         Setting(COPYTRACE_TRIGGER_STEPS, DEFAULT_TRIGGER_STEPS, _positive),
         Setting(COPYTRACE_RING, 0, _whole),
         Setting(COPYTRACE_RING_SIGNAL, "SIGUSR1", _signal),
+        Setting(COPYTRACE_LIBRARY_PATHS, None, _text),
     )
 }
 

@@ -162,6 +162,15 @@ FIELDS: tuple[Field, ...] = (
     Field("line", "code.line.number", "int", "scalar"),
     Field("thread_id", "thread.id", "int", "scalar"),
     Field("pinned", _C + "pinned", "bool", "scalar", False),  # on host-to-device copies only
+    # --- the library's call site (issue 23): the innermost frame of an installed package
+    # other than torch between the copy and the user's line (code.* above); OTel's code.*
+    # names under copytrace.library. Written when set.
+    Field("lib_file", _C + "library.file.path", "str", "str"),
+    Field("lib_line", _C + "library.line.number", "int", "scalar"),
+    Field("lib_function", _C + "library.function.name", "str", "str"),
+    # an aten cast made while autocast ran with its weight cache off (analysis fact)
+    Field("autocast_nocache", _C + "autocast_nocache", "bool", "analysis", False, False),
+    # --- end of the library's call site and the autocast fact
     # facts for copytrace.analysis (hazards), written when set
     Field("src_storage", _C + "src_storage", "int", "analysis"),
     Field("src_offset", _C + "src_offset", "int", "analysis"),
@@ -257,8 +266,13 @@ class CopyEvent:
         phase: ``"forward"``, ``"backward"``, ``"optimizer"`` or ``"other"``.
         step: step number at the time of the event.
         module: ``nn.Module`` path (``"CharLM.blocks.0.attn"``) or ``None``.
-        file, line, function: the user's call site (first frame outside copytrace, torch and
-            the standard library), or ``None`` when there is none.
+        file, line, function: the user's call site (first frame outside copytrace, torch,
+            the standard library and installed packages), or ``None`` when there is none.
+        lib_file, lib_line, lib_function: the library's call site: the innermost frame of an
+            installed package other than torch (``site-packages``, ``dist-packages`` or
+            ``COPYTRACE_LIBRARY_PATHS``) between the copy and the user's line, e.g.
+            transformers' ``sdpa_attention_forward``; ``None`` when the user's code called
+            torch directly.
         thread_id, thread_name: the Python thread that made the copy.
         start_ns, end_ns: ``time.perf_counter_ns()`` around the call (host time; on CUDA the
             launch, not the transfer).
@@ -296,6 +310,9 @@ class CopyEvent:
             held when its step ended (no backward had run through it); ``None`` otherwise.
         snapshot: a ``detach`` alias made by ``Module.state_dict()``.
         stale: on a snapshot, its source was changed in place while the alias was kept.
+        autocast_nocache: an implicit ``aten::_to_copy`` in forward, made while autocast was
+            on for its device with its weight cache off (``torch.autocast(...,
+            cache_enabled=False)``): autocast casts each weight again at every use.
         fake: the result is a FakeTensor or a meta tensor (``FakeTensorMode``, torch.compile's
             tracing, ``FakeCopyMode``): ``bytes_logical`` is what a real copy would move,
             ``bytes_allocated`` is 0 (no real memory).
@@ -355,7 +372,7 @@ CopyEvent.__init__ = _generated_init()  # type: ignore[method-assign]
 
 # --- the event table ------------------------------------------------------------------------
 #: Version of the event table's columns (the Parquet cache and the sidecar carry it).
-TABLE_VERSION = "3"  # 3: batch_size, storage_move, recompute
+TABLE_VERSION = "3"  # 3: batch_size, storage_move, recompute; the library call site columns
 #: Hidden folder beside the trace files for their event tables: the tracer's columnar sidecar
 #: (``<file>`` + :data:`SIDECAR_SUFFIX`) and the Parquet cache of files read without one.
 CACHE_DIR = ".copytrace-cache"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gc
 import os
 import sys
+from typing import Any
 
 import pytest
 import torch
@@ -150,7 +151,7 @@ def test_copy_slots_copies_the_prototype() -> None:
 
 def _site_here():
     """(C call site, Python call site) of this function's caller's line, from user code."""
-    return NATIVE.call_site(_callsite._code_kind), _callsite.user_frame(sys._getframe(0))
+    return NATIVE.call_site(_callsite._code_kind), _callsite.call_site(sys._getframe(0))
 
 
 # A helper whose code lies in torch's package directory: a library frame between the user's
@@ -158,8 +159,8 @@ def _site_here():
 _LIB_NS: dict = {}
 exec(  # noqa: S102
     compile(
-        "def lib_helper(native, kind, user_frame, sys):\n"
-        "    return native.call_site(kind), user_frame(sys._getframe(0))\n",
+        "def lib_helper(native, kind, call_site, sys):\n"
+        "    return native.call_site(kind), call_site(sys._getframe(0))\n",
         torch.__file__,
         "exec",
     ),
@@ -170,20 +171,50 @@ exec(  # noqa: S102
 def test_call_site_matches_user_frame() -> None:
     c, p = _site_here()
     assert c == p
-    assert c[0] == __file__ and c[2] == "_site_here" and c[3] is None
+    assert c[0] == __file__ and c[2] == "_site_here" and c[3] is None and c[4] is None
     first = _site_here()[0]
     second = _site_here()[0]  # same code, same instruction: from the cache
     assert first == second
-    c, p = _LIB_NS["lib_helper"](NATIVE, _callsite._code_kind, _callsite.user_frame, sys)
+    c, p = _LIB_NS["lib_helper"](NATIVE, _callsite._code_kind, _callsite.call_site, sys)
     assert c == p
     assert c[2] == "test_call_site_matches_user_frame" and c[3] == "lib_helper"
-    assert c[1] == sys._getframe(0).f_lineno - 3  # the line that called lib_helper
+    assert c[4] is None  # torch's own code is no library site
+    assert c[1] == sys._getframe(0).f_lineno - 4  # the line that called lib_helper
+
+
+def _package_helper(path: str) -> Any:
+    """A function whose code lies in ``path`` (need not exist) and that calls torch's
+    lib_helper: user line -> package -> torch -> the walk."""
+    ns: dict = {"lib_helper": _LIB_NS["lib_helper"]}
+    src = "def pkg_helper(*a):\n    return lib_helper(*a)\n"
+    exec(compile(src, path, "exec"), ns)  # noqa: S102
+    return ns["pkg_helper"]
+
+
+def test_call_site_names_the_library_frame(monkeypatch: pytest.MonkeyPatch) -> None:
+    sep = os.sep
+    installed = f"{sep}opt{sep}env{sep}site-packages{sep}fakelib{sep}core.py"
+    helper = _package_helper(installed)
+    c, p = helper(NATIVE, _callsite._code_kind, _callsite.call_site, sys)
+    here = sys._getframe(0).f_lineno - 1
+    assert c == p
+    # the user's line, the innermost torch-or-library function (torch's lib_helper), and
+    # the innermost frame of the installed package: pkg_helper's line 2
+    assert c[:4] == (__file__, here, "test_call_site_names_the_library_frame", "lib_helper")
+    assert c[4] == (installed, 2, "pkg_helper")
+    # COPYTRACE_LIBRARY_PATHS: a prefix outside site-packages counts as a library too
+    _callsite._kind(__file__)  # the prefixes are read on first use
+    vendored = os.path.join(os.path.dirname(os.path.realpath(__file__)), "vendored_lib", "")
+    monkeypatch.setattr(_callsite, "_EXTRA", (vendored,))
+    helper = _package_helper(vendored + "mod.py")
+    c, p = helper(NATIVE, _callsite._code_kind, _callsite.call_site, sys)
+    assert c == p and c[4] == (vendored + "mod.py", 2, "pkg_helper")
 
 
 def test_call_site_lines_per_instruction() -> None:
     helper = _LIB_NS["lib_helper"]
-    sites = [helper(NATIVE, _callsite._code_kind, _callsite.user_frame, sys) for _ in range(2)]
-    other = helper(NATIVE, _callsite._code_kind, _callsite.user_frame, sys)
+    sites = [helper(NATIVE, _callsite._code_kind, _callsite.call_site, sys) for _ in range(2)]
+    other = helper(NATIVE, _callsite._code_kind, _callsite.call_site, sys)
     here = sys._getframe(0).f_lineno
     # the loop's line twice (the second from the cache), then the next line
     assert [c[1] for c, _ in sites] == [here - 2, here - 2]

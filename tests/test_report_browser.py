@@ -302,3 +302,46 @@ def test_each_finding_shows_its_patch(
         assert loaded.errors == [] and loaded.dialogs == []
     finally:
         page.close()
+
+
+_LIBRARY = "import torch\n\ndef prepare(batch):\n    return batch.to(torch.float64)\n"
+
+
+@pytest.mark.parametrize("group_by", ["library", "user"])
+def test_library_call_sites_with_the_user_line_beside(
+    browser: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, group_by: str
+) -> None:
+    import importlib
+    import sys
+
+    import torch
+
+    import copytrace
+    from copytrace.dashboards import write_report
+
+    pkg = tmp_path / "site-packages" / "ctbrowserlib"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text(_LIBRARY)
+    monkeypatch.syspath_prepend(str(pkg.parent))
+    sys.modules.pop("ctbrowserlib", None)
+    lib = importlib.import_module("ctbrowserlib")
+    with copytrace.trace(tmp_path / "trace") as t:
+        for _ in range(3):
+            lib.prepare(torch.randn(4, 4))  # the user's line
+            t.step()
+    line = sys._getframe(0).f_lineno - 2
+    sys.modules.pop("ctbrowserlib", None)
+    page = _Page(browser, write_report(tmp_path / "trace", tmp_path / "r.html", group_by=group_by))
+    try:
+        table = page.page.locator("#ct-sources-table").inner_text()
+        lib_site = "ctbrowserlib/__init__.py:4 prepare"
+        mine = f"test_report_browser.py:{line} test_library_call_sites_with_the_user_line_beside"
+        row = next(r for r in table.splitlines() if lib_site in r or mine in r)
+        if group_by == "library":  # the library's line is the row, the user's line beside it
+            assert lib_site in row and f"from your line: {mine}" in table
+            assert "placed at the library's line" in page.page.locator("#sources").inner_text()
+        else:
+            assert mine in row and f"library: {lib_site}" in table
+        assert page.errors == []
+    finally:
+        page.page.close()

@@ -28,7 +28,7 @@ __all__ = ["RunColumns", "columns_of"]
 EVENT_TYPES = {f.name: f.type for f in EVENT_SCHEMA}
 
 _BOOLS = ("group", "alias", "noop", "non_blocking", "requires_grad", "src_requires_grad",
-          "snapshot", "stale", "recompute")  # fmt: skip
+          "snapshot", "stale", "recompute", "autocast_nocache")  # fmt: skip
 _INTS0 = ("step", "bytes_allocated", "bytes_logical")
 _INTS = ("src_storage", "src_offset", "src_version", "dst_storage", "dst_version",
          "inplace_writes", "retained_bytes")  # fmt: skip
@@ -177,9 +177,10 @@ class RunColumns:
         """Column ``name`` at ``rows`` (event positions), decoded and normalised as the
         :class:`Ev` fields are; ``site`` is ``file:line function``; ``NAME_key`` is list
         column ``NAME`` as text (equal lists, equal keys)."""
-        if name == "site":
-            return _site_column(self.take("file", rows), self.take("line", rows),
-                                self.take("function", rows))  # fmt: skip
+        if name in ("site", "lib_site"):  # the user's / the library's call site
+            p = "lib_" if name == "lib_site" else ""
+            return _site_column(self.take(p + "file", rows), self.take(p + "line", rows),
+                                self.take(p + "function", rows))  # fmt: skip
         if name.endswith("_key"):
             col = self.take(name.removesuffix("_key"), rows)
             if pa.types.is_integer(col.type.value_type):

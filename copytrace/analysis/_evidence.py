@@ -51,6 +51,7 @@ class Acc:
         self.events: list[Ev] = []
         self._ids: set[int] = set()
         self.sites: list[str] = []
+        self.libs: list[str] = []  # the library call sites of the events
         self.bytes = 0
         self.count = 0
         self.extra = 0
@@ -62,6 +63,8 @@ class Acc:
         for site in sites or (e.site,):
             if site and site not in self.sites:
                 self.sites.append(site)
+        if e.lib_site and e.lib_site not in self.libs:
+            self.libs.append(e.lib_site)
         self.bytes += nbytes
         self.count += 1
 
@@ -72,7 +75,7 @@ class Acc:
             severity=severity or HAZARDS[code].severity,
             message=message,
             fix=fix,
-            call_sites=list(self.sites),
+            call_sites=_both(self.sites, self.libs),
             bytes=self.bytes,
             steps=sorted({e.step for e in events}),
             event_seqs=[e.seq for e in events],
@@ -138,6 +141,22 @@ def narrows(src_dtype: str | None, dtype: str | None) -> bool:
 
 
 
+#: At most this many library call sites are named beside a finding's own.
+MAX_LIBRARY_SITES = 3
+
+
+def _libs(rc: Any, rows: np.ndarray) -> list[str]:
+    """The distinct library call sites of ``rows`` (first rows first)."""
+    values = rc.values("lib_site", rows[:4096])
+    return list(dict.fromkeys(v for v in values if v))[:MAX_LIBRARY_SITES]
+
+
+def _both(sites: list[str], libs: list[str]) -> list[str]:
+    """A finding's call sites: its own (the user's lines) first, then the library call sites
+    its events were made at (transformers' ``sdpa_attention_forward``...)."""
+    return [*sites, *(s for s in libs[:MAX_LIBRARY_SITES] if s not in sites)]
+
+
 class _Row:
     """One row of a run's columns, read as an :class:`Ev` (each field read when asked for)."""
 
@@ -187,7 +206,7 @@ class Group:
             severity=HAZARDS[code].severity,
             message=message,
             fix=fix,
-            call_sites=list(self.sites),
+            call_sites=_both(self.sites, _libs(self.rc, self.rows)),
             bytes=self.bytes,
             steps=self.steps,
             event_seqs=seqs[order].tolist(),

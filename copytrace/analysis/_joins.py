@@ -200,12 +200,51 @@ def _chains(rc: Any, copies: np.ndarray) -> list[Finding]:
     return out
 
 
+def _recasts(rc: Any) -> list[Finding]:
+    """(c) autocast's cast of the same unchanged weight made again within a step, because its
+    weight cache is off: hidden from (a) by the `via` exclusion (autocast casts inside
+    torch's functions), yet the user's setting. One finding per user's line."""
+    casts = (_ok(rc) & rc.flag("autocast_nocache") & ~rc.null("src_storage")
+             & ~rc.null("src_version"))  # fmt: skip
+    rows, label = rc.labels(casts, ("step", "src_storage", "src_version", "dtype"))
+    if not len(rows):
+        return []
+    size = np.bincount(label)
+    keep = size[label] > 1
+    rows, label = rows[keep], label[keep]
+    if not len(rows):
+        return []
+    first = np.zeros(len(rows), dtype=bool)
+    first[np.unique(label, return_index=True)[1]] = True  # each weight's first cast in a step
+    alloc = rc.np("bytes_allocated")
+    out = []
+    _, by_site = _by_key(_sites(rc)[rows])
+    for pos in by_site:
+        extra = int((~first[pos]).sum())
+        nbytes = int(alloc[rows[pos][~first[pos]]].sum())
+        g = _group(rc, rows[pos], nbytes, _site_texts(rc, [int(rows[pos[0]])]))
+        weights = len(np.unique(rc.np("src_storage")[rows[pos]]))
+        most = int(size[label[pos]].max())
+        out.append(g.finding(
+            "redundant-copy",
+            f"autocast cast the same unchanged {plural(weights, 'weight')} "
+            f"({what(g.first)} from {g.first.src_dtype}) again at each use: up to {most} "
+            f"times in a step, {plural(extra, 'extra cast')}, {format_bytes_exact(nbytes)} "
+            "allocated for casts already made, because autocast's weight cache is off "
+            "(`torch.autocast(..., cache_enabled=False)`)",
+            "Leave autocast's weight cache on (the default, `cache_enabled=True`) and enter "
+            "`torch.autocast` inside each step: each weight is then cast once per region.",
+        ))  # fmt: skip
+    return out
+
+
 def redundant_copy(rc: Any) -> list[Finding]:
     # deepcopy makes independent state on purpose, a copy written in place is not
     # interchangeable with another copy, and copies made inside a torch function are not the
-    # user's: see _copies and the per-event reference.
+    # user's: see _copies and the per-event reference. Autocast's recasts with its cache off
+    # are made inside torch's functions too, but by the user's setting: _recasts.
     copies = _copies(rc)
-    return _repeats(rc, copies) + _chains(rc, copies)
+    return _repeats(rc, copies) + _chains(rc, copies) + _recasts(rc)
 
 
 # --- round-trip ----------------------------------------------------------------------------------

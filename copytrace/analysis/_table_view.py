@@ -16,7 +16,7 @@ from copytrace.analysis._view import Ev
 __all__ = ["TableRuns", "table_runs"]
 
 _BOOLS = ("group", "alias", "noop", "non_blocking", "requires_grad", "src_requires_grad",
-          "snapshot", "stale")  # fmt: skip
+          "snapshot", "stale", "autocast_nocache")  # fmt: skip
 _INTS0 = ("step", "bytes_allocated", "bytes_logical")
 _TUPLES = ("aten", "shape", "src_stride", "saved_by")
 _PLAIN = ("op", "error", "dtype", "src_dtype", "src_device", "dst_device", "graph", "grad_fn",
@@ -37,7 +37,7 @@ def _maker(keys: tuple[str, ...]) -> Any:
     return namespace["make"]
 
 
-_KEYS = tuple(k for k in (*_BOOLS, *_INTS0, *_TUPLES, *_PLAIN, "transfer", "site")
+_KEYS = tuple(k for k in (*_BOOLS, *_INTS0, *_TUPLES, *_PLAIN, "transfer", "site", "lib_site")
               if k in Ev.__slots__)  # fmt: skip
 _MAKE = _maker(_KEYS)
 
@@ -79,12 +79,13 @@ def _run_rows(table: Any, run: str) -> Any:
     return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
 
-def _site_column(tab: Any) -> Any:
+def _site_column(tab: Any, p: str = "") -> Any:
+    """The user's (``p=""``) or the library's (``p="lib_"``) call site per row."""
     import pyarrow.compute as pc
 
-    file = tab.column("file")
-    line = pc.cast(tab.column("line"), "string")
-    func = tab.column("function")
+    file = tab.column(p + "file")
+    line = pc.cast(tab.column(p + "line"), "string")
+    func = tab.column(p + "function")
     site = pc.if_else(pc.is_valid(line), pc.binary_join_element_wise(file, line, ":"), file)
     with_func = pc.binary_join_element_wise(site, func, " ")
     has_func = pc.fill_null(pc.greater(pc.utf8_length(func), 0), False)
@@ -95,7 +96,8 @@ def _site_column(tab: Any) -> Any:
 
 _CHUNK = 65_536
 _COLUMNS = sorted({*_BOOLS, *_INTS0, *_TUPLES, *_PLAIN, "error", "transfer", "file", "line",
-                   "function", "parent_id", "name", "start_ns", "end_ns"})  # fmt: skip
+                   "function", "lib_file", "lib_line", "lib_function", "parent_id", "name",
+                   "start_ns", "end_ns"})  # fmt: skip
 
 
 def _decoded(col: Any) -> list[Any]:
@@ -147,6 +149,7 @@ def _views(tab: Any, run_index: int, start: int, position: dict[str, int]) -> li
     cols["error"] = _decoded(pc.if_else(pc.equal(error, ""), None, error))
     cols["transfer"] = _decoded(pc.fill_null(tab.column("transfer"), "none"))
     cols["site"] = _decoded(_site_column(tab))
+    cols["lib_site"] = _decoded(_site_column(tab, "lib_"))
     parents = [position.get(p, -1) if p else -1 for p in tab.column("parent_id").to_pylist()]
     make = _MAKE
     values = zip(*(cols[k] for k in _KEYS), strict=True)

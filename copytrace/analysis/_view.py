@@ -26,6 +26,7 @@ class Ev:
         "dst_version", "inplace_writes", "saved_by", "write_site", "src_name",
         "retained_bytes", "snapshot", "stale", "load_site", "origin",
         "recompute",  # tensor-kind facts
+        "lib_site", "autocast_nocache",
     )  # fmt: skip
 
     def __init__(self, **fields: Any) -> None:
@@ -56,6 +57,8 @@ def _from_copy_event(ev: Any) -> Ev:
         run=0,
         span_id=None,
         site=_site(get("file"), get("line"), get("function")),
+        lib_site=_site(getattr(ev, "lib_file", None), getattr(ev, "lib_line", None),
+                       getattr(ev, "lib_function", None)),
         aten=_tuple(get("aten")),
         shape=_tuple(get("shape")),
         src_stride=_tuple(getattr(ev, "src_stride", ())),
@@ -132,6 +135,9 @@ def _from_span(span: Any, seq: int, run: int, parent: int) -> Ev:
         recompute=get("recompute") is True,
         load_site=get("load_site"),
         origin=get("origin"),
+        lib_site=_site(get("library.file.path"), get("library.line.number"),
+                       get("library.function.name")),
+        autocast_nocache=get("autocast_nocache") is True,
     )
 
 

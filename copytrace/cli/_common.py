@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["add_trace_command", "select_runs", "warn_unreadable"]
+__all__ = ["add_group_by", "add_trace_command", "select_runs", "warn_unreadable"]
 
 
 def add_trace_command(
@@ -32,6 +32,17 @@ def add_trace_command(
         help="combine every run in PATH (a warning says which; needed to merge runs)",
     )  # fmt: skip
     return parser
+
+
+def add_group_by(parser: argparse.ArgumentParser) -> None:
+    """Add ``--group-by library|user``: what the call-site tables (and the report's treemap)
+    group by."""
+    parser.add_argument(
+        "--group-by", choices=("library", "user"), default="library",
+        help="group the call-site tables by the library's call site (the innermost frame of "
+        "an installed package such as transformers or lightning, where a copy has one; the "
+        "user's line beside it; the default) or by the user's line",
+    )  # fmt: skip
 
 
 def _when(ns: int) -> str:

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from copytrace.cli._common import add_trace_command, select_runs, warn_unreadable
+from copytrace.cli._common import add_group_by, add_trace_command, select_runs, warn_unreadable
 
 if TYPE_CHECKING:
     from copytrace.dashboards import ReportModel
@@ -46,6 +46,7 @@ def build(
     analyze: bool = True,
     progress: bool = True,
     runs: argparse.Namespace | None = None,
+    group_by: str = "library",
 ) -> tuple[Path, ReportModel]:
     """Load a trace, aggregate it and write the report, showing progress on stderr.
 
@@ -59,6 +60,8 @@ def build(
         progress: Show progress on stderr (a bar on a terminal, lines in a log, only for
             stages that take long).
         runs: The ``--run`` / ``--all`` choice (default: the latest run of several).
+        group_by: ``library`` or ``user``: what the call-site tables and the treemap group
+            by (see :func:`copytrace.dashboards.build_model`).
 
     Returns:
         The file written and the report model.
@@ -86,7 +89,8 @@ def build(
         print(f"copytrace: warning: no copytrace spans in {empty}", file=sys.stderr)
     points = MAX_TIMELINE_POINTS if max_points is None else max_points
     with Progress("aggregating", 5, "sections", enabled=progress) as bar:
-        model = build_model(trace, analyze=analyze, progress=bar.set_done, max_points=points)
+        model = build_model(trace, analyze=analyze, progress=bar.set_done, max_points=points,
+                            group_by=group_by)
     del trace
     with Progress("writing report", None, "B", enabled=progress):
         try:
@@ -128,6 +132,7 @@ def handle(args: argparse.Namespace) -> int:
         max_points=args.max_points,
         analyze=not args.no_analysis,
         runs=args,
+        group_by=args.group_by,
     )
     t = model.totals
     print(
@@ -173,5 +178,6 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="do not run the hazard analyser (copytrace.analysis): show only the hazards the trace file holds",
     )
+    add_group_by(parser)
     parser.set_defaults(handler=handle)
     return parser

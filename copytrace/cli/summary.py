@@ -6,9 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from copytrace.cli._common import add_trace_command, select_runs, warn_unreadable
+from copytrace.cli._common import add_group_by, add_trace_command, select_runs, warn_unreadable
 from copytrace.cli._engine import (
     SUMMARY_QUERIES,
     add_engine_options,
@@ -211,13 +211,25 @@ def _headline_lines(model: ReportModel) -> list[str]:
     return lines
 
 
+def _entry_text(model: ReportModel, r: Any) -> str:
+    """The other site of a call-site row: the user's line beside a library call site (or the
+    library site beside a user's line), and how many more there are."""
+    if not r.entries:
+        return ""
+    more = len(r.entries) - 1
+    return model.site_labels.get(r.entry, r.entry) + (f" (+{more} more)" if more else "")
+
+
 def _top_lines(model: ReportModel, top_n: int) -> list[str]:
-    """The top call sites and modules, by bytes copied and by copy time."""
+    """The top call sites and modules, by bytes copied and by copy time; a call site of a
+    library has the user's line that reached it beside it (``--group-by user``: the other
+    way round)."""
     from copytrace.dashboards._model import NO_MODULE, format_bytes, format_ns, top
 
     t = model.totals
+    by_user = getattr(model, "group_by", "library") == "user"
 
-    def site_rows(rows: Sequence, is_site: bool) -> list[list[str]]:
+    def site_rows(rows: Sequence, is_site: bool, entries: bool) -> list[list[str]]:
         out = []
         for i, r in enumerate(rows, 1):
             name = r.label if is_site else (r.key or NO_MODULE)
@@ -229,21 +241,26 @@ def _top_lines(model: ReportModel, top_n: int) -> list[str]:
                  format_bytes(r.bytes_allocated),  # logical vs really allocated
                  format_ns(r.time_ns), _pct(r.time_ns, t.copy_time_ns), str(r.count),
                  str(r.copy_count), str(r.alias_count), str(r.noop_count), name]
+                + ([_entry_text(model, r) or "-"] if entries else [])
             )  # fmt: skip
         return out
 
     lines: list[str] = []
     headers = ["#", "bytes copied", "%", "allocated", "time", "%", "events", "copies",
                "aliases", "no-ops"]  # fmt: skip
+    entry_word = "library site" if by_user else "user's line"
     for what, rows_of, is_site in (
         ("call sites", model.call_sites, True),
         ("modules", model.modules, False),
     ):
         for by, label in (("bytes_copied", "bytes copied"), ("time_ns", "copy time")):
             chosen = [r for r in top(rows_of, by, top_n) if getattr(r, by) > 0]
+            entries = is_site and any(r.entries for r in chosen)
             lines.append("")
             lines.append(f"top {what} by {label}:")
-            lines.extend(_table(headers + [what[:-1]], site_rows(chosen, is_site), set(range(10))))
+            cols = headers + [what[:-1]]
+            lines.extend(_table(cols + [entry_word] * entries,
+                                site_rows(chosen, is_site, entries), set(range(10))))  # fmt: skip
     return lines
 
 
@@ -298,7 +315,7 @@ def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
     """Load the trace and print its summary to stdout.
 
     Args:
-        args: Parsed arguments with ``path``, ``top`` and ``no_analysis``.
+        args: Parsed arguments with ``path``, ``top``, ``no_analysis`` and ``group_by``.
         out: Stream to write to (default ``sys.stdout``).
 
     Returns:
@@ -321,7 +338,7 @@ def handle(args: argparse.Namespace, out: TextIO | None = None) -> int:
     trace = select_runs(event_table(path), args, path)
     warn_unreadable(trace, path)
     model = build_model(trace, analyze=not args.no_analysis, timeline=False, hazard_events=False,
-                        patches=False)
+                        patches=False, group_by=getattr(args, "group_by", "library"))
     (out or sys.stdout).write(format_summary(model, args.top))
     return 0
 
@@ -344,6 +361,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         action="store_true",
         help="do not run the hazard analyser (copytrace.analysis): show only the hazards the trace file holds",
     )
+    add_group_by(parser)
     add_engine_options(parser)
     parser.set_defaults(handler=handle)
     return parser

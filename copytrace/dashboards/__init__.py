@@ -66,6 +66,7 @@ def write_report(
     max_points: int = MAX_TIMELINE_POINTS,
     analyze: bool = True,
     progress: bool | None = None,
+    group_by: str = "library",
 ) -> Path:
     """Load a trace, aggregate it and write the HTML report.
 
@@ -78,6 +79,8 @@ def write_report(
         analyze: Run the hazard analyser (``copytrace.analysis``) when it is installed.
         progress: Show a progress bar for each stage that takes longer than half a second
             (default: in a Jupyter notebook only, in the notebook's own form).
+        group_by: ``library`` (default) or ``user``: what the call-site table and the treemap
+            group by (see :func:`build_model`).
 
     Returns:
         ``out_html`` as a :class:`~pathlib.Path`. The page shows bytes (copied, allocated,
@@ -96,7 +99,8 @@ def write_report(
     with Progress("reading trace", None, "B", enabled=show) as bar:
         trace = event_table(path, progress=bar.update)
     with Progress("aggregating", 5, "sections", enabled=show) as bar:
-        model = build_model(trace, analyze=analyze, progress=bar.set_done, max_points=max_points)
+        model = build_model(trace, analyze=analyze, progress=bar.set_done, max_points=max_points,
+                            group_by=group_by)
     del trace
     with Progress("writing report", None, "B", enabled=show):
         return render_html(model, out_html, offline=offline, max_points=max_points)

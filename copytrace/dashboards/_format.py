@@ -94,12 +94,23 @@ def _split_site(site: str) -> tuple[str, int | None, str]:
     return path, int(line), func
 
 
+def _package_depth(path: str) -> int:
+    """Folders of ``path`` below ``site-packages`` / ``dist-packages`` (1 outside them): an
+    installed library's file is labelled from its package (``transformers/trainer.py``)."""
+    segs = path.replace("\\", "/").split("/")
+    for marker in ("site-packages", "dist-packages"):
+        if marker in segs:
+            return max(1, len(segs) - 1 - segs.index(marker))
+    return 1
+
+
 def site_labels(keys: Iterable[str]) -> dict[str, str]:
-    """Shortest unique labels: the file's base name, more parent folders where names clash."""
+    """Shortest unique labels: the file's base name (an installed library's file from its
+    package folder on), more parent folders where names clash."""
     keys = list(keys)
     parts = {k: _split_site(k) for k in keys}
     labels: dict[str, str] = {}
-    depth = {k: 1 for k in keys}
+    depth = {k: _package_depth(parts[k][0]) for k in keys}
     for _ in range(8):
         for k in keys:
             path, line, func = parts[k]

@@ -100,7 +100,7 @@ _TEMPLATE = """<!DOCTYPE html>
 <section id="sources">
   <h2>Where they come from</h2>
   <p class="lead">Module &rarr; call site. Click a box or a row to list its events and
-    highlight them on the timeline.</p>
+    highlight them on the timeline. <span id="ct-groupby-note"></span></p>
   <div class="ctl">
     <span class="tabs" id="ct-metric">size by
       <button data-v="bc">bytes copied</button><button data-v="ba">bytes allocated</button>

@@ -100,6 +100,8 @@ class ReportModel:
         templates: Distinct descriptions of the sampled events.
         site_labels: Short display label per call-site key.
         site_sources: Source line per call-site key ('' if unavailable).
+        group_by: The call site the "where from" tables group by: ``library`` (the
+            library's call site where an event has one, else the user's line) or ``user``.
     """
 
     runs: list[RunInfo]
@@ -131,6 +133,7 @@ class ReportModel:
     sample_info: SampleInfo = field(default_factory=SampleInfo)
     #: Compiled regions (``copytrace.dashboards._compiled.CompiledSection``), or None.
     compiled: Any = None
+    group_by: str = "library"
 
     @property
     def multi_run(self) -> bool:
@@ -203,6 +206,7 @@ def build_model(
     timeline: bool = True,
     hazard_events: bool = True,
     patches: bool = True,
+    group_by: str = "library",
 ) -> ReportModel:
     """Aggregate a trace into the data shown by the report.
 
@@ -226,6 +230,12 @@ def build_model(
             every event this saves joining them all).
         patches: Plan each finding's patch (``copytrace fix``, against the files under the
             current directory) for the report to show; the terminal summary does not.
+        group_by: What the call-site tables and the treemap group by: ``library`` (the
+            library's call site where an event has one, else the user's line; each row
+            names the user's lines beside it) or ``user`` (the user's line).
+
+    Raises:
+        ValueError: ``group_by`` is neither.
 
     Returns:
         Run metadata, totals (bytes in bytes, times in ns), steps with stages, per call site /
@@ -236,15 +246,19 @@ def build_model(
     from copytrace.dashboards.sections.hazards import analysis_findings, finding_patches
     from copytrace.tracefile import TraceData, table_from_trace
 
+    if group_by not in ("library", "user"):
+        raise ValueError(f"group_by: not {group_by!r}; use library or user")
     found, status = analysis_findings(source, findings, analyze)
     fixes = finding_patches(source, found) if patches and found else None
     if hasattr(source, "analysis_views"):  # the analysis' per-event views: not needed again,
         source.analysis_views = None  # and never held with the report's own tables
     table = table_from_trace(source) if isinstance(source, TraceData) else source
-    q = Query(table)
+    q = Query(table, group_by)
     try:
         points = max_points if timeline else -1
-        return _build(q, found, status, read_sources, progress, points, hazard_events, fixes)
+        model = _build(q, found, status, read_sources, progress, points, hazard_events, fixes)
+        model.group_by = group_by
+        return model
     finally:
         q.close()
 

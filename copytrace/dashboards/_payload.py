@@ -75,6 +75,7 @@ def build_payload(
         "op_colors": op_colors,
         "cube": cube,
         "sites": sites,
+        "group_by": getattr(model, "group_by", "library"),
         "steps": steps,
         "transfers": transfers,
         **timeline,

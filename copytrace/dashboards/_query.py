@@ -8,7 +8,10 @@ and DuckDB spills to disk past :data:`MEMORY_LIMIT`.
 Columns of ``ev``: ``eid`` (the event's position in run, then time order, once
 :meth:`Query.order_events` ran), ``run_idx`` (index into :attr:`Query.runs`), ``span_id``, ``t_ns``
 (start, ns since the run start), ``dur`` (ns, never negative), ``step`` (-1 if unknown),
-``kind`` (``copy``/``alias``/``noop``), ``op``, ``module``, ``site`` (``file:line function``),
+``kind`` (``copy``/``alias``/``noop``), ``op``, ``module``, ``site`` (``file:line function``
+of the site the report groups by: with ``group_by="library"`` the library's call site where
+the event has one, else the user's; with ``"user"`` the user's), ``entry`` (the other site:
+the user's line beside a library site, the library site beside a user's line; '' if none),
 ``graph``, ``phase``, ``via``, ``err`` (1 when the op raised), ``bc`` (bytes copied),
 ``ba`` (bytes allocated; ``bc`` is 0 for a call that raised and for a copy of a meta or
 fake tensor, ``copytrace.fake``, which moves no data), ``bl`` (bytes logical), ``src_device``, ``dst_device``,
@@ -37,19 +40,44 @@ from copytrace.schema import (
 )
 from copytrace.tracefile import META_SPANS, Event, EventTable
 
-__all__ = ["MEMORY_LIMIT", "Query", "RunMeta", "StepSpan", "UNKNOWN_SITE"]
+__all__ = ["GROUP_BY", "MEMORY_LIMIT", "Query", "RunMeta", "StepSpan", "UNKNOWN_SITE"]
 
 #: DuckDB's memory cap; beyond it, it spills to a temporary folder.
 MEMORY_LIMIT = "512MB"
 UNKNOWN_SITE = "(unknown call site)"
 
-def _site_sql(p: str = "") -> str:
-    """SQL for the ``file:line function`` call-site key of columns prefixed ``p``."""
+#: What the "where from" tables group by: the library's call site (where the event has one,
+#: else the user's line; the default) or the user's line. ``--group-by`` of ``copytrace
+#: summary`` and ``copytrace report``.
+GROUP_BY: tuple[str, ...] = ("library", "user")
+
+
+def _site_sql(p: str = "", lib: bool = False) -> str:
+    """SQL for the ``file:line function`` call-site key of columns prefixed ``p``: the
+    user's (``file``, ``line``, ``function``) or the library's (``lib_*``)."""
+    f, n, fn = (f"{p}lib_file", f"{p}lib_line", f"{p}lib_function") if lib else (
+        f"{p}file", f"{p}line", f"{p}function")  # fmt: skip
     return (
-        f"CASE WHEN {p}file IS NULL OR {p}file = '' THEN '{UNKNOWN_SITE}' ELSE {p}file"
-        f" || COALESCE(':' || CAST({p}line AS VARCHAR), '')"
-        f" || COALESCE(' ' || NULLIF({p}function, ''), '') END"
+        f"CASE WHEN {f} IS NULL OR {f} = '' THEN '{UNKNOWN_SITE}' ELSE {f}"
+        f" || COALESCE(':' || CAST({n} AS VARCHAR), '')"
+        f" || COALESCE(' ' || NULLIF({fn}, ''), '') END"
     )
+
+
+#: Columns the ``ev`` table reads that caches of older table versions may lack, with their
+#: SQL types.
+_LATER_COLUMNS = (("lib_file", "VARCHAR"), ("lib_line", "BIGINT"), ("lib_function", "VARCHAR"))
+
+
+def _keys_sql(p: str, group_by: str) -> tuple[str, str]:
+    """SQL for the ``site`` and ``entry`` keys of columns prefixed ``p`` (see the module
+    docstring)."""
+    has_lib = f"COALESCE({p}lib_file, '') <> ''"
+    user, lib = _site_sql(p), _site_sql(p, lib=True)
+    if group_by == "user":
+        return user, f"CASE WHEN {has_lib} THEN {lib} ELSE '' END"
+    return (f"CASE WHEN {has_lib} THEN {lib} ELSE {user} END",
+            f"CASE WHEN {has_lib} THEN {user} ELSE '' END")  # fmt: skip
 
 
 @dataclass
@@ -109,6 +137,10 @@ class Query:
 
     Args:
         table: The trace's table.
+        group_by: One of :data:`GROUP_BY`: the call site the ``site`` column holds.
+
+    Raises:
+        ValueError: ``group_by`` is not one of :data:`GROUP_BY`.
 
     Attributes:
         con: The connection (tables ``spans``, ``ev``, ``grp``).
@@ -117,9 +149,12 @@ class Query:
         files: Trace files read.
     """
 
-    def __init__(self, table: EventTable) -> None:
+    def __init__(self, table: EventTable, group_by: str = GROUP_BY[0]) -> None:
         import pyarrow as pa
 
+        if group_by not in GROUP_BY:
+            raise ValueError(f"group_by: not {group_by!r}; use {' or '.join(GROUP_BY)}")
+        self.group_by = group_by
         # what pyarrow freed (the hazard analysis' columns) goes back to the system before
         # DuckDB builds its tables: the two never add up in the peak
         pa.default_memory_pool().release_unused()
@@ -175,6 +210,10 @@ class Query:
         if overlap:  # a run split over files: keep each span once
             body = (f"SELECT * FROM ({body}) QUALIFY row_number() OVER "
                     "(PARTITION BY run, span_id) = 1")  # fmt: skip
+        have = {r[0] for r in self.sql(f"DESCRIBE SELECT * FROM ({body})")}
+        missing = [f"CAST(NULL AS {t}) AS {c}" for c, t in _LATER_COLUMNS if c not in have]
+        if missing:  # a cache written before these columns: they read as absent
+            body = f"SELECT *, {', '.join(missing)} FROM ({body})"
         self.con.execute(f"CREATE VIEW spans AS {body}")
 
     def _run_metas(self) -> list[RunMeta]:
@@ -238,10 +277,11 @@ class Query:
         con.execute(
             "CREATE TEMP TABLE grp AS SELECT run, span_id, parent_id, start_ns, end_ns, step,"
             " COALESCE(NULLIF(object_type, ''), '?') AS object_type, tensors, file, line,"
-            f" function, {_site_sql()} AS site FROM spans WHERE COALESCE(\"group\", false)"
-            f" AND name NOT IN ({meta_names})"
+            f" function, {_keys_sql('', self.group_by)[0]} AS site FROM spans"
+            f" WHERE COALESCE(\"group\", false) AND name NOT IN ({meta_names})"
         )
-        con.execute(_EVENTS_SQL.format(meta=meta_names, site=_site_sql("e.")))
+        site, entry = _keys_sql("e.", self.group_by)
+        con.execute(_EVENTS_SQL.format(meta=meta_names, site=site, entry=entry))
         self._ordered = False
         if self.sql("SELECT count(*) FROM ev WHERE step < 0")[0][0]:
             # events without a step number or step parent: the step span they fall in
@@ -299,6 +339,7 @@ SELECT
   COALESCE(e.step0, -1) AS step, e.run,
   CASE WHEN e.noop THEN 'noop' WHEN e.alias THEN 'alias' ELSE 'copy' END AS kind,
   COALESCE(e.op, '') AS op, COALESCE(e.module, '') AS module, {site} AS site,
+  {entry} AS entry,
   COALESCE(e.graph, '') AS graph, COALESCE(e.phase, '') AS phase,
   COALESCE(e.via, '') AS via, CASE WHEN COALESCE(e.error, '') <> '' THEN 1 ELSE 0 END AS err,
   COALESCE(e.bytes_allocated, 0) AS ba, COALESCE(e.bytes_logical, 0) AS bl,

@@ -217,6 +217,8 @@ class SiteRow:
         others: Event count per module (for a call site) or per call site (for a module).
         vias: Event count per torch function the events came through (``copytrace.via``;
             direct calls not counted).
+        entries: For a call site, event count per other site of its events (the user's lines
+            that reached a library call site, or the library sites a user's line reached).
     """
 
     key: str
@@ -233,6 +235,12 @@ class SiteRow:
     ops: dict[str, int] = field(default_factory=dict)
     others: dict[str, int] = field(default_factory=dict)
     vias: dict[str, int] = field(default_factory=dict)
+    entries: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def entry(self) -> str:
+        """The other site of most of the events ('' if none)."""
+        return max(self.entries, key=lambda k: (self.entries[k], k)) if self.entries else ""
 
 
 @dataclass
@@ -393,6 +401,8 @@ class EventTemplate:
         via: The torch function the user's line went through (``clip_grad_norm_``), or for
             a backward copy the autograd node that made it; '' for a direct call.
         origin: For a backward copy, ``file:line`` of the forward call behind it, else ''.
+        entry: The event's other call site (the user's line beside a library call site; the
+            library's beside the user's line when grouped by it), else ''.
     """
 
     op: str
@@ -418,6 +428,7 @@ class EventTemplate:
     error: str
     via: str
     origin: str
+    entry: str = ""
 
     @property
     def bytes_copied(self) -> int:
@@ -447,6 +458,8 @@ class CubeRow:
         bytes_logical: Logical bytes, bytes.
         time_ns: Summed duration, ns.
         errors: Events whose op raised.
+        entry: The other call site of these events (the user's line beside a library call
+            site; the library's beside the user's with ``group_by="user"``), '' if none.
     """
 
     run: int
@@ -463,5 +476,6 @@ class CubeRow:
     bytes_logical: int
     time_ns: int
     errors: int
+    entry: str = ""
 
 

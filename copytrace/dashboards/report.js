@@ -180,7 +180,16 @@
   // ---- aggregation over the cube ----------------------------------------------------------
   const C = D.cube;
   function blank() { return { n: 0, nc: 0, na: 0, nn: 0, bc: 0, ba: 0, bl: 0, t: 0, err: 0,
-    ops: new Map(), others: new Map(), vias: new Map() }; }
+    ops: new Map(), others: new Map(), vias: new Map(), entries: new Map() }; }
+  // the other call site of a cube row: the user's line beside a library call site (or the
+  // library's beside the user's line, when the report groups by the user's line)
+  function entryOf(i) { return C.entry ? C.entry[i] : 0; }
+  const ENTRY_WORD = D.group_by === "user" ? "library: " : "from your line: ";
+  function entryText(entries) {
+    const top = [...entries.entries()].filter(([e]) => S[e]).sort((a, b) => b[1] - a[1]);
+    if (!top.length) return "";
+    return ENTRY_WORD + siteLabel(top[0][0]) + (top.length > 1 ? " (+" + (top.length - 1) + " more)" : "");
+  }
   function aggregate(keyOf, otherOf) {
     const out = new Map();
     for (let i = 0; i < C.n.length; i++) {
@@ -194,6 +203,8 @@
       if (kind === "copy") r.nc += n; else if (kind === "alias") r.na += n; else r.nn += n;
       r.ops.set(C.op[i], (r.ops.get(C.op[i]) || 0) + n);
       if (C.via[i]) r.vias.set(C.via[i], (r.vias.get(C.via[i]) || 0) + n);
+      const en = entryOf(i);
+      if (en) r.entries.set(en, (r.entries.get(en) || 0) + n);
       if (otherOf) { const o = otherOf(i); r.others.set(o, (r.others.get(o) || 0) + n); }
     }
     return out;
@@ -506,8 +517,10 @@
     const leafMap = new Map();
     for (const [key, mod, site, v, i] of leaves) {
       let e = leafMap.get(key);
-      if (!e) { e = { mod, site, v: 0, n: 0, bc: 0, t: 0, ops: new Map(), vias: new Map() }; leafMap.set(key, e); }
+      if (!e) { e = { mod, site, v: 0, n: 0, bc: 0, t: 0, ops: new Map(), vias: new Map(), entries: new Map() }; leafMap.set(key, e); }
       e.v += v; e.n += C.n[i]; e.bc += C.bc[i]; e.t += C.t[i];
+      const en = entryOf(i);
+      if (en) e.entries.set(en, (e.entries.get(en) || 0) + C.n[i]);
       if (C.via[i]) e.vias.set(C.via[i], (e.vias.get(C.via[i]) || 0) + C.n[i]);
       e.ops.set(C.op[i], (e.ops.get(C.op[i]) || 0) + C.n[i]);
       modTotals.set(mod, (modTotals.get(mod) || 0) + v);
@@ -523,7 +536,8 @@
     for (const [key, e] of leafMap) {
       ids.push("s" + key); labels.push(esc(siteLabel(e.site))); parents.push(S[e.mod] ? "m" + e.mod : "root"); values.push(e.v);
       const src = siteSource(e.site);
-      hover.push("<b>" + esc(siteLabel(e.site)) + "</b>" + (src ? "<br>" + esc(src) : "") +
+      const entry = entryText(e.entries);
+      hover.push("<b>" + esc(siteLabel(e.site)) + "</b>" + (src ? "<br>" + esc(src) : "") + (entry ? "<br>" + esc(entry) : "") +
         (S[e.mod] ? "<br>module: " + esc(S[e.mod]) : "") + "<br>" + METRICS[m].label + ": " + METRICS[m].fmt(e.v) + " (" + fmtPct(pct(e.v, total), 1) + ")" +
         "<br>bytes copied " + fmtBytes(e.bc) + " \u00b7 time " + fmtNs(e.t) + " \u00b7 " + fmtInt(e.n) + " events" +
         "<br>" + esc(opsText(e.ops, 4) + viaText(e.vias)) + "<br><i>click: show these events</i>");
@@ -582,7 +596,9 @@
       let name;
       if (state.groupBy === "site") {
         const src = siteSource(r.key);
-        name = el("td", { class: "site", title: S[r.key] }, [el("code", { text: siteLabel(r.key) }), src ? el("code", { class: "src", text: src }) : null]);
+        const entry = entryText(r.entries);
+        name = el("td", { class: "site", title: S[r.key] }, [el("code", { text: siteLabel(r.key) }), src ? el("code", { class: "src", text: src }) : null,
+          entry ? el("code", { class: "src entry", text: entry }) : null]);
       } else if (state.groupBy === "module") {
         name = el("td", { class: "site" }, [el("code", { text: moduleLabel(r.key) })]);
       } else {
@@ -611,6 +627,10 @@
     }
   }
   function renderSources() {
+    const note = $("ct-groupby-note");
+    if (note) note.textContent = D.group_by === "user"
+      ? "Call sites are your lines; a copy made inside a library names the library's line beside them."
+      : "A copy made inside an installed library (transformers, accelerate, Lightning...) is placed at the library's line, with your line that reached it beside it (copytrace report --group-by user places it at your line).";
     document.querySelectorAll("#ct-metric button").forEach((b) => b.classList.toggle("on", b.dataset.v === state.metric));
     document.querySelectorAll("#ct-groupby button").forEach((b) => b.classList.toggle("on", b.dataset.v === state.groupBy));
     renderTreemap();
@@ -840,6 +860,7 @@
       ["op", S[TP.op[t]] + " (" + KIND_LABEL[kind] + ")"], ["aten", S[TP.aten[t]] || "(none)"],
       ["call site", S[TP.call_site[t]] + (viaName(TP.via[t]) ? "  (via " + viaName(TP.via[t]) + ")" : "")],
       ["source", siteSource(TP.call_site[t]) || "(not available)"],
+      ...(TP.entry && S[TP.entry[t]] ? [[D.group_by === "user" ? "library's line" : "your line", siteLabel(TP.entry[t])]] : []),
       ["module", S[TP.module[t]] || "(none)"],
       ["bytes", "allocated " + fmtInt(TP.ba[t]) + " B \u00b7 logical " + fmtInt(TP.bl[t]) + " B"],
       ["shape / dtype", S[TP.shape[t]] + " \u00b7 " + (S[TP.src_dtype[t]] || "?") + " \u2192 " + (S[TP.dtype[t]] || "?")],

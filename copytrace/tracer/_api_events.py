@@ -21,7 +21,6 @@ import torch
 from copytrace.schema import CopyEvent
 from copytrace.tracer import _callsite, _modules
 from copytrace.tracer import _facts as _F
-from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._fresh import INDEX_OPS
 from copytrace.tracer._rules import (
     HOST_TO_DEVICE,
@@ -282,9 +281,9 @@ class ApiEvents:
         if native is not None:  # Recorder._context, inlined: the same walk in C
             site = native.call_site(_callsite._code_kind)
         else:
-            site = user_frame(sys._getframe(2))
+            site = _callsite.call_site(sys._getframe(2))
         if site is not None:
-            ev.file, ev.line, ev.function, ev.via = site
+            _callsite.put_site(ev, site)
         ev.step = self.step_index
         self._place(ev, sys._getframe(1))
         if grad_fn is not None and ev.phase != "backward":
@@ -377,9 +376,9 @@ def _past_entry(ev: CopyEvent) -> None:
     while frame is not None and frame.f_code.co_name != _ENTRY:
         frame = frame.f_back
     if frame is not None and frame.f_back is not None:
-        site = user_frame(frame.f_back.f_back)
+        site = _callsite.call_site(frame.f_back.f_back)
         if site is not None:
-            ev.file, ev.line, ev.function, ev.via = site
+            _callsite.put_site(ev, site)
 
 
 def _first_tensor(data: Any, depth: int = 0) -> Any:

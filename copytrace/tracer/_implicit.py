@@ -29,6 +29,9 @@ __all__ = ["ImplicitEvents"]
 _Tensor = torch.Tensor
 _current_node = torch._C._current_autograd_node
 _sequence_nr = torch._C._autograd._get_sequence_nr
+_cache_enabled = torch.is_autocast_cache_enabled
+#: autocast's lower-precision dtypes (torch.autocast's ``dtype=``).
+_LOWER = frozenset(("bfloat16", "float16"))
 _facts = _F.facts
 _dtype_name = _F.dtype_name
 _device_str = _F.device_str
@@ -99,6 +102,14 @@ class ImplicitEvents:
         ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
         # Dispatch-level tensors carry no autograd metadata: graph facts stay unknown ("none").
         self._context(ev)
+        if name == "aten::_to_copy" and ev.dtype in _LOWER and ev.phase == "forward" and (
+            not _cache_enabled()
+        ):
+            # autocast's cast of an argument to its lower precision, with its weight cache off
+            # (torch.autocast(..., cache_enabled=False) clears this thread-local flag for the
+            # region; autocast's own key is excluded while its cast runs, so
+            # is_autocast_enabled() reads False here)
+            ev.autocast_nocache = True
         if ev.phase == "backward" and _CHECKPOINT in _modules_loaded:
             self._recomputed(ev)
         if ev.module is not None and ev.phase != "backward" and _made_node(tensors):

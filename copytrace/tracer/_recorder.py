@@ -47,7 +47,6 @@ from copytrace.tracer._api_events import (  # noqa: F401
     _tag_grad_fn,
     leaf_version,
 )
-from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._handover import Handovers
 from copytrace.tracer._implicit import ImplicitEvents
 
@@ -221,9 +220,9 @@ class Recorder(ApiEvents, ImplicitEvents):
         if native is not None:  # the same walk in C, with the user's line cached
             site = native.call_site(_callsite._code_kind)
         else:
-            site = user_frame(sys._getframe(2))
+            site = _callsite.call_site(sys._getframe(2))
         if site is not None:
-            ev.file, ev.line, ev.function, ev.via = site
+            _callsite.put_site(ev, site)
         ev.step = self.step_index
         self._place(ev, sys._getframe(1))
 

@@ -1,5 +1,9 @@
-"""Where from: the cube (run x module x call site x op x kind x graph x phase x via) and the
-per call site, per module and per op tables summed from it."""
+"""Where from: the cube (run x module x call site x op x kind x graph x phase x via x entry)
+and the per call site, per module and per op tables summed from it.
+
+The call site is the one the report groups by (the query's ``group_by``: by default the
+library's call site where an event has one, else the user's line); ``entry`` is the other
+(the user's line that reached the library site)."""
 
 from __future__ import annotations
 
@@ -25,7 +29,7 @@ WITH per_site AS (SELECT site, sum(bc) AS b, sum(dur) AS t FROM ev GROUP BY site
 named AS (SELECT site FROM per_site ORDER BY b DESC, t DESC, site LIMIT $max)
 SELECT run_idx, module,
   CASE WHEN site IS NULL OR site IN (SELECT site FROM named) THEN site ELSE $other END,
-  op, kind, graph, phase, via, count(*), sum(bc), sum(ba), sum(bl), sum(dur), sum(err)
+  op, kind, graph, phase, via, count(*), sum(bc), sum(ba), sum(bl), sum(dur), sum(err), entry
 FROM ev GROUP BY ALL
 """
 
@@ -88,6 +92,9 @@ def _tables(cube: list[CubeRow]) -> tuple[dict[str, SiteRow], dict[str, SiteRow]
             row.others[other] = row.others.get(other, 0) + c.count
             if c.via:
                 row.vias[c.via] = row.vias.get(c.via, 0) + c.count
+        if c.entry:
+            row = sites[c.call_site]
+            row.entries[c.entry] = row.entries.get(c.entry, 0) + c.count
         orow = ops.get(c.op)
         if orow is None:
             orow = ops[c.op] = OpRow(c.op)
@@ -108,16 +115,20 @@ def sources(q: Query, runs: list[RunInfo], read_sources: bool = True) -> Sources
     """
     out = Sources()
     rows = q.sql(_CUBE, {"max": MAX_SITES, "other": OTHER_SITES})
-    cube = [CubeRow(*r[:8], *(int(x) for x in r[8:])) for r in rows]
+    cube = [CubeRow(*r[:8], *(int(x) for x in r[8:14]), r[14]) for r in rows]
     cube.sort(key=lambda c: (c.run, -c.bytes_copied, -c.time_ns, c.call_site, c.op, c.kind))
     out.cube = cube
     sites, modules, ops = _tables(cube)
-    out.labels = site_labels(sites)
+    entries = {e for row in sites.values() for e in row.entries}
+    out.labels = site_labels([*sites, *(e for e in entries if e not in sites)])
     first_start = min((r.start_ns for r in runs if r.start_ns), default=None)
     out.sources = (
         {k: source_line(k, first_start) for k in sites} if read_sources
         else dict.fromkeys(sites, "")
     )  # fmt: skip
+    for k in entries:  # the user's lines beside library sites: their source too
+        if k not in out.sources:
+            out.sources[k] = source_line(k, first_start) if read_sources else ""
     for k, row in sites.items():
         row.label = out.labels[k]
         row.source = out.sources[k]
@@ -137,7 +148,7 @@ OP_PALETTE = (
     "#3182bd", "#e6550d", "#31a354", "#756bb1",
 )  # fmt: skip
 _CUBE_COLUMNS = ("run", "module", "site", "op", "kind", "graph", "phase", "via", "n", "bc", "ba", "bl",
-         "t", "err")  # fmt: skip
+         "t", "err", "entry")  # fmt: skip
 
 
 def op_colors(model: Any) -> dict[str, str]:
@@ -153,13 +164,20 @@ def payload_cube(model: Any, S: Strings) -> dict[str, list[Any]]:
     for c in model.cube:
         row = (c.run, S(c.module), S(c.call_site), S(c.op), kinds.index(c.kind), S(c.graph),
                S(c.phase), S(c.via), c.count, c.bytes_copied, c.bytes_allocated,
-               c.bytes_logical, c.time_ns, c.errors)  # fmt: skip
+               c.bytes_logical, c.time_ns, c.errors, S(c.entry))  # fmt: skip
         for key, value in zip(_CUBE_COLUMNS, row, strict=True):
             cols[key].append(value)
     return cols
 
 
 def payload_sites(model: Any, S: Strings) -> dict[int, dict[str, int]]:
-    """Label and source line of each call site, keyed by the site's ``S`` index."""
-    return {S(row.key): {"label": S(row.label), "source": S(row.source)}
-            for row in model.call_sites}  # fmt: skip
+    """Label and source line of each call site and entry line, keyed by the site's ``S``
+    index."""
+    out = {S(row.key): {"label": S(row.label), "source": S(row.source)}
+           for row in model.call_sites}  # fmt: skip
+    labels, sources = model.site_labels, model.site_sources
+    for row in model.call_sites:
+        for e in row.entries:
+            if S(e) not in out:
+                out[S(e)] = {"label": S(labels.get(e, e)), "source": S(sources.get(e, ""))}
+    return out

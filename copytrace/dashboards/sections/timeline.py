@@ -42,7 +42,8 @@ SELECT e.op, e.kind, e.ba, e.bl, COALESCE(s.shape, []), COALESCE(s.dtype, ''),
   COALESCE(s.src_dtype, ''), e.src_device, e.dst_device, e.transfer, e.non_blocking,
   e.pinned, e.graph, COALESCE(s.grad_fn, ''), e.phase, e.module, e.site,
   COALESCE(s.aten, []), COALESCE(s.thread_name, ''), e.grp, COALESCE(s.error, ''), e.via,
-  COALESCE(s.origin, ''), e.run_idx, e.t_ns, e.dur, e.step, e.span_id, COALESCE(h.hz, -1)
+  COALESCE(s.origin, ''), e.run_idx, e.t_ns, e.dur, e.step, e.span_id, COALESCE(h.hz, -1),
+  e.entry
 FROM chosen e
 JOIN picked_spans s ON s.run = e.run AND s.span_id = e.span_id
 LEFT JOIN hz h ON h.span_id = e.span_id
@@ -169,7 +170,7 @@ def sample(q: Query, max_points: int, large_bytes: int = LARGE_EVENT_BYTES) -> S
     q.con.execute(_PICKED_SPANS_SQL)
     index: dict[tuple[Any, ...], int] = {}
     for row in q.sql(_TEMPLATE_SQL):
-        key = (*row[:4], tuple(row[4]), *row[5:17], tuple(row[17]), *row[18:23])
+        key = (*row[:4], tuple(row[4]), *row[5:17], tuple(row[17]), *row[18:23], row[29])
         ti = index.get(key)
         if ti is None:
             ti = index[key] = len(out.templates)
@@ -187,7 +188,7 @@ def sample(q: Query, max_points: int, large_bytes: int = LARGE_EVENT_BYTES) -> S
 # --- the page's payload ------------------------------------------------------------------------
 _TEMPLATE_STR_FIELDS = (
     "op", "dtype", "src_dtype", "src_device", "dst_device", "transfer", "graph", "grad_fn",
-    "phase", "module", "call_site", "thread", "group", "error", "via", "origin",
+    "phase", "module", "call_site", "thread", "group", "error", "via", "origin", "entry",
 )  # fmt: skip
 
 

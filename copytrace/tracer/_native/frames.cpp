@@ -1,4 +1,4 @@
-// Frames: the user's call site, the innermost Module._call_impl frame, a frame's variable.
+// Frames: the user's and the library's call sites, the innermost Module._call_impl frame, a frame's variable.
 // Python only: no torch header.
 #include "observer.h"
 
@@ -17,11 +17,13 @@
 namespace copytrace {
 namespace {
 
-// call_site(classify): (file, line, function, via) of the innermost user-code frame on the
-// calling thread's stack, as copytrace/tracer/_callsite.py's user_frame() finds it, or None.
-// classify(code) gives a code object's kind (0 user, 1 torch or an installed package,
-// 2 copytrace or the stdlib, 3 a mode's handler), kept per code object (by identity: hashing a
-// code object hashes its whole contents). The user
+// call_site(classify): (file, line, function, via, library) of the innermost user-code frame
+// on the calling thread's stack, as copytrace/tracer/_callsite.py's call_site() finds it, or
+// None; library: (file, line, function) of the innermost library frame below the user's, or
+// None. classify(code) gives a code object's kind (0 user, 1 torch, 2 copytrace or the
+// stdlib, 3 a mode's handler, 4 an installed package other than torch, 5 code compiled from a
+// string: classify(code, globals' __file__) then says which), kept per code object
+// (by identity: hashing a code object hashes its whole contents). The user
 // frame's (file, line, function) is cached per (code object, instruction): a line number is
 // otherwise a scan of the code's line table. The cache holds its code objects (never frames).
 struct SiteKey {
@@ -35,29 +37,36 @@ struct SiteKeyHash {
   }
 };
 std::unordered_map<SiteKey, PyObject*, SiteKeyHash> g_sites;  // -> (file, line, name), owned
+// library frames: -> (file, line, qualified name), owned
+std::unordered_map<SiteKey, PyObject*, SiteKeyHash> g_lib_sites;
 std::unordered_map<PyObject*, int> g_kinds;  // code object (owned) -> kind
 constexpr size_t kMaxSites = 1 << 16;
 
 void clear_sites() {
-  for (auto& [key, site] : g_sites) {
-    Py_DECREF(key.code);
-    Py_DECREF(site);
+  for (auto* sites : {&g_sites, &g_lib_sites}) {
+    for (auto& [key, site] : *sites) {
+      Py_DECREF(key.code);
+      Py_DECREF(site);
+    }
+    sites->clear();
   }
-  g_sites.clear();
   for (auto& [code, kind] : g_kinds) Py_DECREF(code);
   g_kinds.clear();
 }
 
-PyObject* user_site(PyFrameObject* frame, PyCodeObject* code) {
+// (file, line, name) of a frame, cached per (code, instruction); a library frame's name is
+// its qualified name (Trainer._prepare_input).
+PyObject* frame_site(PyFrameObject* frame, PyCodeObject* code, bool library) {
+  auto& sites = library ? g_lib_sites : g_sites;
   const SiteKey key{reinterpret_cast<PyObject*>(code), PyFrame_GetLasti(frame)};
-  auto found = g_sites.find(key);
-  if (found != g_sites.end()) return Py_NewRef(found->second);
+  auto found = sites.find(key);
+  if (found != sites.end()) return Py_NewRef(found->second);
   PyObject* site = Py_BuildValue("(OiO)", code->co_filename, PyFrame_GetLineNumber(frame),
-                                 code->co_name);
+                                 library ? code->co_qualname : code->co_name);
   if (site == nullptr) return nullptr;
-  if (g_sites.size() >= kMaxSites) clear_sites();
+  if (sites.size() >= kMaxSites) clear_sites();
   Py_INCREF(key.code);
-  g_sites.emplace(key, Py_NewRef(site));
+  sites.emplace(key, Py_NewRef(site));
   return site;
 }
 
@@ -74,10 +83,12 @@ PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     return nullptr;
   }
   PyObject* via = nullptr;  // borrowed from a code object we hold while walking
+  PyObject* lib = nullptr;  // (file, line, function) of the innermost library frame, owned
   PyObject* result = nullptr;
   PyFrameObject* frame = PyEval_GetFrame();  // borrowed
   Py_XINCREF(frame);
   std::vector<PyCodeObject*> held;  // codes whose qualname `via` may borrow
+  bool failed = false;
   while (frame != nullptr) {
     PyCodeObject* code = PyFrame_GetCode(frame);  // new reference
     long kind;
@@ -90,23 +101,50 @@ PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
       Py_XDECREF(k);
       if (kind == -1 && PyErr_Occurred()) {
         Py_DECREF(code);
+        failed = true;
         break;
       }
       if (g_kinds.size() >= kMaxSites) clear_sites();
       Py_INCREF(code);  // held by the map: its address is not reused while there
       g_kinds.emplace(reinterpret_cast<PyObject*>(code), static_cast<int>(kind));
     }
+    if (kind == 5) {  // code compiled from a string: the kind of its globals' file
+      PyObject* globals = PyFrame_GetGlobals(frame);  // new reference
+      PyObject* file = globals != nullptr ? PyDict_GetItemString(globals, "__file__") : nullptr;
+      PyObject* k = PyObject_CallFunctionObjArgs(argv[0], reinterpret_cast<PyObject*>(code),
+                                                 file != nullptr ? file : Py_False, nullptr);
+      Py_XDECREF(globals);
+      kind = k != nullptr ? PyLong_AsLong(k) : -1;
+      Py_XDECREF(k);
+      if (kind == -1 && PyErr_Occurred()) {
+        Py_DECREF(code);
+        failed = true;
+        break;
+      }
+      g_kinds[reinterpret_cast<PyObject*>(code)] = static_cast<int>(kind);  // held already
+    }
     if (kind == 0) {
-      PyObject* site = user_site(frame, code);
+      PyObject* site = frame_site(frame, code, false);
       if (site != nullptr) {
-        result = PyTuple_Pack(4, PyTuple_GET_ITEM(site, 0), PyTuple_GET_ITEM(site, 1),
-                              PyTuple_GET_ITEM(site, 2), via != nullptr ? via : Py_None);
+        result = PyTuple_Pack(5, PyTuple_GET_ITEM(site, 0), PyTuple_GET_ITEM(site, 1),
+                              PyTuple_GET_ITEM(site, 2), via != nullptr ? via : Py_None,
+                              lib != nullptr ? lib : Py_None);
         Py_DECREF(site);
       }
+      failed = result == nullptr;
       Py_DECREF(code);
       break;
     }
-    if (kind == 1 && via == nullptr) {
+    // kind 4: an installed package other than torch: the via, and the library site
+    if (kind == 4 && lib == nullptr) {
+      lib = frame_site(frame, code, true);
+      if (lib == nullptr) {
+        Py_DECREF(code);
+        failed = true;
+        break;
+      }
+    }
+    if ((kind == 1 || kind == 4) && via == nullptr) {
       via = code->co_qualname;
       held.push_back(code);
     } else {
@@ -116,9 +154,13 @@ PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     Py_DECREF(frame);
     frame = back;
   }
-  if (result == nullptr && !PyErr_Occurred()) {
-    if (frame == nullptr) result = Py_NewRef(Py_None);  // no user frame on the stack
+  if (!failed && result == nullptr && frame == nullptr) {
+    // no user frame on the stack: the library site alone, or None
+    result = lib == nullptr ? Py_NewRef(Py_None)
+                            : PyTuple_Pack(5, Py_None, Py_None, Py_None,
+                                           via != nullptr ? via : Py_None, lib);
   }
+  Py_XDECREF(lib);
   Py_XDECREF(frame);
   for (PyCodeObject* code : held) Py_DECREF(code);
   return result;

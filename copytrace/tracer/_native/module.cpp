@@ -94,7 +94,7 @@ PyMethodDef g_methods[] = {
      "Optimizer.step# record scope); (None, None) removes them"},
     // frames.cpp
     {"call_site", FN(call_site), METH_FASTCALL,
-     "call_site(classify): the user's (file, line, function, via) or None (see "
+     "call_site(classify): the user's (file, line, function, via, library) or None (see "
      "copytrace/tracer/_callsite.py)"},
     {"clear_sites", py_clear_sites, METH_NOARGS,
      "Drop the call-site caches (and the code objects they hold)"},

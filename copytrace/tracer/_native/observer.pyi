@@ -197,8 +197,9 @@ def hot_count() -> int: ...
 # --- frames.cpp -----------------------------------------------------------------------------
 def call_site(
     classify: Callable[[CodeType], int], /
-) -> tuple[str, int, str, str | None] | None:
-    """The user's (file, line, function, via) on this thread's stack, or None."""
+) -> tuple[str | None, int | None, str | None, str | None, tuple[str, int, str] | None] | None:
+    """The user's (file, line, function), the via and the library's (file, line, function)
+    on this thread's stack, or None when it holds neither (see _callsite.call_site)."""
 
 def clear_sites() -> None: ...
 def frame_var(frame: FrameType, name: str, /) -> Any:

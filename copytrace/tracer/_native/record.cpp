@@ -35,7 +35,8 @@
   X(dtype) X(src_dtype) X(src_device) X(dst_device) X(transfer) X(requires_grad)           \
   X(src_requires_grad) X(grad_fn) X(is_leaf) X(graph) X(step) X(file) X(line) X(function)  \
   X(via) X(start_ns) X(end_ns) X(pinned) X(src_storage) X(src_offset) X(src_stride)        \
-  X(src_version) X(dst_storage) X(dst_version) X(fake) X(phase) X(thread_id) X(thread_name)
+  X(src_version) X(dst_storage) X(dst_version) X(fake) X(phase) X(thread_id) X(thread_name) \
+  X(lib_file) X(lib_line) X(lib_function)
 
 namespace copytrace {
 namespace {
@@ -288,6 +289,12 @@ PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
          put(ev, F_line, R(PyTuple_GET_ITEM(site, 1))) &&
          put(ev, F_function, R(PyTuple_GET_ITEM(site, 2))) &&
          put(ev, F_via, R(PyTuple_GET_ITEM(site, 3)));
+    PyObject* lib = PyTuple_GET_ITEM(site, 4);
+    if (ok && lib != Py_None) {
+      ok = put(ev, F_lib_file, R(PyTuple_GET_ITEM(lib, 0))) &&
+           put(ev, F_lib_line, R(PyTuple_GET_ITEM(lib, 1))) &&
+           put(ev, F_lib_function, R(PyTuple_GET_ITEM(lib, 2)));
+    }
   }
   Py_DECREF(site);
   if (!ok || !put(ev, F_step, R(argv[9]))) return nullptr;
