@@ -102,16 +102,7 @@ class ImplicitEvents:
         ev.non_blocking = bool(kwargs.get("non_blocking", False)) if kwargs else False
         # Dispatch-level tensors carry no autograd metadata: graph facts stay unknown ("none").
         self._context(ev)
-        if name == "aten::_to_copy" and ev.dtype in _LOWER and ev.phase == "forward" and (
-            not _cache_enabled()
-        ):
-            # autocast's cast of an argument to its lower precision, with its weight cache off
-            # (torch.autocast(..., cache_enabled=False) clears this thread-local flag for the
-            # region; autocast's own key is excluded while its cast runs, so
-            # is_autocast_enabled() reads False here)
-            ev.autocast_nocache = True
-        if ev.phase == "backward" and _CHECKPOINT in _modules_loaded:
-            self._recomputed(ev)
+        _mark_context(self, ev, name)
         if ev.module is not None and ev.phase != "backward" and _made_node(tensors):
             # autograd made this copy's node just before the copy ran (the next sequence
             # number is the node's + 1): a backward copy of that node names this module
@@ -264,3 +255,18 @@ def _made_node(tensors: list) -> bool:
         if t.requires_grad:
             return True
     return False
+
+
+def _mark_context(recorder: Recorder, ev: CopyEvent, name: str) -> None:
+    """Mark what the context says of implicit copy ``ev`` (aten op ``name``): an autocast cast
+    with the weight cache off, or a copy re-run by activation checkpointing."""
+    if name == "aten::_to_copy" and ev.dtype in _LOWER and ev.phase == "forward" and (
+        not _cache_enabled()
+    ):
+        # autocast's cast of an argument to its lower precision, with its weight cache off
+        # (torch.autocast(..., cache_enabled=False) clears this thread-local flag for the
+        # region; autocast's own key is excluded while its cast runs, so
+        # is_autocast_enabled() reads False here)
+        ev.autocast_nocache = True
+    if ev.phase == "backward" and _CHECKPOINT in _modules_loaded:
+        recorder._recomputed(ev)
