@@ -162,6 +162,9 @@ class Recorder(ApiEvents, ImplicitEvents):
         self.active: _Pending | None = None
         self.group: _Group | None = None
         self.in_optimizer = 0
+        #: the Python fallback: (begin, end) of each optimizer step, called by the function
+        #: mode at torch's ``Optimizer.step#`` record scope (``_modes.FunctionMode``)
+        self.step_scope: tuple[Any, Any] | None = None
         # nn.Module paths, from the frames at event time (copytrace/tracer/_modules.py)
         self.modules = _modules.Modules()
         self.api_table = _api_table()
