@@ -497,12 +497,11 @@ def test_attached_copies_hold_nothing_and_a_retained_graph_is_still_found(observ
         for _ in range(3):
             history.append(model(x).pow(2).mean().clone())  # kept with its graph
             copy = w.clone()  # an attached copy that nothing saved: swappable
-            seen.append((weakref.getweakrefcount(history[-1]),
-                         "copytrace.life" in history[-1].grad_fn.metadata,
+            seen.append((weakref.getweakrefcount(history[-1]), dict(history[-1].grad_fn.metadata),
                          weakref.getweakrefcount(copy)))  # fmt: skip
             torch.utils.swap_tensors(copy, torch.zeros(3))
             t.step()
-    assert seen == [(0, False, 0)] * 3
+    assert seen == [(0, {}, 0)] * 3
     assert t.observer_path == observer
     # per step: x (4x8 float32 = 128 B) and the ReLU output (4x16 = 256 B) saved by the Linear
     # layers, and pow's input (4x1 = 16 B)
@@ -543,6 +542,25 @@ def test_default_level_keeps_the_mode_stacks_while_an_index_result_and_a_data_al
     assert data.inplace_writes == 1 and data.write_site.endswith(site)
     # w * w saves w twice (self and other, read in dir() order)
     assert data.saved_by == ("MulBackward0.other", "MulBackward0.self")
+    assert t.stats["errors"] == 0
+
+
+@pytest.mark.parametrize("observer", ["native", "python"])
+def test_grad_fn_metadata_stays_the_program_own_and_backward_copies_name_their_forward(
+    observer, monkeypatch
+):
+    # copytrace once tagged each recorded copy's grad_fn.metadata with its forward call
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
+    w = torch.randn(3, requires_grad=True)
+    with copytrace.trace(write=False) as t:
+        line = sys._getframe().f_lineno + 1  # the next line's
+        y = w.to(torch.float64)  # ToCopyBackward0 casts the gradient back in backward
+        y.grad_fn.metadata["mine"] = 1  # the program's own use of the dict
+        meta = dict(y.grad_fn.metadata)
+        y.sum().backward()
+    assert meta == {"mine": 1}
+    (back,) = [e for e in t.events if e.phase == "backward"]  # an implicit _to_copy
+    assert back.origin == f"{__file__}:{line}"  # named after its forward call, as before
     assert t.stats["errors"] == 0
 
 
