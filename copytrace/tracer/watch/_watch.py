@@ -78,7 +78,6 @@ class Watch(AliasWrites, Retention):
         """Events whose late facts (:data:`~copytrace.tracer.watch.LATE_FIELDS`) a later check
         may still change: the session holds them back from the export (``HeldEvents``)."""
         self.prune_aliases()
-        # copy() first: weakref callbacks (an alias dying during a GC) may change the dict
         events = [entry.ev for entry in self.aliases.copy().values()]
         for table in (self.writes, self.rebinds):
             events.extend(p.alias.ev for p in table.values())
