@@ -14,6 +14,7 @@ import ctypes
 import subprocess
 import sys
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -330,12 +331,13 @@ def test_which_tensors_answer_strides_in_python(monkeypatch):
 
 
 # --- hooks ---------------------------------------------------------------------------------
-@pytest.mark.skipif(
-    _native.load() is None, reason="the Python fallback follows steps with torch's hooks"
-)
-def test_optimizer_hook_dicts_stay_empty_and_steps_are_still_counted(monkeypatch):
+@pytest.mark.parametrize("observer", ["native", "python"])
+def test_optimizer_hook_dicts_stay_empty_and_steps_are_still_counted(observer, monkeypatch):
     from torch.optim import optimizer as optim_module
 
+    # the C++ observer: a RecordFunction callback on torch's Optimizer.step# scope; the Python
+    # fallback: its function mode, which sees that scope's profiler ops
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
     monkeypatch.setenv("COPYTRACE_AUTO_STEP", "1")  # each optimizer.step() ends a step
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
@@ -350,6 +352,7 @@ def test_optimizer_hook_dicts_stay_empty_and_steps_are_still_counted(monkeypatch
             opt.step()
             opt.zero_grad()
     assert seen == [(0, 0)] * 3
+    assert t.observer_path == observer
     assert [e.step for e in t.events if e.op == "clone"] == [0, 1, 2]
     assert t.stats["steps"] == 4  # three steps ended by optimizer.step(), and the open one
     assert t.stats["errors"] == 0
@@ -362,11 +365,10 @@ def _weakref_counts(module) -> list[int]:
     return [len(weakref.getweakrefs(p)) for p in module.parameters()]
 
 
-@pytest.mark.skipif(
-    _native.load() is None, reason="the Python fallback still follows state_dict() aliases weakly"
-)
-def test_state_dict_leaves_no_weakref_and_the_swap_path_works():
+@pytest.mark.parametrize("observer", ["native", "python"])
+def test_state_dict_leaves_no_weakref_and_the_swap_path_works(observer, monkeypatch):
     # torch.utils.swap_tensors (Module.to on the swap path) refuses a tensor with a weakref
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.ReLU(), torch.nn.Linear(3, 2))
     torch.__future__.set_swap_module_params_on_conversion(True)
@@ -381,15 +383,31 @@ def test_state_dict_leaves_no_weakref_and_the_swap_path_works():
         torch.__future__.set_swap_module_params_on_conversion(False)
     assert counts == [0, 0, 0, 0]
     assert dtypes == {torch.float64}
+    assert t.observer_path == observer
     assert t.stats["errors"] == 0
 
 
-@pytest.mark.skipif(
-    _native.load() is None, reason="the Python fallback follows a .data alias weakly"
-)
-def test_data_alias_and_rebinding_leave_no_weakref_and_both_can_be_swapped():
+@pytest.mark.parametrize("observer", ["native", "python"])
+def test_kept_state_dict_changed_in_place_is_still_found_stale(observer, monkeypatch):
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
+    model = torch.nn.Linear(3, 2)
+    with copytrace.trace(write=False) as t:
+        kept = model.state_dict()  # two detach() aliases: weight and bias
+        refs = [weakref.getweakrefcount(p) for p in model.parameters()]
+        with torch.no_grad():
+            model.weight.mul_(2.0)  # written through the parameter: the kept weight changes
+        t.step()
+    assert refs == [0, 0] and len(kept) == 2
+    snaps = [e for e in t.events if e.snapshot]
+    assert [e.stale for e in snaps] == [True, False]  # the weight's alias; the bias unchanged
+    assert t.stats["errors"] == 0
+
+
+@pytest.mark.parametrize("observer", ["native", "python"])
+def test_data_alias_and_rebinding_leave_no_weakref_and_both_can_be_swapped(observer, monkeypatch):
     import weakref
 
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
     w = torch.nn.Parameter(torch.randn(3))
     # level full: at level lean the alias keeps a weakref while its mode watches it
     with copytrace.trace(write=False, level="full") as t:
@@ -438,12 +456,13 @@ def test_data_alias_leaves_no_weakref_on_its_source():
     assert w.tolist() == [0.0, 0.0, 0.0]
 
 
-@pytest.mark.skipif(
-    _native.load() is None, reason="the Python fallback follows an index result weakly"
-)
-def test_index_result_at_level_full_holds_no_weakref_and_a_lost_write_is_still_found():
+@pytest.mark.parametrize("observer", ["native", "python"])
+def test_index_result_at_level_full_holds_no_weakref_and_a_lost_write_is_still_found(
+    observer, monkeypatch
+):
     import weakref
 
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
     x = torch.randn(4)
     idx = torch.tensor([0, 2])
 
@@ -460,7 +479,34 @@ def test_index_result_at_level_full_holds_no_weakref_and_a_lost_write_is_still_f
     assert refs == 0 and after_swap.tolist() == [1.0, 1.0]
     (index,) = [e for e in t.events if e.op == "index"]
     assert index.write_site is not None and index.write_site.endswith(" lose_a_write")
-    assert index.inplace_writes == 1  # zero_ bumped the gather's counter once
+    assert index.inplace_writes == 1  # zero_ bumped the gather's counter once (one call)
+    assert t.stats["errors"] == 0
+
+
+@pytest.mark.parametrize("observer", ["native", "python"])
+def test_attached_copies_hold_nothing_and_a_retained_graph_is_still_found(observer, monkeypatch):
+    # the watch of graph-retaining copies once kept a weakref on each attached copy and a
+    # "copytrace.life" token in its grad_fn.metadata
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
+    x = torch.randn(4, 8)
+    w = torch.randn(3, requires_grad=True)
+    history, seen = [], []
+    with copytrace.trace(write=False) as t:
+        for _ in range(3):
+            history.append(model(x).pow(2).mean().clone())  # kept with its graph
+            copy = w.clone()  # an attached copy that nothing saved: swappable
+            seen.append((weakref.getweakrefcount(history[-1]), dict(history[-1].grad_fn.metadata),
+                         weakref.getweakrefcount(copy)))  # fmt: skip
+            torch.utils.swap_tensors(copy, torch.zeros(3))
+            t.step()
+    assert seen == [(0, {}, 0)] * 3
+    assert t.observer_path == observer
+    # per step: x (4x8 float32 = 128 B) and the ReLU output (4x16 = 256 B) saved by the Linear
+    # layers, and pow's input (4x1 = 16 B)
+    kept = [e.retained_bytes for e in t.events if e.op == "clone" and e.shape == ()]
+    assert kept == [400, 400, 400]
     assert t.stats["errors"] == 0
 
 
@@ -496,6 +542,25 @@ def test_default_level_keeps_the_mode_stacks_while_an_index_result_and_a_data_al
     assert data.inplace_writes == 1 and data.write_site.endswith(site)
     # w * w saves w twice (self and other, read in dir() order)
     assert data.saved_by == ("MulBackward0.other", "MulBackward0.self")
+    assert t.stats["errors"] == 0
+
+
+@pytest.mark.parametrize("observer", ["native", "python"])
+def test_grad_fn_metadata_stays_the_program_own_and_backward_copies_name_their_forward(
+    observer, monkeypatch
+):
+    # copytrace once tagged each recorded copy's grad_fn.metadata with its forward call
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
+    w = torch.randn(3, requires_grad=True)
+    with copytrace.trace(write=False) as t:
+        line = sys._getframe().f_lineno + 1  # the next line's
+        y = w.to(torch.float64)  # ToCopyBackward0 casts the gradient back in backward
+        y.grad_fn.metadata["mine"] = 1  # the program's own use of the dict
+        meta = dict(y.grad_fn.metadata)
+        y.sum().backward()
+    assert meta == {"mine": 1}
+    (back,) = [e for e in t.events if e.phase == "backward"]  # an implicit _to_copy
+    assert back.origin == f"{__file__}:{line}"  # named after its forward call, as before
     assert t.stats["errors"] == 0
 
 

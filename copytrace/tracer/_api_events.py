@@ -35,6 +35,7 @@ from copytrace.tracer._rules import (
 )
 
 if TYPE_CHECKING:
+    from copytrace.tracer._node_tags import NodeTags
     from copytrace.tracer._recorder import Recorder
 
 __all__ = ["ApiEvents"]
@@ -47,7 +48,6 @@ _is_wrapped = _F.is_wrapped
 _THREAD_NAMES: dict[int, str] = {}  # thread ident -> name (names are read once per thread)
 # Every field at its default: the C++ observer copies it for each new event (copy_slots).
 _PROTOTYPE = CopyEvent()
-_TAG = "copytrace"  # key in grad_fn.metadata: (module path, "file:line") of the forward call
 _NO_KWARGS: dict[str, Any] = {}
 # Ops whose event's result is their first argument: dst.copy_(src) writes into dst;
 # dst.data = src rebinds dst to src's storage; swap_tensors(dst, src) exchanges payloads.
@@ -162,7 +162,7 @@ class ApiEvents:
         ):
             settle_unreal(ev)  # a meta tensor: record.cpp's record names a transfer
         if grad_fn is not None and ev.phase != "backward":
-            _tag_grad_fn(grad_fn, ev)
+            _tag_grad_fn(self.node_tags, grad_fn, ev)
         try:  # the rest of Watch.event: an error there still keeps the event
             self.watch.follow(ev, op, src, out, grad_fn)
         except Exception as err:
@@ -287,7 +287,7 @@ class ApiEvents:
         ev.step = self.step_index
         self._place(ev, sys._getframe(1))
         if grad_fn is not None and ev.phase != "backward":
-            _tag_grad_fn(grad_fn, ev)
+            _tag_grad_fn(self.node_tags, grad_fn, ev)
         group = self.group
         if group is not None and error is None:
             group.bytes += ev.bytes_allocated
@@ -399,15 +399,15 @@ def _end_fold(native: Any) -> tuple:
     return native.end_fold() if native is not None else ()
 
 
-def _tag_grad_fn(grad_fn: Any, ev: CopyEvent) -> None:
-    """Tag the copy's grad_fn so that the copy its backward makes names this forward call:
-    ``(module, "file:line", version)``, ``version`` the version counter of the leaf it copied
-    (:func:`leaf_version`) when the copy was made, or None."""
+def _tag_grad_fn(tags: NodeTags, grad_fn: Any, ev: CopyEvent) -> None:
+    """Tag the copy's grad_fn (in ``tags``, nothing on the node) so that the copy its backward
+    makes names this forward call: ``(module, "file:line", version)``, ``version`` the version
+    counter of the leaf it copied (:func:`leaf_version`) when the copy was made, or None."""
     if ev.file is None:
         return
     try:
-        grad_fn.metadata[_TAG] = (ev.module, f"{ev.file}:{ev.line}", leaf_version(grad_fn))
-    except Exception:  # nodes without metadata (custom C++ functions)
+        tags.put(grad_fn, (ev.module, f"{ev.file}:{ev.line}", leaf_version(grad_fn)))
+    except Exception:  # not an autograd node
         pass
 
 

@@ -14,6 +14,13 @@ result lives (no strong reference), and its event gets ``inplace_writes``:
   inference tensors (no counter): the in-place calls on the copy itself that the function
   mode sees (a method or function whose name ends in ``_``, an in-place operator,
   ``__setitem__``, or ``inplace=True``); writes through a view or by ``out=`` are not seen.
+  The copy is then followed by its identity and by torch's own weak handle on its storage
+  (``UntypedStorage._weak_ref``, a c10 ``weak_intrusive_ptr`` on the StorageImpl, as
+  ``torch.multiprocessing.reductions.StorageWeakRef``): nothing on the tensor (no Python
+  weak reference, which ``torch.utils.swap_tensors`` refuses), and a storage's weak count is
+  read by nothing in torch (``torch._C._storage_Use_Count`` counts strong references). The
+  copy is taken for dead once its storage is (the copy and all its views are gone), found at
+  the next watched call, step boundary, flush or stop (:meth:`Fresh.reap`).
 
 Two hazards read that fact:
 
@@ -38,12 +45,12 @@ results are counted by the API's own calls only.
 from __future__ import annotations
 
 import sys
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from copytrace.tracer._callsite import user_frame
+from copytrace.tracer._storage_ref import storage_ref
 
 if TYPE_CHECKING:
     from copytrace.schema import CopyEvent
@@ -90,12 +97,6 @@ def is_inplace(func: Any, kwargs: dict | None = None) -> bool:
     return known or bool(kwargs and kwargs.get("inplace") is True)
 
 
-class _Ref(weakref.ref):
-    """The weak reference of an :class:`_Entry` without a version counter."""
-
-    __slots__ = ("entry",)
-
-
 class _Entry:
     """A fresh copy that must see torch calls (an index result, or a copy without a version
     counter), with what is known of its writes: one object per such copy.
@@ -104,25 +105,23 @@ class _Entry:
     counter (``version``): the copy is named by ``key`` (its ``id``) and ``cdata`` (its
     TensorImpl's address), and is alive while another holder shares the counter; its death is
     found at the next watched call, step boundary, flush or stop (:meth:`Fresh.reap`). ``ref``:
-    a weak reference whose callback is :meth:`Fresh._gone`, only for a copy without a counter
-    (the Python fallback, inference tensors). ``counter``: at level ``lean``, the key under
-    which the C++ write watch knows the result (its version counter's address), else None."""
+    only for a copy without a counter (the Python fallback, inference tensors), torch's weak
+    handle on its storage (:class:`~copytrace.tracer._storage_ref.StorageRef`): alive while
+    the storage is. ``counter``: at level ``lean``, the key under which the C++ write watch
+    knows the result (its version counter's address), else None."""
 
     __slots__ = ("key", "cdata", "ev", "index", "site", "used", "version", "ref", "counter")
 
     def is_(self, t: Any, final: Any) -> bool:
         """Whether this entry's copy is ``t`` (``final``: the observer's ``version_final``)."""
-        ref = self.ref
-        if ref is not None:
-            return ref() is t
         with _NoTorchFunction():
             cdata = t._cdata
-        return cdata == self.cdata and final(self.version) is None
+        return cdata == self.cdata and self.alive(final)
 
     def alive(self, final: Any) -> bool:
         ref = self.ref
         if ref is not None:
-            return ref() is not None
+            return not ref.expired()
         return final(self.version) is None
 
 
@@ -151,9 +150,12 @@ class Fresh:
         self.version_final: Any = None
         self.version_delta: Any = None
         self.lean: tuple[Any, Any] | None = None
+        #: the C++ observer's weak pointers on grad_fn nodes: (grad_fn_ref, grad_fn_of,
+        #: grad_fn_alive), for the attached copies (watch/_retained.py); None on the fallback
+        self.nodes: tuple[Any, Any, Any] | None = None
         self.counters: dict[int, _Entry] = {}
         self._note_error = note_error
-        self._callback = self._gone
+        self._fresh_limit = _MIN_KEPT  # fresh entries listed before dead ones are dropped
         self._calls = 0  # watched calls since the last reap (many index results alive)
 
     def events(self) -> list[CopyEvent]:
@@ -188,18 +190,20 @@ class Fresh:
         entry.used = False  # a torch call used the result after its first write
         entry.version = version
         entry.counter = None
-        if version is None:  # no counter to follow it by: a weak reference
-            ref = entry.ref = _Ref(out, self._callback)
-            ref.entry = entry
-            entry.cdata = 0
+        if version is None:  # no counter to follow it by: torch's weak handle on its storage
+            entry.ref = storage_ref(out)
+            if entry.ref is None:  # no single storage (sparse, nested): not followed
+                return
         else:
             entry.ref = None
-            with _NoTorchFunction():
-                entry.cdata = out._cdata
+        with _NoTorchFunction():
+            entry.cdata = out._cdata
         table = self.index
         if table and key in table:  # the same tensor watched again: its old entry ends now
             self._drop(table[key])
-        fresh[key] = entry
+        fresh[key] = entry  # (a dead copy's entry under a reused id is replaced)
+        if len(fresh) >= self._fresh_limit:
+            self._prune_fresh()
         if index:
             table[key] = entry
             lean = self.lean
@@ -228,15 +232,27 @@ class Fresh:
         self.kept = alive
         self._limit = max(_MIN_KEPT, 2 * len(alive))
 
+    def _prune_fresh(self) -> None:
+        """Drop the entries of copies found dead (amortised: run when ``fresh`` doubles)."""
+        final = self.version_final
+        for entry in [e for e in self.fresh.values() if not e.alive(final)]:
+            if self.fresh.get(entry.key) is entry:
+                if entry.index or entry.version is not None:
+                    self._drop(entry)
+                else:  # a copy counted by calls: done
+                    del self.fresh[entry.key]
+        self._fresh_limit = max(_MIN_KEPT, 2 * len(self.fresh))
+
     def reap(self) -> None:
-        """Stop watching the index results found dead (no tensor shares their version counter
-        any more): their final count, a lost write's site, level lean's mode. Never raises."""
+        """Stop watching the index results found dead (no tensor shares their version counter,
+        or on the Python fallback their storage, any more): their final count, a lost write's
+        site, level lean's mode. Never raises."""
         final = self.version_final
         index = self.index
-        if final is None or not index:
+        if not index:
             return
         try:
-            for entry in [e for e in index.values() if e.ref is None and final(e.version) is not None]:
+            for entry in [e for e in index.values() if not e.alive(final)]:
                 if self.fresh.get(entry.key) is entry:
                     self._drop(entry)
         except Exception as err:
@@ -250,20 +266,6 @@ class Fresh:
         if self._calls >= 64:
             self._calls = 0
             self.reap()
-
-    def _gone(self, ref: _Ref) -> None:
-        entry = ref.entry
-        fresh = self.fresh
-        key = entry.key
-        if fresh.get(key) is not entry:
-            return
-        if not entry.index and entry.version is None:  # a copy counted by calls: done
-            del fresh[key]
-            return
-        try:
-            self._drop(entry)
-        except Exception as err:  # a weakref callback: never an "Exception ignored" line
-            self._note_error(err)
 
     def _drop(self, entry: _Entry) -> None:
         """Stop watching ``entry`` (its copy died, or another event took its tensor)."""
@@ -288,7 +290,7 @@ class Fresh:
     def call(self, func: Any, args: tuple, kwargs: dict) -> None:
         """A torch call with a watched tensor among its arguments. Never raises."""
         try:
-            if self.index and self.version_final is not None:
+            if self.index:
                 self._tick()
             target = args[0]
             inplace = is_inplace(func, kwargs)
@@ -363,6 +365,7 @@ class Fresh:
         self.kept = []
         self._limit = _MIN_KEPT
         self.fresh.clear()
+        self._fresh_limit = _MIN_KEPT
         self.written.clear()
         self.index.clear()
         self.counters.clear()  # the C++ watch's keys go with set_watch_hook(None)

@@ -47,6 +47,11 @@ _MODE_SENSITIVE = frozenset(
 )  # fmt: skip
 
 
+#: torch's record scope calls (``torch.autograd.profiler.record_function``): the optimizer steps
+_SCOPE_ENTER = torch.ops.profiler._record_function_enter_new
+_SCOPE_EXIT = torch.ops.profiler._record_function_exit._RecordFunction
+
+
 class FunctionMode(TorchFunctionMode):
     """API-level interception: one dict lookup per torch call, a record for copy/alias calls."""
 
@@ -59,6 +64,7 @@ class FunctionMode(TorchFunctionMode):
         self._copies = rec.watch.copies  # in-place writes into fresh copies (_fresh.py)
         self._fresh = self._copies.fresh  # both dicts live as long as the watch
         self._written = self._copies.written
+        self._steps: list[int] = []  # ids of the open Optimizer.step# record handles
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
@@ -73,10 +79,40 @@ class FunctionMode(TorchFunctionMode):
         if fresh and args and (id(args[0]) in fresh or self._written):
             self._copies.call(func, args, kwargs)  # a write into (or use of) a fresh copy
         if op is None or self._rec.active is not None:
+            if func is _SCOPE_ENTER or func is _SCOPE_EXIT:
+                return self._scope(func, args, kwargs)
             return func(*args, **kwargs)
         if func is _GETITEM and (type(args[1]) in _BASIC_INDEX or _basic_index(args)):
             return func(*args, **kwargs)  # x[i], x[a:b]: a view, no event
         return self._rec.api_call(op, func, args, kwargs)
+
+    def _scope(self, func, args, kwargs):
+        """torch's record scope ``Optimizer.step#<Class>.step`` around an optimizer's
+        ``step()`` (``Optimizer.profile_hook_step``, profiler or not): the recorder's
+        ``step_scope`` begins after it opens and ends before it closes (the Python fallback's
+        optimizer steps, with nothing in torch's hook dicts)."""
+        hooks = self._rec.step_scope
+        if hooks is None:
+            return func(*args, **kwargs)
+        if func is _SCOPE_ENTER:
+            out = func(*args, **kwargs)
+            name = args[0] if args else kwargs.get("name")
+            if isinstance(name, str) and name.startswith("Optimizer.step#"):
+                self._steps.append(id(out))  # the handle lives until its exit
+                _call_hook(self._rec, hooks[0])
+            return out
+        steps = self._steps
+        if steps and args and id(args[0]) == steps[-1]:
+            steps.pop()
+            _call_hook(self._rec, hooks[1])
+        return func(*args, **kwargs)
+
+
+def _call_hook(rec: Recorder, hook) -> None:
+    try:
+        hook()
+    except Exception as err:
+        rec.note_error(err)
 
 
 class DispatchMode(TorchDispatchMode):
@@ -99,7 +135,8 @@ class DispatchMode(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
-        if self._watch.aliases:  # only while a `.data` alias of a grad tensor is alive
+        watch = self._watch
+        if watch.aliases or watch.snap_watch:  # while a `.data` or state_dict() alias is watched
             with _NoTorchFunction():
                 self._watch.before_op(func, args, kwargs)
         kind = self._table.get(func)

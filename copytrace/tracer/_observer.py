@@ -108,6 +108,7 @@ def engage(rec: Any, native: Any, full: bool) -> NativeFunctionMode:
     copies = watch.copies  # in-place writes into fresh copies (_fresh.py)
     copies.version_of, copies.version_final = native.version_of, native.version_final
     copies.version_delta = native.version_delta
+    copies.nodes = (native.grad_fn_ref, native.grad_fn_of, native.grad_fn_alive)
     native.set_copy_hooks(copies.fresh, copies.written, copies.call, torch.Tensor.__getitem__)
     if full:
         if _OPS is None:

@@ -36,11 +36,10 @@ from typing import Any
 import torch
 
 from copytrace.schema import CopyEvent
-from copytrace.tracer import _callsite, _modules
+from copytrace.tracer import _callsite, _modules, _node_tags
 from copytrace.tracer import _facts as _F
 from copytrace.tracer._api_events import (  # noqa: F401
     _PROTOTYPE,
-    _TAG,
     _THREAD_NAMES,
     ApiEvents,
     _Pending,
@@ -112,7 +111,7 @@ class _Group:
 _COPY_NODES = frozenset(("ToCopyBackward0", "CloneBackward0", "CopyBackwards"))
 
 
-def _tag_node(node: Any, module: str | None) -> None:
+def _tag_node(tags: _node_tags.NodeTags, node: Any, module: str | None) -> None:
     """Tag a node of a forward copy copytrace did not see as an API call (autocast's cast of
     a parameter) the first time a backward runs it, with its leaf's version counter then: a
     later backward through the same node (a cast kept across steps, autocast's weight cache)
@@ -122,8 +121,8 @@ def _tag_node(node: Any, module: str | None) -> None:
     version = leaf_version(node)
     if version is not None:
         try:
-            node.metadata[_TAG] = (module, None, version)
-        except Exception:  # nodes without metadata (custom C++ functions)
+            tags.put(node, (module, None, version))
+        except Exception:  # not an autograd node
             pass
 
 
@@ -161,6 +160,10 @@ class Recorder(ApiEvents, ImplicitEvents):
         self.active: _Pending | None = None
         self.group: _Group | None = None
         self.in_optimizer = 0
+        #: the Python fallback: (begin, end) of each optimizer step, called by the function
+        #: mode at torch's ``Optimizer.step#`` record scope (``_modes.FunctionMode``)
+        self.step_scope: tuple[Any, Any] | None = None
+        self.node_tags = _node_tags.NodeTags()  # the recorded copies' nodes (tracer/_node_tags.py)
         # nn.Module paths, from the frames at event time (copytrace/tracer/_modules.py)
         self.modules = _modules.Modules()
         self.api_table = _api_table()
@@ -235,14 +238,14 @@ class Recorder(ApiEvents, ImplicitEvents):
             # The node running now is the forward output's grad_fn; copytrace tagged it
             # when it recorded that forward call (see _tag_grad_fn).
             ev.via = type(node).__name__
-            tag = node.metadata.get(_TAG)
+            tag = self.node_tags.get(node)
             if tag is not None:
                 ev.module, ev.origin, version = tag
                 if version is not None and leaf_version(node) != version:
                     ev.stale = True  # a kept copy used after its leaf changed in place
             else:
                 ev.module = self.modules.of_node(node)
-                _tag_node(node, ev.module)
+                _tag_node(self.node_tags, node, ev.module)
         else:
             ev.module = self.modules.current(frame)
             if _graph_task_id() >= 0:

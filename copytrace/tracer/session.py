@@ -26,8 +26,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch.optim.optimizer as _optim
-
 from copytrace import _env
 from copytrace.export.file_sink import FileSink
 from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds, epoch_offset
@@ -128,7 +126,7 @@ class Session(contextlib.ContextDecorator):
         self._rec = _recorder.Recorder(max_events=max_events, auto_step=auto_step)
         self._engagement = Engagement(self.level)
         self._buf = Buffer()
-        self._optim_hooks: list[Any] = []  # step hooks (Python fallback): start to stop
+        self._optim_hooks: list[Any] = []  # global optimizer hooks: none (see _install_step_hooks)
         self._step_native: Any = None  # the observer whose step callback is on
         self._delegate: Session | None = None
         self._start_ns = self._end_ns = self._epoch_offset = self.pid = 0
@@ -395,6 +393,7 @@ class Session(contextlib.ContextDecorator):
         for handle in self._optim_hooks:
             handle.remove()
         self._optim_hooks = []
+        self._rec.step_scope = None
         if self._step_native is not None:
             self._step_native.set_step_hooks(None, None)
             self._step_native = None
@@ -569,16 +568,16 @@ class Session(contextlib.ContextDecorator):
         return _runattrs.run_attributes(self)
 
     def _install_step_hooks(self) -> None:
-        """Follow optimizer steps: the C++ observer's callback on the ``Optimizer.step#...``
-        scope of every ``step()`` (nothing in torch's hook dicts), else torch's global hooks."""
+        """Follow optimizer steps at the ``Optimizer.step#...`` record scope that torch opens
+        around every ``step()`` (``Optimizer.profile_hook_step``): the C++ observer's
+        RecordFunction callback, else (the Python fallback) the function mode, which sees
+        torch's ``profiler._record_function_enter_new``/``_record_function_exit`` calls.
+        Nothing goes into torch's global optimizer hook dicts."""
         native = self._native()
         if native is not None and native.set_step_hooks(self._on_optim_pre, self._on_optim_post):
             self._step_native = native
             return
-        self._optim_hooks = [
-            _optim.register_optimizer_step_pre_hook(self._on_optim_pre),
-            _optim.register_optimizer_step_post_hook(self._on_optim_post),
-        ]
+        self._rec.step_scope = (self._on_optim_pre, self._on_optim_post)
 
     def _on_optim_pre(self, *_: Any) -> None:  # (optimizer, args, kwargs) from a hook
         if self._rec.compiled_depth:

@@ -52,19 +52,8 @@ class Known:
 # Each reason names the touch; an entry goes when its touch is fixed (a fixed touch whose entry
 # stays fails test_known_differences_still_seen).
 
-#: On the C++ observer (the default level) nothing is known: every difference fails. The
-#: Python fallback (no compiler) still watches with weak references and torch's global
-#: optimizer hooks (docs/observer-effects.md, "open").
-#: touch: the fallback's weakrefs on parameters and aliases
-WEAKREF = (
-    "on the Python fallback a weakref on parameters after state_dict(), while a .data alias "
-    "lives and after .data = (torch.utils.swap_tensors refuses a tensor with a weakref)"
-)
-#: touch: the fallback's optimizer step hooks in torch's global hook dicts
-OPTIM_HOOKS = (
-    "on the Python fallback copytrace's optimizer step hooks sit in torch's global optimizer "
-    "hook dicts while tracing (the C++ observer listens to the Optimizer.step# scope instead)"
-)
+#: On the C++ observer (the default level) nothing is known: every difference fails. On the
+#: Python fallback (no compiler) only its dispatch mode's own effects are (docs/oracle.md).
 #: by design: the Python fallback's dispatch mode is its mechanism (docs/oracle.md)
 FALLBACK_VERSION = (
     "the Python fallback's dispatch mode makes autograd accumulate gradients out of place "
@@ -84,11 +73,6 @@ FALLBACK_WARNINGS = (
 # fmt: off
 #: Known differences: Known(config, case, key, at, reason), fnmatch patterns.
 KNOWN: list[Known] = [
-    # weakref on parameters (the fallback)
-    Known("lean/python", "*", "*/weakrefs", "*", WEAKREF),
-    Known("lean/python", "nn.*", "swap_*", "*", WEAKREF),
-    # optimizer step hooks (the fallback)
-    Known("lean/python", "*<session>", "start/hooks", "*", OPTIM_HOOKS),
     # the Python fallback (its dispatch mode is on for the whole trace)
     Known("lean/python", "*", "*", "*._version", FALLBACK_VERSION),
     Known("lean/python", "*", "*", "*.grad_fn", FALLBACK_RESHAPE),

@@ -5,7 +5,7 @@
 //   kernels.cpp    kernels of aten's copy/alias ops (BackendSelect; _to_copy: backends), depth
 //   api_mode.cpp   the C __torch_function__, the recorded call and its one-call fast path (*)
 //   warn_shim.cpp  warnings.warn counting stacklevel as untraced            (Python only)
-//   versions.cpp   version counters of fresh copies
+//   versions.cpp   version counters of fresh copies; weak pointers on grad_fn nodes
 //   lean.cpp       level lean's C wrappers and descriptors                  (*)
 //   hotpatch.cpp   level lean's hot-patched method tables                   (*)
 //   facts.cpp      a tensor's facts in one call; copy_slots
@@ -216,7 +216,8 @@ COPYTRACE_NOARGS(py_entry_frames) COPYTRACE_NOARGS(py_has_entry_frames)
 // warn_shim.cpp
 COPYTRACE_O(py_make_warn)
 // versions.cpp
-COPYTRACE_O(py_version_delta) COPYTRACE_O(py_version_final)
+COPYTRACE_O(py_version_delta) COPYTRACE_O(py_version_final) COPYTRACE_O(py_grad_fn_ref)
+COPYTRACE_O(py_grad_fn_of) COPYTRACE_O(py_grad_fn_alive)
 // lean.cpp
 COPYTRACE_FAST(py_wrap_api) COPYTRACE_FAST(py_data_descriptor) COPYTRACE_O(py_set_wrappers)
 COPYTRACE_O(py_set_quiet_codes)

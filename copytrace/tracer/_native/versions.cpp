@@ -7,6 +7,14 @@
 // now; version_delta(that object) is how far it advanced since, readable after the tensor died,
 // and version_final(that object) the same once no tensor shares the counter any more.
 // version_of gives None for what has no counter (inference tensors, non-tensors).
+//
+// grad_fn_ref(tensor) returns a small object holding a weak pointer on the tensor's grad_fn
+// (the attached copies of copytrace/tracer/watch/_watch.py): nothing on the tensor (no Python
+// weak reference, which torch.utils.swap_tensors refuses; no weak count on its TensorImpl) and
+// nothing visible on the node (which Python cannot weakly reference). grad_fn_of(that object)
+// is the node as Python sees it (tensor.grad_fn: torch's functionToPyObject) while it lives,
+// else None; grad_fn_alive(that object) tells the same without making the Python object.
+#include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include "observer.h"
@@ -43,7 +51,85 @@ VersionRef* version_ref(PyObject* obj, const char* what) {
   return reinterpret_cast<VersionRef*>(obj);
 }
 
+// The strong pointer a tensor's grad_fn() returns (std::shared_ptr up to torch 2.12,
+// c10::intrusive_ptr since) and its weak form.
+using NodePtr = std::decay_t<decltype(std::declval<const at::Tensor&>().grad_fn())>;
+template <class P>
+struct WeakOf;
+template <class T>
+struct WeakOf<std::shared_ptr<T>> {
+  using type = std::weak_ptr<T>;
+};
+template <class T>
+struct WeakOf<c10::intrusive_ptr<T>> {
+  using type = c10::weak_intrusive_ptr<T>;
+};
+using NodeWeak = typename WeakOf<NodePtr>::type;
+
+struct NodeRef {
+  PyObject_HEAD
+  NodeWeak node;  // constructed in place by grad_fn_ref
+};
+
+void node_dealloc(PyObject* self) {
+  reinterpret_cast<NodeRef*>(self)->node.~NodeWeak();
+  PyTypeObject* type = Py_TYPE(self);
+  type->tp_free(self);
+  Py_DECREF(type);
+}
+
+PyType_Slot g_node_slots[] = {
+    {Py_tp_dealloc, reinterpret_cast<void*>(&node_dealloc)},
+    {Py_tp_doc, const_cast<char*>("a weak pointer on a tensor's grad_fn")},
+    {0, nullptr}};
+PyType_Spec g_node_spec = {"copytrace_observer.NodeRef", sizeof(NodeRef), 0, Py_TPFLAGS_DEFAULT,
+                           g_node_slots};
+PyTypeObject* g_node_type = nullptr;
+
+NodeRef* node_ref(PyObject* obj, const char* what) {
+  if (g_node_type == nullptr || Py_TYPE(obj) != g_node_type) {
+    PyErr_Format(PyExc_TypeError, "%s() takes what grad_fn_ref() returned", what);
+    return nullptr;
+  }
+  return reinterpret_cast<NodeRef*>(obj);
+}
+
 }  // namespace
+
+PyObject* py_grad_fn_ref(PyObject*, PyObject* obj) {
+  if (g_node_type == nullptr || !THPVariable_Check(obj)) Py_RETURN_NONE;
+  try {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (!t.defined()) Py_RETURN_NONE;
+    const NodePtr& fn = t.grad_fn();
+    if (!fn) Py_RETURN_NONE;
+    PyObject* self = PyType_GenericAlloc(g_node_type, 0);
+    if (self == nullptr) return nullptr;
+    new (&reinterpret_cast<NodeRef*>(self)->node) NodeWeak(fn);
+    return self;
+  } catch (const std::exception&) {
+    Py_RETURN_NONE;
+  }
+}
+
+PyObject* py_grad_fn_of(PyObject*, PyObject* obj) {
+  NodeRef* ref = node_ref(obj, "grad_fn_of");
+  if (ref == nullptr) return nullptr;
+  NodePtr fn = ref->node.lock();
+  if (!fn) Py_RETURN_NONE;
+  try {
+    return torch::autograd::functionToPyObject(fn);
+  } catch (const std::exception& e) {
+    PyErr_SetString(PyExc_RuntimeError, e.what());
+    return nullptr;
+  }
+}
+
+PyObject* py_grad_fn_alive(PyObject*, PyObject* obj) {
+  NodeRef* ref = node_ref(obj, "grad_fn_alive");
+  if (ref == nullptr) return nullptr;
+  return PyBool_FromLong(!ref->node.expired());
+}
 
 PyObject* version_of(PyObject*, PyObject* obj) {
   if (g_version_type == nullptr || !THPVariable_Check(obj)) Py_RETURN_NONE;
@@ -86,8 +172,13 @@ bool versions_init(PyObject* module) {
     g_version_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&g_version_spec));
     if (g_version_type == nullptr) return false;
   }
+  if (g_node_type == nullptr) {
+    g_node_type = reinterpret_cast<PyTypeObject*>(PyType_FromSpec(&g_node_spec));
+    if (g_node_type == nullptr) return false;
+  }
   return PyModule_AddObjectRef(module, "VersionRef",
-                               reinterpret_cast<PyObject*>(g_version_type)) == 0;
+                               reinterpret_cast<PyObject*>(g_version_type)) == 0 &&
+         PyModule_AddObjectRef(module, "NodeRef", reinterpret_cast<PyObject*>(g_node_type)) == 0;
 }
 
 }  // namespace copytrace

@@ -4,11 +4,14 @@ The recorder owns one :class:`Watch` per trace and calls it at five points:
 
 * :meth:`Watch.event`, for every recorded event: storage identity as trace-unique ids (never
   addresses, which the allocator reuses), the input's view (offset, strides) and version
-  counter, the result's storage id and version. It also starts the few watches below; every
-  watch holds weak references only.
+  counter, the result's storage id and version. It also starts the few watches below; no
+  watch holds a reference, strong or weak, to a user tensor (identities, the C++ observer's
+  handles on version counters and autograd nodes, torch's weak handles on storages; see
+  ``docs/observer-effects.md``).
 * :meth:`Watch.before_op` (dispatch mode) or :meth:`Watch.before_api` (C handler), **only
   while** a ``.data`` alias of a tensor that requires grad is alive: an in-place write into that
-  alias is a write autograd cannot see (``watch/_writes.py``).
+  alias is a write autograd cannot see (``watch/_writes.py``); on the Python fallback also
+  while a ``state_dict()`` alias is followed (a write into it or its source makes it stale).
 * :meth:`Watch.check_backward`, for ``Tensor.backward``, ``torch.autograd.backward`` and
   ``torch.autograd.grad``: the graph about to run, against the pending writes.
 * :meth:`Watch.step_end` at each step boundary and :meth:`Watch.finish` when tracing stops:

@@ -1,5 +1,5 @@
-"""Autograd graph reads for the watch: walking nodes, their saved tensors and storages, a
-node's life token, a storage's use count.
+"""Autograd graph reads for the watch: walking nodes, their saved tensors and storages, the
+live tensors and nodes found on the heap (the Python fallback), a storage's use count.
 
 Reads metadata only (``SavedTensor.data`` runs no saved-tensor hook and checks no version;
 hooked entries are skipped); bounded by ``_MAX_NODES`` nodes per walk. Sources (torch 2.13):
@@ -9,7 +9,6 @@ hooked entries are skipped); bounded by ``_MAX_NODES`` nodes per walk. Sources (
 
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import torch
@@ -18,27 +17,6 @@ _Tensor = torch.Tensor
 _NoTorchFunction = torch._C.DisableTorchFunction
 _NODE = torch.autograd.graph.Node  # autograd's C++ nodes and BackwardCFunction (an ABC)
 _MAX_NODES = 200_000  # nodes walked at most from one set of roots
-
-_LIFE = "copytrace.life"  # key in grad_fn.metadata: a token that lives as long as the node
-
-
-class _Life:
-    """Put into a grad_fn's metadata: a weak reference to it tells whether the node (which
-    cannot be weakly referenced itself) is still alive, without keeping it alive."""
-
-    __slots__ = ("__weakref__",)
-
-
-def _life_token(grad_fn: Any) -> tuple[Any, int]:
-    """``(weakref to a token in grad_fn.metadata, grad_fn's sequence nr)``, or (None, -1)."""
-    if grad_fn is None:
-        return None, -1
-    try:
-        token = _Life()
-        grad_fn.metadata[_LIFE] = token
-        return weakref.ref(token), grad_fn._sequence_nr()
-    except Exception:  # nodes without metadata (custom C++ functions)
-        return None, -1
 
 
 def _live_graph_roots() -> list[Any]:
@@ -58,12 +36,32 @@ def _live_graph_roots() -> list[Any]:
     return roots
 
 
-def _use_count(storage: Any) -> int:
-    """References to the storage (tensors on it, and its Python object); -1 if unknown."""
-    try:
-        return torch._C._storage_Use_Count(storage._cdata)
-    except Exception:  # a torch without this private API: never followed past the alias
-        return -1
+def _live_node_keys() -> set[tuple[int, str]]:
+    """``(sequence nr, type name)`` of every node of the live tensors' graphs (the Python
+    fallback's way to tell that an attached copy's node lives, without holding it)."""
+    keys: set[tuple[int, str]] = set()
+    seen: set[int] = set()
+    hold: list[Any] = []
+    for root in _live_graph_roots():
+        for node in _walk([root], seen, hold):
+            keys.add((node._sequence_nr(), type(node).__name__))
+    return keys
+
+
+def _live_identities() -> set[tuple[int, int]]:
+    """``(id, TensorImpl address)`` of every live tensor (a search of the heap: the Python
+    fallback's way to tell that a tensor it follows by identity is gone)."""
+    import gc
+
+    out = set()
+    with _NoTorchFunction():
+        for obj in gc.get_objects():
+            if issubclass(type(obj), _Tensor):
+                try:
+                    out.add((id(obj), obj._cdata))
+                except Exception:
+                    continue
+    return out
 
 
 def _backward_roots(func: Any, args: tuple, kwargs: dict) -> list[Any]:

@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from copytrace.tracer import _facts as _F
+from copytrace.tracer._storage_ref import StorageRef, storage_ref
 from copytrace.tracer.watch._graph import (
-    _LIFE,
     _live_graph_roots,
+    _live_node_keys,
     _saved_storages,
-    _use_count,
     _walk,
 )
 
@@ -44,8 +43,9 @@ class Retention:
     is the watch's, set up in its ``__init__``)."""
 
     host: WatchHost
-    attached: list[tuple[Any, CopyEvent, Any, int]]
-    snapshots: list[tuple[Any, ...]]
+    attached: list[_Attached]
+    snapshots: list[_Snapshot]
+    snap_watch: dict[tuple[int, int], list[_Snapshot]]
     copies: Fresh
     handovers: Handovers
     _attached_prune: int
@@ -54,18 +54,21 @@ class Retention:
     _scan_backoff: int
 
     def _prune_attached(self) -> None:
-        """Drop the attached copies that can retain nothing: the copy and its ``grad_fn`` both
-        gone (:meth:`_check_retained` skips them too). Run when the list doubles (64 entries
-        at least), so that a loop with no step boundary keeps a short list: most dead
-        entries (a tuple and two weak references each) go before the cycle collector
-        promotes them, whose full collections walk torch's whole heap (amortised O(1) per
-        event)."""
-        kept = [
-            entry for entry in self.attached
-            if entry[0]() is not None or (entry[2] is not None and entry[2]() is not None)
-        ]  # fmt: skip
+        """Drop the attached copies that can retain nothing: their ``grad_fn`` gone
+        (:meth:`_check_retained` skips them too). Run when the list doubles (64 entries at
+        least), so that a loop with no step boundary keeps a short list (amortised O(1) per
+        event). On the Python fallback (no weak pointer on a node) the live nodes are found by
+        a search of the heap, and the list's limit doubles at each search."""
+        nodes = self.copies.nodes
+        if nodes is not None:
+            alive = nodes[2]
+            kept = [a for a in self.attached if alive(a.node)]
+            self._attached_prune = max(_PRUNE_ATTACHED, 2 * len(kept))
+        else:
+            live = _live_node_keys()
+            kept = [a for a in self.attached if (a.seq, a.kind) in live]
+            self._attached_prune = max(_PRUNE_ATTACHED, 2 * len(kept), 2 * self._attached_prune)
         self.attached = kept
-        self._attached_prune = max(_PRUNE_ATTACHED, 2 * len(kept))
 
     def step_end(self, final: bool = False) -> None:
         """Check this step's attached copies and the kept ``state_dict()`` aliases."""
@@ -92,21 +95,22 @@ class Retention:
         keep_alive: list[Any] = []  # node wrappers, so that ids in `seen` stay unique
         leaves: set[int] = set()
         found: list[tuple[CopyEvent, dict[int, Any]]] = []
-        derived: dict[int, tuple[CopyEvent, Any]] = {}  # seq nr -> (event, life token)
+        derived: dict[int, _Attached] = {}  # the fallback: seq nr -> entry, found on the heap
         newest_backward, self._backward_seq = self._backward_seq, -1
-        for ref, ev, life, seq in attached:
-            t = ref()
-            if t is None:
-                # The copy is gone; its graph may live on in a tensor derived from it (a
-                # running total). Only nodes no backward of this step can have run through
-                # (newer than its newest root) are searched for.
-                if life is not None and life() is not None and seq > newest_backward:
-                    derived[seq] = (ev, life)
+        nodes = self.copies.nodes
+        for a in attached:
+            # A gone copy's graph may live on in a tensor derived from it (a running total):
+            # only nodes no backward of this step can have run through (newer than its newest
+            # root) are followed then.
+            if not a.copy_alive() and a.seq <= newest_backward:
                 continue
-            grad_fn = t.grad_fn
-            del t
+            if a.node is None:
+                derived[a.seq] = a
+                continue
+            grad_fn = nodes[1](a.node) if nodes is not None else None
             if grad_fn is not None:
-                found.append((ev, _saved_storages(grad_fn, seen, keep_alive, leaves)))
+                found.append((a.ev, _saved_storages(grad_fn, seen, keep_alive, leaves)))
+            del grad_fn
         if derived:
             found.extend(self._derived(derived, seen, keep_alive, leaves))
         counted = leaves  # a storage kept alive by several graphs counts once, first
@@ -130,12 +134,13 @@ class Retention:
             ev.retained_bytes = (ev.retained_bytes or 0) + nbytes
 
     def _derived(
-        self, derived: dict[int, tuple[CopyEvent, Any]], seen: set, keep: list, leaves: set
+        self, derived: dict[int, _Attached], seen: set, keep: list, leaves: set
     ) -> list[tuple[CopyEvent, dict[int, Any]]]:
-        """Graphs of gone copies still reachable from a live tensor: found by walking the
-        graphs of the live tensors that have a grad_fn (a search of the heap, so it backs
-        off while it finds nothing)."""
-        if self._scan_skip > 0:
+        """The Python fallback: the nodes of the attached copies, found by walking the graphs
+        of the live tensors that have a grad_fn (a search of the heap, matched by sequence
+        number and node type; it backs off while it finds nothing and no copy lives)."""
+        alive = any(a.copy_alive() for a in derived.values())
+        if self._scan_skip > 0 and not alive:
             self._scan_skip -= 1
             return []
         out = []
@@ -143,16 +148,11 @@ class Retention:
         hold: list[Any] = []
         for root in _live_graph_roots():
             for node in _walk([root], search, hold):
-                entry = derived.get(node._sequence_nr())
-                if entry is None:
-                    continue
-                try:
-                    mine = node.metadata.get(_LIFE) is entry[1]()
-                except Exception:
-                    mine = False
-                if mine:
-                    del derived[node._sequence_nr()]
-                    out.append((entry[0], _saved_storages(node, seen, keep, leaves)))
+                seq = node._sequence_nr()
+                entry = derived.get(seq)
+                if entry is not None and type(node).__name__ == entry.kind:
+                    del derived[seq]
+                    out.append((entry.ev, _saved_storages(node, seen, keep, leaves)))
             if not derived:
                 break
         if any(saved for _, saved in out):
@@ -165,32 +165,66 @@ class Retention:
     def _check_snapshots(self) -> None:
         keep = []
         delta = self.copies.version_delta
-        for entry in self.snapshots:
-            if len(entry) == 4:  # (counter handle, event, storage, its use count without the alias)
-                handle, ev, storage_ref, alone = entry
-                storage = storage_ref()
-                count = _use_count(storage) if storage is not None else -1
-                del storage
-                if count < 0 or count <= alone:
-                    continue  # nobody but the source holds the storage any more
-                if delta(handle) != 0:
-                    ev.stale = True
-                    continue
-                keep.append(entry)
+        for snap in self.snapshots:
+            count = snap.storage.use_count()
+            if count < 0 or count <= snap.alone:
+                continue  # nobody but the source holds the storage any more
+            written = snap.written if snap.version is None else delta(snap.version) != 0
+            if written:
+                snap.ev.stale = True
                 continue
-            ref, version, ev, storage_ref, src_ref, alone = entry
-            t = ref()
-            if t is None:
-                # The alias is gone; another tensor may still hold its storage (a Parameter
-                # made from it, a view): follow the storage and the source's version counter.
-                storage, t = storage_ref(), src_ref()
-                count = _use_count(storage) if storage is not None else -1
-                del storage
-                if t is None or count < 0 or count <= alone:
-                    continue  # nobody but the source holds the storage any more
-            if _F.version(t) != version:
-                ev.stale = True
-                continue
-            del t
-            keep.append(entry)
+            keep.append(snap)
         self.snapshots = keep
+        watch: dict[tuple[int, int], list[_Snapshot]] = {}
+        for snap in keep:
+            for ident in snap.idents:
+                watch.setdefault(ident, []).append(snap)
+        self.snap_watch = watch
+
+
+class _Attached:
+    """An attached copy (``graph == "attached"``) of this step, held by nothing on the copy or
+    its node: ``node``, the C++ observer's weak pointer on its grad_fn (``grad_fn_ref``; None on
+    the Python fallback, which finds the node on the heap by ``seq``, its sequence number, and
+    ``kind``, its type's name); ``storage``, torch's weak handle on the copy's storage (the
+    copy, or a view of it, is alive while the storage is)."""
+
+    __slots__ = ("node", "ev", "seq", "kind", "storage")
+
+    @classmethod
+    def of(cls, out: Any, grad_fn: Any, ev: CopyEvent, nodes: Any) -> _Attached | None:
+        if grad_fn is None:
+            return None
+        try:
+            seq = grad_fn._sequence_nr()
+        except Exception:  # not an autograd node
+            return None
+        a = cls()
+        a.node = nodes[0](out) if nodes is not None else None
+        if nodes is not None and a.node is None:
+            return None
+        a.ev, a.seq, a.kind = ev, seq, type(grad_fn).__name__
+        a.storage = storage_ref(out)
+        return a
+
+    def copy_alive(self) -> bool:
+        return self.storage is not None and not self.storage.expired()
+
+
+class _Snapshot:
+    """A ``state_dict()`` alias being followed: ``version``, the C++ observer's handle on the
+    version counter it shares with its source (None on the Python fallback); ``storage``, a
+    :class:`~copytrace.tracer._storage_ref.StorageRef` on its storage and ``alone`` the
+    storage's use count without the alias; on the fallback ``idents``, the identities
+    ``(id, TensorImpl address)`` of the alias and its source, and ``written``, set when the
+    dispatch mode saw a write into either (or a view of either)."""
+
+    __slots__ = ("version", "ev", "storage", "alone", "idents", "written")
+
+    def __init__(self, version: Any, ev: CopyEvent, storage: StorageRef, alone: int) -> None:
+        self.version = version
+        self.ev = ev
+        self.storage = storage
+        self.alone = alone
+        self.idents: tuple[tuple[int, int], ...] = ()
+        self.written = False

@@ -7,7 +7,6 @@ boundaries. It talks to the recorder only through :class:`~copytrace.tracer.watc
 
 from __future__ import annotations
 
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,10 +15,10 @@ from copytrace.tracer import _facts as _F
 from copytrace.tracer._fresh import INDEX_OPS as _INDEX_OPS
 from copytrace.tracer._fresh import Fresh
 from copytrace.tracer._rules import RULES
-from copytrace.tracer.watch._graph import _life_token, _use_count
+from copytrace.tracer._storage_ref import storage_ref
 from copytrace.tracer.watch._ids import StorageIds
-from copytrace.tracer.watch._retained import _PRUNE_ATTACHED, Retention
-from copytrace.tracer.watch._writes import AliasWrites, _Alias, _Pending
+from copytrace.tracer.watch._retained import _PRUNE_ATTACHED, Retention, _Attached, _Snapshot
+from copytrace.tracer.watch._writes import AliasWrites, _Alias, _identity, _Pending
 
 if TYPE_CHECKING:
     from copytrace.schema import CopyEvent
@@ -42,6 +41,7 @@ _NOT_FRESH = RULES.not_fresh
 _WATCHED_OPS = RULES.watched  # see Watch._special
 _UNREAD = object()  # Watch.follow: the result's grad_fn is not read yet
 
+
 class Watch(AliasWrites, Retention):
     """Runtime facts for :mod:`copytrace.analysis`; one per recorder.
 
@@ -60,15 +60,16 @@ class Watch(AliasWrites, Retention):
         self._alias_calls = 0  # watched calls since the last prune_aliases (many aliases)
         self.writes: dict[int, _Pending] = {}  # id(storage) -> pending write
         self.rebinds: dict[int, _Pending] = {}  # id(storage) -> pending `.data =` rebinding
-        # this step's attached copies: (result, event, life token of its grad_fn, its seq nr)
-        self.attached: list[tuple[weakref.ref, CopyEvent, Any, int]] = []
+        # this step's attached copies (watch/_retained.py _Attached)
+        self.attached: list[_Attached] = []
         self._attached_prune = _PRUNE_ATTACHED  # list length at which dead entries are dropped
         self._backward_seq = -1  # newest backward root of this step (autograd sequence nr)
         self._scan_skip = 0  # steps left before the next search for live derived tensors
         self._scan_backoff = 1
-        # state_dict() aliases: (alias, version, event, storage, source, storage use count
-        # without the alias); followed by the storage once the alias is gone
-        self.snapshots: list[tuple[Any, ...]] = []
+        # state_dict() aliases, followed by their version counter (C++ observer) or their
+        # identities (the fallback: snap_watch, identity -> the snapshots a write there marks)
+        self.snapshots: list[_Snapshot] = []
+        self.snap_watch: dict[tuple[int, int], list[_Snapshot]] = {}
         self._written: dict[Any, tuple[tuple[int, str], ...]] = {}
         self.copies = Fresh(host.note_error)  # in-place writes into fresh copies
         self.handovers = handovers  # state_dict() handovers between live holders
@@ -77,12 +78,11 @@ class Watch(AliasWrites, Retention):
         """Events whose late facts (:data:`~copytrace.tracer.watch.LATE_FIELDS`) a later check
         may still change: the session holds them back from the export (``HeldEvents``)."""
         self.prune_aliases()
-        # copy() first: weakref callbacks (an alias dying during a GC) may change the dict
         events = [entry.ev for entry in self.aliases.copy().values()]
         for table in (self.writes, self.rebinds):
             events.extend(p.alias.ev for p in table.values())
-        events.extend(entry[1] for entry in self.attached)
-        events.extend(entry[1] if len(entry) == 4 else entry[2] for entry in self.snapshots)
+        events.extend(entry.ev for entry in self.attached)
+        events.extend(snap.ev for snap in self.snapshots)
         events.extend(self.copies.events())
         events.extend(self.handovers.events())
         return events
@@ -156,7 +156,9 @@ class Watch(AliasWrites, Retention):
         if ev.graph == "attached" and len(attached) < _MAX_ATTACHED:
             if grad_fn is _UNREAD:
                 grad_fn = out.grad_fn
-            attached.append((weakref.ref(out), ev, *_life_token(grad_fn)))
+            entry = _Attached.of(out, grad_fn, ev, self.copies.nodes)
+            if entry is not None:
+                attached.append(entry)
             if len(attached) >= self._attached_prune:
                 self._prune_attached()
         if out is not src and op not in _NOT_FRESH and (ev.bytes_allocated > 0 or op in _INDEX_OPS):
@@ -172,19 +174,27 @@ class Watch(AliasWrites, Retention):
         elif op == "detach" and _from_state_dict(ev):
             ev.snapshot = True
             if len(self.snapshots) < _MAX_SNAPSHOTS:
-                storage = out.untyped_storage()
-                version_of = self.copies.version_of  # the C++ observer's counter handles
-                handle = version_of(out) if version_of is not None else None
-                if handle is not None:
-                    # detach() shares the source's version counter: a handle on it (not on
-                    # either tensor) sees every write through the source or the alias
-                    self.snapshots.append((handle, ev, weakref.ref(storage), _use_count(storage) - 1))
-                else:  # the Python fallback: weak references (see docs/observer-effects.md)
-                    self.snapshots.append((
-                        weakref.ref(out), _F.version(out), ev, weakref.ref(storage),
-                        weakref.ref(src), _use_count(storage) - 1,
-                    ))  # fmt: skip
-                del storage
+                self._snapshot(ev, src, out)
+
+    def _snapshot(self, ev: CopyEvent, src: Any, out: Any) -> None:
+        """Follow a ``state_dict()`` alias ``out`` of ``src``: nothing held on either tensor.
+        detach() shares the source's version counter: with the C++ observer a handle on that
+        counter sees every write through the source, the alias or their views; on the Python
+        fallback the dispatch mode notes the writes into a tensor (or a view of one) with the
+        identity of the source or the alias (:meth:`AliasWrites.before_op`)."""
+        ref = storage_ref(out)
+        if ref is None:
+            return
+        version_of = self.copies.version_of  # the C++ observer's counter handles
+        handle = version_of(out) if version_of is not None else None
+        snap = _Snapshot(handle, ev, ref, ref.use_count() - 1)  # the count without the alias
+        if handle is None:  # the Python fallback
+            if version_of is not None:
+                return  # an inference tensor: no counter to follow
+            snap.idents = (_identity(out), _identity(src))
+            for ident in snap.idents:
+                self.snap_watch.setdefault(ident, []).append(snap)
+        self.snapshots.append(snap)
 
     def step_end(self, final: bool = False) -> None:
         """A step boundary: drop the dead ``.data`` aliases, then the retention checks."""
@@ -199,6 +209,7 @@ class Watch(AliasWrites, Retention):
         self.writes.clear()
         self.rebinds.clear()
         self.snapshots.clear()
+        self.snap_watch.clear()
         self.copies.finish()  # final in-place write counts of the copies still alive
         self.handovers.clear()
 
@@ -207,4 +218,3 @@ def _from_state_dict(ev: CopyEvent) -> bool:
     """Whether a ``detach`` event was made by ``Module._save_to_state_dict``."""
     via = ev.via
     return isinstance(via, str) and via.endswith("_save_to_state_dict")
-

@@ -28,7 +28,14 @@ import torch
 
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._fresh import WATCH_ALIAS
-from copytrace.tracer.watch._graph import _backward_roots, _saved_tensors, _unpacked, _walk
+from copytrace.tracer._storage_ref import storage_ref
+from copytrace.tracer.watch._graph import (
+    _backward_roots,
+    _live_identities,
+    _saved_tensors,
+    _unpacked,
+    _walk,
+)
 
 if TYPE_CHECKING:
     from copytrace.schema import CopyEvent
@@ -61,7 +68,8 @@ class _Alias:
     the rebound tensor), held by nothing on the tensor itself: ``ident`` is its
     :func:`_identity`, ``version`` the C++ observer's handle on its version counter (the
     alias is alive while another holder shares the counter: ``version_final`` is None).
-    ``ref``: only on the Python fallback, which has no counter handle, a weak reference.
+    ``ref``: only on the Python fallback, which has no counter handle, torch's weak handle on
+    its storage (:class:`~copytrace.tracer._storage_ref.StorageRef`).
     ``src``: the :func:`_identity` of the alias's source. ``counter``: at level lean, its key in
     the C++ write watch."""
 
@@ -128,6 +136,7 @@ class AliasWrites:
     writes: dict[int, _Pending]
     rebinds: dict[int, _Pending]
     _written: dict[Any, Any]
+    snap_watch: dict[tuple[int, int], list[Any]]
     _backward_seq: int
     copies: Fresh
     _alias_calls: int
@@ -149,16 +158,12 @@ class AliasWrites:
                 if counter is not None:
                     self.alias_counters[counter] = entry
         else:
-            # the Python fallback (no counter handle): a weak reference with a callback
-
-            def gone(ref: weakref.ref, key: int = key) -> None:
-                entry = aliases.get(key)
-                if entry is not None and entry.ref is ref:
-                    del aliases[key]
-                    if not aliases:
-                        self._watch_writes(False)
-
-            aliases[key] = _Alias(ident, None, weakref.ref(alias, gone), _identity(src), ev)
+            # the Python fallback (no counter handle): its identity and torch's weak handle on
+            # its storage; found dead by a search of the heap (prune_aliases)
+            ref = storage_ref(alias)
+            if ref is None:
+                return
+            aliases[key] = _Alias(ident, None, ref, _identity(src), ev)
         self._watch_writes(True)
 
     def _alias_of(self, t: torch.Tensor) -> _Alias | None:
@@ -166,10 +171,10 @@ class AliasWrites:
         entry = self.aliases.get(id(t))
         if entry is None:
             return None
-        if entry.ref is not None:
-            return entry if entry.ref() is t else None
         with _NoTorchFunction():
             cdata = t._cdata
+        if entry.ref is not None:  # the Python fallback: by identity while its storage lives
+            return entry if entry.ident[1] == cdata and not entry.ref.expired() else None
         if self.copies.version_final(entry.version) is not None:  # its tensor died
             self.prune_aliases()
             return None
@@ -177,14 +182,19 @@ class AliasWrites:
 
     def prune_aliases(self) -> None:
         """Drop the aliases that died (no tensor shares their version counter any more); stop
-        watching writes when none is left. Run on the C++ observer's path only, where no
-        callback tells an alias's death: at every watched call (every 64th while more than 8
-        aliases live), at step boundaries and at each flush."""
+        watching writes when none is left. No callback tells an alias's death: with the C++
+        observer this runs at every watched call (every 64th while more than 8 aliases live),
+        at step boundaries and at each flush; on the Python fallback (no counter) at step
+        boundaries and flushes, by a search of the heap for the aliases' identities."""
         aliases = self.aliases
-        final = self.copies.version_final
-        if not aliases or final is None:
+        if not aliases:
             return
-        dead = [k for k, e in aliases.items() if e.ref is None and final(e.version) is not None]
+        final = self.copies.version_final
+        if final is None:
+            live = _live_identities()
+            dead = [k for k, e in aliases.items() if e.ref.expired() or e.ident not in live]
+        else:
+            dead = [k for k, e in aliases.items() if final(e.version) is not None]
         for key in dead:
             self._unwatch_counter(aliases.pop(key))
         if dead and not aliases:
@@ -215,7 +225,6 @@ class AliasWrites:
         except Exception as err:  # interpreter shutdown
             self.host.note_error(err)
 
-
     def _watch_rebind(self, dst: torch.Tensor, ev: CopyEvent) -> None:
         """A ``.data =`` rebinding of ``dst`` (a parameter, which the program may
         ``swap_tensors``): followed by the storage it now holds and its identity."""
@@ -237,6 +246,7 @@ class AliasWrites:
                 self._tick_aliases()
             if not written:
                 return
+            aliases, snaps = self.aliases, self.snap_watch
             for index, name in written:
                 value = args[index] if index < len(args) else kwargs.get(name)
                 targets = value if isinstance(value, (list, tuple)) else (value,)
@@ -245,7 +255,10 @@ class AliasWrites:
                         continue
                     base = t._base
                     root = t if base is None else base
-                    entry = self._alias_of(root)
+                    if snaps:  # the fallback's state_dict() aliases and their sources
+                        for snap in snaps.get(_identity(root), ()):
+                            snap.written = True
+                    entry = self._alias_of(root) if aliases else None
                     if entry is not None:
                         self._note_write(entry, root)
         except Exception as err:
