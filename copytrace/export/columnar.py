@@ -52,10 +52,7 @@ _ATTRS = tuple(
     )  # fmt: skip
     for name, key in pairs
 )
-_PINNED = S.ATTRIBUTE_OF["pinned"]
-_NAMES = tuple(name for name, *_ in _ATTRS)
-#: every attribute field of an event, as one tuple (its columns are the transposed tuples)
-_GET = attrgetter(*_NAMES)
+_LISTS = ("int_list", "str_list")
 
 
 class _Mixed(Exception):
@@ -75,28 +72,38 @@ def _list_ok(values: list[Any], kind: str) -> bool:
     return set(map(type, chain.from_iterable(v for v in values if v))) <= set(inner)
 
 
-def _written(name: str, key: str, kind: str, group: str, values: list[Any]) -> list[Any]:
-    """The field's values as the span attribute has them (None where it is left out), as
+def _column(name: str, key: str, kind: str, group: str, values: list[Any]) -> pa.Array:
+    """The field's column as the span attribute has it (null where it is left out), as
     ``otlp_json.event_attributes`` decides; raises :class:`_Mixed` for values the bulk path
     does not take."""
-    listy = kind in ("int_list", "str_list")
+    listy = kind in _LISTS
     if not (_list_ok(values, kind) if listy else _types_ok(values, kind)):
         raise _Mixed(name)
-    if group == "str":
-        default = S.OMITTED_DEFAULTS.get(key)
-        return [v if v and v != default else None for v in values]
-    if group == "scalar":
-        if key in S.OMITTED_DEFAULTS:
-            default = S.OMITTED_DEFAULTS[key]
-            return [None if v == default else v for v in values]
-        return values
-    if group == "analysis":
-        if kind == "bool":
-            return [v or None for v in values]
-        if listy:
-            return [None if v is None or v == () else v for v in values]
-        return values
-    return [v or None for v in values]  # "list": written when non-empty
+    if group == "analysis" and listy and [] in values:  # an empty list is written, () is not
+        return pa.array([None if v is None or v == () else v for v in values], _ARROW[kind])
+    col = pa.array(values, _ARROW[kind])
+    default = S.OMITTED_DEFAULTS.get(key)
+    if group == "str":  # written when truthy (and not the omitted default)
+        drop = pc.equal(col, "")
+        if default is not None:
+            drop = pc.or_(drop, pc.equal(col, default))
+    elif group == "scalar" and key in S.OMITTED_DEFAULTS:
+        drop = pc.equal(col, default)
+    elif group == "analysis" and kind == "bool":  # written when set: False is not
+        drop = pc.invert(col)
+    elif listy:  # a list attribute is written when non-empty
+        drop = pc.equal(pc.list_value_length(col), 0)
+    else:
+        return col
+    return _blank(col, drop)
+
+
+def _blank(col: pa.Array, drop: pa.Array) -> pa.Array:
+    """``col`` with null where ``drop`` is true."""
+    drop = pc.fill_null(drop, False)
+    if not pc.any(drop).as_py():
+        return col
+    return pc.if_else(drop, pa.scalar(None, col.type), col)
 
 
 def event_columns(
@@ -147,19 +154,18 @@ def _event_columns(
     if not all(parents):
         raise _Mixed("parent")
     cols: dict[str, Any] = {}
-    columns = dict(zip(_NAMES, map(list, zip(*map(_GET, events), strict=True)), strict=True))
-    transfer, ops = columns["transfer"], columns["op"]
+    ops = list(map(attrgetter("op"), events))
     if not _types_ok(ops, "str") or None in ops:
         raise _Mixed("op")
     for name, key, kind, group in _ATTRS:
-        if group == "group":
-            continue
-        written = _written(name, key, kind, group, columns[name])
-        if key == _PINNED:
-            written = [v if t == "h2d" else None for v, t in zip(written, transfer, strict=True)]
-        cols[name] = pa.array(written, _ARROW[kind])
-    grouped = pc.fill_null(pa.array(columns["group"], pa.bool_()), False)
-    tensors = columns["tensors"]
+        if group != "group":
+            values = ops if name == "op" else list(map(attrgetter(name), events))
+            cols[name] = _column(name, key, kind, group, values)
+    h2d = pc.equal(cols["transfer"], "h2d")  # pinned is written on h2d copies only
+    cols["pinned"] = _blank(cols["pinned"], pc.invert(pc.fill_null(h2d, False)))
+    grouped = pa.array(list(map(attrgetter("group"), events)), pa.bool_())
+    grouped = pc.fill_null(grouped, False)
+    tensors = list(map(attrgetter("tensors"), events))
     if not _types_ok(tensors, "int"):
         raise _Mixed("tensors")
     none_bool = pa.nulls(n, pa.bool_())
@@ -205,9 +211,6 @@ def _value_json(col: pa.Array, kind: str) -> pa.Array:
     )
 
 
-_LISTS = ("int_list", "str_list")
-
-
 def _fragment(col: pa.Array, key: str, kind: str) -> str | pa.Array | None:
     """One attribute's ``{"key":...,"value":...}`` text per row (null where it is left out):
     a plain string when every row has the same one, None when no row has it."""
@@ -232,36 +235,114 @@ def _constant(col: pa.Array, kind: str) -> bool:
     return bool(pc.all(pc.equal(flat, want)).as_py())
 
 
-def span_texts(batch: pa.RecordBatch, trace: str) -> pa.Array:
-    """The OTLP/JSON text of each row's span (a batch of :func:`event_columns`), each
-    followed by ``,``, as the encoder writes it (the ``error`` column is also the span's
-    status message). An attribute with the same text on every row is joined as one string,
-    not a column."""
-    frags: list[Any] = []
+#: A column with at most this many distinct attribute texts is joined by its codes.
+FEW = 256
+
+
+def _coded(col: pa.Array, key: str, kind: str) -> tuple[np.ndarray, list[str]] | None:
+    """``(code per row, -1 where left out; the attribute text of each code)`` for a column
+    of at most :data:`FEW` distinct values, else None."""
+    if kind in _LISTS:
+        frag = _fragment(col, key, kind)
+        if not isinstance(frag, pa.Array):
+            return None
+        dic = pc.dictionary_encode(frag)
+        texts = dic.dictionary.to_pylist() if len(dic.dictionary) <= FEW else None
+    else:
+        dic = pc.dictionary_encode(col)
+        if len(dic.dictionary) > FEW:
+            return None
+        head = '{"key":' + json.dumps(key) + ',"value":'
+        texts = [head + t + "}" for t in _value_json(dic.dictionary, kind).to_pylist()]
+    if texts is None:
+        return None
+    return pc.fill_null(dic.indices, -1).to_numpy(zero_copy_only=False), texts
+
+
+def _joined(coded: list[tuple[np.ndarray, list[str]]]) -> tuple[Any, ...]:
+    """Consecutive few-valued attributes as one fragment, ``("few", text of each distinct
+    row of codes or None, the row's index per event)``: each distinct row is joined once."""
+    acc = np.zeros(len(coded[0][0]), np.int64)
+    size = 1  # acc < size
+    for c, texts in coded:  # mixed radix, renumbered before it could overflow
+        if size * (len(texts) + 1) >= 1 << 62:
+            _, acc = np.unique(acc, return_inverse=True)
+            size = int(acc.max()) + 1
+        acc = acc * (len(texts) + 1) + (c + 1)
+        size *= len(texts) + 1
+    _, first, inverse = np.unique(acc, return_index=True, return_inverse=True)
+    rows = np.stack([c[first] for c, _ in coded], axis=1)
+    joined = [
+        ",".join(texts[c] for (_, texts), c in zip(coded, row, strict=True) if c >= 0) or None
+        for row in rows.tolist()
+    ]
+    return ("few", joined, inverse.ravel())
+
+
+def _always(frag: tuple[Any, ...]) -> bool:
+    """Every row has this fragment."""
+    return None not in frag[1] if frag[0] == "few" else frag[2].null_count == 0
+
+
+def _text(frag: tuple[Any, ...], lead: str) -> str | pa.Array | None:
+    """A fragment's text per row, each starting with ``lead`` (null where left out; a plain
+    string when every row has the same)."""
+    if frag[0] == "few":
+        texts = [None if t is None else lead + t for t in frag[1]]
+        if len(texts) == 1:
+            return texts[0]
+        return pc.take(pa.array(texts, pa.string()), pa.array(frag[2]))
+    _, head, values = frag
+    return pc.binary_join_element_wise(lead + head, values, "}", "")
+
+
+def _attributes(batch: pa.RecordBatch) -> list[Any]:
+    """The pieces of each row's ``,"attributes":[...]`` text (none for a span without
+    any): when the first attribute is on every row, each further one brings its comma, so
+    the span's text is joined in one pass; else they are joined first."""
+    frags: list[tuple[Any, ...]] = []
+    coded: list[tuple[np.ndarray, list[str]]] = []
     for name, key, kind, _ in _ATTRS:
         col = batch.column(name)
         if name == "op":  # the table's op is "" where the span has none (an empty op)
-            col = pc.if_else(pc.equal(col, ""), pa.scalar(None, pa.string()), col)
-        frag = _fragment(col, key, kind)
-        if isinstance(frag, str) and frags and isinstance(frags[-1], str):
-            frags[-1] += "," + frag
-        elif frag is not None:
-            frags.append(frag)
+            col = _blank(col, pc.equal(col, ""))
+        if col.null_count == len(col):
+            continue
+        few = _coded(col, key, kind)
+        if few is not None:
+            coded.append(few)
+            continue
+        if coded:
+            frags.append(_joined(coded))
+            coded = []
+        head = '{"key":' + json.dumps(key) + ',"value":'
+        frags.append(("many", head, _value_json(col, kind)))
+    if coded:
+        frags.append(_joined(coded))
     if not frags:
-        attrs: Any = ""
-    elif len(frags) == 1 and isinstance(frags[0], str):
-        attrs = ',"attributes":[' + frags[0] + "]"
-    else:
-        attrs = pc.binary_join_element_wise(*frags, ",", null_handling="skip")
-        has = pc.greater(pc.binary_length(attrs), 0)
-        attrs = pc.if_else(has, pc.binary_join_element_wise(',"attributes":[', attrs, "]", ""), "")
+        return []
+    if _always(frags[0]):
+        rest = [_text(f, ",") for f in frags[1:]]
+        return [',"attributes":[', _text(frags[0], ""), *rest, "]"]
+    texts = [_text(f, "") for f in frags]
+    attrs = pc.binary_join_element_wise(*texts, ",", null_handling="skip")
+    has = pc.greater(pc.binary_length(attrs), 0)
+    return [pc.if_else(has, pc.binary_join_element_wise(',"attributes":[', attrs, "]", ""), "")]
+
+
+def span_texts(batch: pa.RecordBatch, trace: str) -> pa.Array:
+    """The OTLP/JSON text of each row's span (a batch of :func:`event_columns`), each
+    followed by ``,``, as the encoder writes it (the ``error`` column is also the span's
+    status message). Runs of attributes with few distinct values are joined once per
+    distinct combination, not per row."""
+    attrs = _attributes(batch)
     pieces: list[Any] = [
         '{"traceId":"' + trace + '","spanId":"', batch.column("span_id"),
         '","parentSpanId":"', batch.column("parent_id"), '","name":',
         # the name's text is {"n":"..."}: keep the quoted string after the colon
         pc.utf8_slice_codeunits(_json_of(batch.column("name"), "n"), 5, -1),
         ',"kind":1,"startTimeUnixNano":"', pc.cast(batch.column("start_ns"), pa.string()),
-        '","endTimeUnixNano":"', pc.cast(batch.column("end_ns"), pa.string()), '"', attrs,
+        '","endTimeUnixNano":"', pc.cast(batch.column("end_ns"), pa.string()), '"', *attrs,
     ]  # fmt: skip
     err = batch.column("error")  # written when truthy, as the status
     if err.null_count < len(err):
@@ -269,7 +350,7 @@ def span_texts(batch: pa.RecordBatch, trace: str) -> pa.Array:
         status = pc.binary_join_element_wise(',"status":{"code":2,"message":', msg, "}", "")
         pieces.append(pc.fill_null(status, ""))
     pieces.append("},")
-    return pc.binary_join_element_wise(*pieces, "")
+    return pc.binary_join_element_wise(*pieces, "", null_handling="skip")
 
 
 def span_lines(head: str, tail: str, texts: pa.Array, max_bytes: int) -> Iterator[bytes]:
