@@ -14,9 +14,12 @@ own subprocess (import and start-up excluded: the timed region is the loop):
     profiler    torch.profiler (record_shapes=True, with_stack=True), then listing its events
 
 and prints seconds for the loop, (variant - plain) / events in microseconds per event (wall
-time, and the loop thread's CPU time, which a loaded machine changes less), and the seconds
+time, and the loop thread's CPU time, which a loaded machine changes less), the seconds
 from the loop's end to the process's exit (copytrace writes the trace file there,
-torch.profiler lists its events).
+torch.profiler lists its events), that exit beyond the plain run's per 100k events, and
+the end-to-end cost per event: (loop + exit) - plain's (loop + exit), over the events. The
+program has no step boundary, so copytrace encodes everything at exit (the worst case for
+the exit; a training loop's steps flush on the export thread as it runs).
 
     python benchmarks/per_event.py --steps 2000
 """
@@ -87,17 +90,29 @@ def main(argv: list[str] | None = None) -> int:
     events = args.steps * 99
     with tempfile.TemporaryDirectory() as out:
         results = {v: _run(v, args.steps, out) for v in args.variants}
-    plain = results.get("plain", {"run": 0.0, "cpu": 0.0})
     print(f"{events} events ({args.steps} steps x 99)")
-    head = ("variant", "loop s", "listing s", "us/event", "cpu us/event", "exit s")
-    print(f"{head[0]:12s} {head[1]:>7s} {head[2]:>10s} {head[3]:>9s} {head[4]:>13s} {head[5]:>7s}")
+    print(_table(results, events))
+    return 0
+
+
+def _table(results: dict[str, dict], events: int) -> str:
+    """One row per variant: loop, listing, per-event loop cost (wall, CPU), exit, exit per
+    100k events and end-to-end cost per event, both beyond the plain run's."""
+    plain = results.get("plain", {"run": 0.0, "cpu": 0.0, "exit": 0.0, "listed": 0.0})
+    head = ("variant", "loop s", "listing s", "us/event", "cpu us/event", "exit s",
+            "exit s/100k", "end-to-end us/event")  # fmt: skip
+    widths = (12, 7, 10, 9, 13, 7, 12, 20)
+    lines = [" ".join(f"{h:>{w}s}" if i else f"{h:{w}s}" for i, (h, w) in
+                      enumerate(zip(head, widths, strict=True)))]  # fmt: skip
     for v, r in results.items():
         per = (r["run"] - plain["run"]) / events * 1e6
         cpu = (r["cpu"] - plain["cpu"]) / events * 1e6
-        print(
-            f"{v:12s} {r['run']:7.2f} {r['listed']:10.2f} {per:9.1f} {cpu:13.1f} {r['exit']:7.2f}"
-        )
-    return 0
+        exit_net = r["exit"] + r["listed"] - plain["exit"]
+        total = (r["run"] - plain["run"] + exit_net) / events * 1e6
+        cells = (f"{r['run']:7.2f}", f"{r['listed']:10.2f}", f"{per:9.1f}", f"{cpu:13.1f}",
+                 f"{r['exit']:7.2f}", f"{exit_net / events * 1e5:12.2f}", f"{total:20.1f}")  # fmt: skip
+        lines.append(f"{v:12s} " + " ".join(cells))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
