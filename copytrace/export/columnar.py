@@ -13,10 +13,11 @@ Only plain values take this path: a field holding a value of another type than i
 (a bool in an int field, an int beyond int64, a nested list...) makes :func:`event_columns`
 return None, and the caller encodes that run one event at a time, as before.
 
-Cost (measured with ``benchmarks/per_event.py``'s events): about 4 µs per event for the
-columns and the JSON text together, against about 40 µs for the per-event encoder and the
-sidecar's rows from attribute dicts. This module imports pyarrow (the file sink imports it
-at its first flush).
+Cost (CPU time, ``benchmarks/per_event.py``'s records, a loaded 2-core machine): the columns
+7.7-9.4 µs per event, the JSON text 8.8 µs, the request lines 1.4 µs, against about 40 µs
+for the per-event encoder and the sidecar's rows from attribute dicts
+(``docs/performance.md``, "Finishing a run"). This module imports pyarrow and numpy (the
+file sink imports it at its first flush).
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 
 :class:`FileSink` is the pipeline's sink for the trace file: one ``ExportTraceServiceRequest``
 per line and at most :data:`~copytrace.export.otlp_json.MAX_LINE_BYTES` per line,
-gzip-compressed by default, encoded straight from the events
-(:class:`~copytrace.export.otlp_json.Encoder`) without SDK span objects; each flush's rows
-also go to the columnar sidecar (:mod:`copytrace.export.sidecar`).
+gzip-compressed by default (level :data:`GZIP_LEVEL`, on a thread of its own), encoded
+straight from the events without SDK span objects: runs of copy events in bulk from their
+Arrow columns (:mod:`copytrace.export.columnar`), the other spans one at a time
+(:class:`~copytrace.export.otlp_json.Encoder`); each flush's rows also go to the columnar
+sidecar (:mod:`copytrace.export.sidecar`), the bulk path's columns as they are.
 :class:`OtlpJsonFileExporter` writes the same format from any ``TracerProvider``.
 """
 
