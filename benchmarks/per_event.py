@@ -17,9 +17,14 @@ own subprocess (import and start-up excluded: the timed region is the loop):
                 event then also records the library's call site
 
 and prints seconds for the loop, (variant - plain) / events in microseconds per event (wall
-time, and the loop thread's CPU time, which a loaded machine changes less), and the seconds
+time, and the loop thread's CPU time, which a loaded machine changes less), the seconds
 from the loop's end to the process's exit (copytrace writes the trace file there,
-torch.profiler lists its events).
+torch.profiler lists its events), that exit beyond the plain run's per 100k events, and
+the end-to-end cost per event: (loop + exit) - plain's (loop + exit), over the events, and
+the whole process's CPU time (user + system, all threads) beyond the plain run's per event,
+which a loaded machine changes less than the wall times (it includes copytrace's start-up). The
+program has no step boundary, so copytrace encodes everything at exit (the worst case for
+the exit; a training loop's steps flush on the export thread as it runs).
 
     python benchmarks/per_event.py --steps 2000
 """
@@ -29,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -81,12 +87,15 @@ def _run(variant: str, steps: int, out: str) -> dict:
             env["COPYTRACE_SIDECAR"] = "0"
         if variant == "ct_python":
             env["COPYTRACE_OBSERVER"] = "python"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(
         [sys.executable, "-c", PROGRAM, str(steps), variant],
         capture_output=True, text=True, env=env, check=True,
     )  # fmt: skip
     exited = time.time()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     result = json.loads(proc.stdout.strip().splitlines()[-1])
+    result["proc_cpu"] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     result["exit"] = exited - result.pop("loop_end")
     return result
 
@@ -101,19 +110,32 @@ def main(argv: list[str] | None = None) -> int:
     events = args.steps * 99
     with tempfile.TemporaryDirectory() as out:
         results = {v: _run(v, args.steps, out) for v in args.variants}
-    none = {"run": 0.0, "cpu": 0.0}
-    plain = results.get("plain", none)
     print(f"{events} events ({args.steps} steps x 99)")
-    head = ("variant", "loop s", "listing s", "us/event", "cpu us/event", "exit s")
-    print(f"{head[0]:12s} {head[1]:>7s} {head[2]:>10s} {head[3]:>9s} {head[4]:>13s} {head[5]:>7s}")
+    print(_table(results, events))
+    return 0
+
+
+def _table(results: dict[str, dict], events: int) -> str:
+    """One row per variant: loop, listing, per-event loop cost (wall, CPU), exit, exit per
+    100k events and end-to-end cost per event, both beyond the plain run's."""
+    plain = results.get("plain", {"run": 0.0, "cpu": 0.0, "exit": 0.0, "listed": 0.0,
+                                  "proc_cpu": 0.0})  # fmt: skip
+    head = ("variant", "loop s", "listing s", "us/event", "cpu us/event", "exit s",
+            "exit s/100k", "end-to-end us/event", "process cpu us/event")  # fmt: skip
+    widths = (12, 7, 10, 9, 13, 7, 12, 20, 21)
+    lines = [" ".join(f"{h:>{w}s}" if i else f"{h:{w}s}" for i, (h, w) in
+                      enumerate(zip(head, widths, strict=True)))]  # fmt: skip
     for v, r in results.items():
-        base = results.get("plain_library", none) if v.endswith("_library") else plain
+        base = results.get("plain_library", plain) if v.endswith("_library") else plain
         per = (r["run"] - base["run"]) / events * 1e6
         cpu = (r["cpu"] - base["cpu"]) / events * 1e6
-        print(
-            f"{v:12s} {r['run']:7.2f} {r['listed']:10.2f} {per:9.1f} {cpu:13.1f} {r['exit']:7.2f}"
-        )
-    return 0
+        exit_net = r["exit"] + r["listed"] - base["exit"]
+        total = (r["run"] - base["run"] + exit_net) / events * 1e6
+        proc = (r["proc_cpu"] - base["proc_cpu"]) / events * 1e6
+        cells = (f"{r['run']:7.2f}", f"{r['listed']:10.2f}", f"{per:9.1f}", f"{cpu:13.1f}",
+                 f"{r['exit']:7.2f}", f"{exit_net / events * 1e5:12.2f}", f"{total:20.1f}", f"{proc:21.1f}")  # fmt: skip
+        lines.append(f"{v:12s} " + " ".join(cells))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

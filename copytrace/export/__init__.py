@@ -5,6 +5,8 @@
 - :mod:`.otlp_json`: the OTLP/JSON encoder and the attribute code generated from
   :mod:`copytrace.schema`'s field table;
 - :mod:`.file_sink`: the trace file (OTLP/JSON lines, gzip) and its sink;
+- :mod:`.columnar`: the file sink's bulk path: a run of events as Arrow columns (the
+  sidecar's rows) and their spans' OTLP/JSON text built from those columns;
 - :mod:`.sidecar`: the columnar sidecar's writer (the event table, as Parquet parts);
 - :mod:`.sdk_sink`: real SDK spans for SDK exporters or the user's ``TracerProvider``, the
   resource and the ``OTEL_*`` exporters and sampler;

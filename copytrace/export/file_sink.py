@@ -2,9 +2,11 @@
 
 :class:`FileSink` is the pipeline's sink for the trace file: one ``ExportTraceServiceRequest``
 per line and at most :data:`~copytrace.export.otlp_json.MAX_LINE_BYTES` per line,
-gzip-compressed by default, encoded straight from the events
-(:class:`~copytrace.export.otlp_json.Encoder`) without SDK span objects; each flush's rows
-also go to the columnar sidecar (:mod:`copytrace.export.sidecar`).
+gzip-compressed by default (level :data:`GZIP_LEVEL`, on a thread of its own), encoded
+straight from the events without SDK span objects: runs of copy events in bulk from their
+Arrow columns (:mod:`copytrace.export.columnar`), the other spans one at a time
+(:class:`~copytrace.export.otlp_json.Encoder`); each flush's rows also go to the columnar
+sidecar (:mod:`copytrace.export.sidecar`), the bulk path's columns as they are.
 :class:`OtlpJsonFileExporter` writes the same format from any ``TracerProvider``.
 """
 
@@ -12,8 +14,10 @@ from __future__ import annotations
 
 import gzip
 import os
+import queue
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -35,7 +39,17 @@ from copytrace.export.otlp_json import (
 from copytrace.export.pipeline import Chunk, PlanItem, RunIds, span_times
 from copytrace.schema import SCOPE_NAME, CopyEvent
 
-__all__ = ["FileSink", "OtlpJsonFileExporter", "TraceFile", "trace_file_name"]
+__all__ = ["BULK_EVENTS", "GZIP_LEVEL", "FileSink", "OtlpJsonFileExporter", "TraceFile", "trace_file_name"]
+
+#: Copy events encoded together from their columns (bounds the memory of one flush's text).
+BULK_EVENTS = 32768
+#: The trace file's gzip level: the fastest. On copytrace's OTLP/JSON (about 1.8 kB per copy
+#: event) zlib's level 6 takes about 3x longer than level 1 for files about 1.8x smaller
+#: (32 against 57 bytes per event in ``benchmarks/per_event.py``); at level 6, compressing
+#: alone took longer than the whole exit's budget (1 s per 100k events).
+GZIP_LEVEL = 1
+#: Bytes of request lines handed to the trace file's gzip thread at once.
+BLOCK_BYTES = 16 << 20
 
 
 class TraceFile:
@@ -54,6 +68,9 @@ class TraceFile:
     (:attr:`size`), which the columnar sidecar relies on.
     """
 
+    #: Blocks of lines queued for the gzip thread before a write waits for it.
+    MAX_PENDING = 2
+
     def __init__(
         self, path: str | os.PathLike[str], compression: str | None = "gzip", level: int = 6
     ) -> None:
@@ -67,6 +84,9 @@ class TraceFile:
         #: Bytes in the file after the last :meth:`flush` or :meth:`close`.
         self.size = 0
         self._closed = False
+        self._thread: threading.Thread | None = None
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._error: BaseException | None = None
 
     def _open(self) -> IO[bytes]:
         if self._raw is None:
@@ -80,15 +100,61 @@ class TraceFile:
         return self._raw
 
     def write_lines(self, lines: Sequence[str]) -> None:
-        if not lines or self._closed:
+        if lines:
+            self.write_bytes(("\n".join(lines) + "\n").encode("utf-8", "surrogatepass"))
+
+    def write_bytes(self, data: bytes) -> None:
+        """Write whole lines already encoded (each ending in ``\\n``). A gzip file
+        compresses them on its own thread (``copytrace-gzip``: zlib releases the GIL, so the
+        encoding of the next lines goes on meanwhile); :meth:`flush` waits for it, and
+        re-raises its error."""
+        if not data or self._closed:
             return
         fh = self._gz or (self._raw if self.compression != "gzip" else None) or self._open()
-        data = ("\n".join(lines) + "\n").encode("utf-8", "surrogatepass")
-        fh.write(data)
-        self.lines += len(lines)
+        self.lines += data.count(b"\n")
         self.bytes_uncompressed += len(data)
+        if fh is not self._gz:
+            fh.write(data)
+            return
+        if self._thread is None and not self._start_thread():
+            fh.write(data)
+            return
+        self._queue.put((fh, data))  # waits while MAX_PENDING blocks are queued
+
+    def _start_thread(self) -> bool:
+        """The gzip thread; False where no thread can start (interpreter shutdown)."""
+        self._queue = queue.Queue(self.MAX_PENDING)
+        thread = threading.Thread(target=self._compress, name="copytrace-gzip", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:
+            return False
+        self._thread = thread
+        return True
+
+    def _compress(self) -> None:
+        while True:
+            item = self._queue.get()
+            try:
+                if item is None:
+                    return
+                if self._error is None:
+                    item[0].write(item[1])
+            except BaseException as err:  # re-raised by _drain on the writing thread
+                self._error = err
+            finally:
+                self._queue.task_done()
+
+    def _drain(self) -> None:
+        """Wait for the gzip thread's writes; raise its error."""
+        if self._thread is not None:
+            self._queue.join()
+        err, self._error = self._error, None
+        if err is not None:
+            raise err
 
     def flush(self) -> None:
+        self._drain()
         if self._gz is not None:
             self._gz.close()  # ends the member; the raw file stays open
             self._gz = None
@@ -99,11 +165,17 @@ class TraceFile:
     def close(self) -> None:
         if self._closed:
             return
-        self._closed = True
         try:
+            self._drain()
+            self._closed = True
             if self._gz is not None:
                 self._gz.close()
         finally:
+            self._closed = True
+            if self._thread is not None:
+                self._queue.put(None)
+                self._thread.join()
+                self._thread = None
             if self._raw is not None:
                 self.size = self._raw.tell()
                 self._raw.close()
@@ -111,6 +183,7 @@ class TraceFile:
     def abandon(self) -> None:
         """In a forked child: never write to (or close into) the parent's file again."""
         self._closed = True
+        self._thread = None  # the parent's gzip thread: none in this child
         raw = self._raw
         if raw is None:
             return
@@ -195,6 +268,11 @@ class _SidecarRows:
         self.ends.append(end)
         self.attrs.append(attrs)
 
+    def batch(self, batch: Any) -> None:
+        """A run of copy events already as the table's columns (a ``pyarrow.RecordBatch``)."""
+        self.done()
+        self.segments.append(("batch", batch))
+
     def meta(self, *args: Any) -> None:
         self.done()
         if self.segments and self.segments[-1][0] == "meta":
@@ -216,11 +294,13 @@ class FileSink:
     Args:
         path: the trace file.
         compression: ``"gzip"`` or ``None``.
-        level: gzip level.
+        level: gzip level (default :data:`GZIP_LEVEL`).
         max_line_bytes: longest request line.
         sidecar: also write the columnar sidecar (:mod:`copytrace.export.sidecar`): the
             event table's rows of each flush, built from the flush's span attributes.
             Default: unless ``COPYTRACE_SIDECAR=0``.
+        bulk: encode runs of copy events from their columns
+            (:mod:`copytrace.export.columnar`); False: one event at a time.
     """
 
     #: The hazards hook reads the finished trace file.
@@ -231,9 +311,10 @@ class FileSink:
         path: str | os.PathLike[str],
         *,
         compression: str | None = "gzip",
-        level: int = 6,
+        level: int = GZIP_LEVEL,
         max_line_bytes: int = MAX_LINE_BYTES,
         sidecar: bool | None = None,
+        bulk: bool = True,
     ) -> None:
         self.file = TraceFile(path, compression, level)
         self._max = max_line_bytes
@@ -244,6 +325,7 @@ class FileSink:
         if sidecar is None:
             sidecar = os.environ.get("COPYTRACE_SIDECAR", "1").strip() != "0"
         self._want_sidecar = sidecar
+        self._bulk = bulk
         self.sidecar_seconds = 0.0
         self.spans = 0
 
@@ -256,13 +338,72 @@ class FileSink:
         self._frame = request_frame(run.resource.attributes, SCOPE_NAME, __version__)
 
     def write(self, items: Iterable[PlanItem], chunk: Chunk, keep: Callable[[], set[str]]) -> None:
-        write = self.file.write_lines
         rows = _SidecarRows() if self._want_sidecar else None
-        for line in iter_lines(*self._frame, self._encode(items, chunk, rows), self._max):
-            write((line,))
+        block: list[bytes] = []
+        size = 0
+        for line in self._lines(items, chunk, rows):
+            block.append(line)
+            size += len(line)
+            if size >= BLOCK_BYTES:  # the gzip thread takes whole blocks
+                self.file.write_bytes(b"".join(block))
+                block, size = [], 0
+        self.file.write_bytes(b"".join(block))
         self.file.flush()
         if rows is not None:
             self._to_sidecar(rows)
+
+    def _lines(
+        self, items: Iterable[PlanItem], chunk: Chunk, rows: _SidecarRows | None
+    ) -> Iterator[bytes]:
+        """The chunk's request lines: runs of copy events (up to :data:`BULK_EVENTS`) in
+        bulk from their columns (:mod:`copytrace.export.columnar`), the other spans (and a
+        run the bulk path does not take) one at a time."""
+        run: list[PlanItem] = []
+        other: list[PlanItem] = []
+        for item in items:
+            ev = item[2]
+            if ev is not None and type(ev) is CopyEvent and self._bulk:
+                if other:
+                    yield from self._one_by_one(other, None, rows)
+                    other = []
+                run.append(item)
+                if len(run) >= BULK_EVENTS:
+                    yield from self._bulk_lines(run, rows)
+                    run = []
+            else:
+                if run:
+                    yield from self._bulk_lines(run, rows)
+                    run = []
+                other.append(item)
+        if run:
+            yield from self._bulk_lines(run, rows)
+        if other or chunk.final is not None:
+            yield from self._one_by_one(other, chunk, rows)
+
+    def _one_by_one(
+        self, items: list[PlanItem], chunk: Chunk | None, rows: _SidecarRows | None
+    ) -> Iterator[bytes]:
+        for line in iter_lines(*self._frame, self._encode(items, chunk, rows), self._max):
+            yield (line + "\n").encode("utf-8", "surrogatepass")
+
+    def _bulk_lines(self, run: list[PlanItem], rows: _SidecarRows | None) -> Iterator[bytes]:
+        """Lines of a run of copy events from their columns; the sidecar gets the columns."""
+        assert self._run is not None
+        from copytrace.export import columnar
+
+        r = self._run
+        events = [item[2] for item in run]
+        ids = [item[0] for item in run]
+        parents = [item[1] for item in run]
+        batch = columnar.event_columns(events, r.trace_hex, ids, parents, r.start_ns, r.offset)  # type: ignore[arg-type]
+        if batch is None:
+            yield from self._one_by_one(run, None, rows)
+            return
+        self.spans += len(run)
+        texts = columnar.span_texts(batch, r.trace_hex)
+        yield from columnar.span_lines(*self._frame, texts, self._max)
+        if rows is not None:
+            rows.batch(batch)
 
     def _to_sidecar(self, rows: _SidecarRows | None, final: bool = False) -> None:
         """Hand a flush's rows to the sidecar writer (after the JSON lines are flushed);
@@ -281,7 +422,9 @@ class FileSink:
                 rows.done()
                 trace = self._run.trace_hex if self._run is not None else ""
                 for kind, seg in rows.segments:
-                    if kind == "events":
+                    if kind == "batch":
+                        side.add(seg)
+                    elif kind == "events":
                         side.add(sc.event_batch(trace, *seg))
                     else:
                         side.add_rows([sc.meta_row(*args) for args in seg])
@@ -296,8 +439,9 @@ class FileSink:
         self.sidecar_seconds += time.perf_counter() - t0
 
     def _encode(
-        self, items: Sequence[PlanItem], chunk: Chunk, rows: _SidecarRows | None = None
+        self, items: Iterable[PlanItem], chunk: Chunk | None, rows: _SidecarRows | None = None
     ) -> Iterator[str]:
+        """Spans one at a time (``chunk``: its run span when it is the final one)."""
         run = self._run
         assert run is not None
         enc, trace, off = self._enc, run.trace_hex, run.offset
@@ -322,7 +466,7 @@ class FileSink:
                 if rows is not None:
                     rows.meta(*args)
                 yield enc.span(*args)
-        final = chunk.final
+        final = chunk.final if chunk is not None else None
         if final is not None:
             self.spans += 1
             args = (trace, run.span_hex, None, "copytrace.run", run.start_ns + off,

@@ -1,0 +1,112 @@
+"""The file sink's bulk path (``copytrace.export.columnar``) against its per-event encoder:
+the same records give the same OTLP/JSON text, byte for byte (span ids aside, which are
+random per plan), in request lines within the size limit, and the same sidecar rows; a record holding a value
+its column cannot hold takes the per-event path, with the same result."""
+
+from __future__ import annotations
+
+import copy
+import re
+import warnings
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+import torch.nn as nn
+
+import copytrace
+from copytrace.export import columnar
+from copytrace.export.file_sink import FileSink
+from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds
+from copytrace.export.sdk_sink import make_resource
+from copytrace.schema import CopyEvent
+
+_IDS = re.compile(r'"(spanId|parentSpanId)":"[0-9a-f]{16}"')
+
+
+def _events() -> list[CopyEvent]:
+    """Real records of a mix of copies: clones, aliases, casts, a deepcopy group and its
+    children, advanced indexing, ``.data``, ``torch.tensor`` of a tensor."""
+    w = torch.randn(10, 100, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with copytrace.trace(write=False) as t:
+            for _ in range(3):
+                w.clone()
+                w.detach()
+                copy.deepcopy(nn.Linear(3, 3))
+                w.to(torch.float64, non_blocking=True)
+                w.data  # noqa: B018
+                torch.tensor(w)
+                w[[0, 1]]
+                w.T.contiguous()
+                t.step()
+            events = t.session.events
+    return events
+
+
+def _write(tmp: Path, events: list[CopyEvent], bulk: bool, max_line: int) -> tuple[str, Path]:
+    run = RunIds(events[0].start_ns, 1_000, make_resource())
+    run.trace_id, run.span_id = 0xABC, 0xDEF  # the same run in both files
+    sink = FileSink(tmp / "t.otlp.jsonl", compression=None, sidecar=True, bulk=bulk,
+                    max_line_bytes=max_line)  # fmt: skip
+    pipeline = ExportPipeline(run, [sink])
+    pipeline.begin()
+    steps = [(0, events[0].start_ns, events[-1].end_ns)]
+    pipeline.write_now(Chunk(events, steps))
+    pipeline.close(Chunk([], [], final=RunEnd(events[-1].end_ns, {"copytrace.events": 1})))
+    return _IDS.sub('"ID":""', (tmp / "t.otlp.jsonl").read_text()), sink.path
+
+
+def _spans(text: str) -> str:
+    """The spans' text of every request line, joined (a line's spans are ``,``-separated):
+    the bulk path starts a line of its own for a run of copy events."""
+    head, tail = '"spans":[', "]}]}]}"
+    return ",".join(line[line.index(head) + len(head) : -len(tail)] for line in text.splitlines())
+
+
+def _sidecar(path: Path) -> list[dict]:
+    table = pq.read_table(path.parent / ".copytrace-cache" / (path.name + ".events"))
+    return table.drop(["span_id", "parent_id"]).to_pylist()
+
+
+@pytest.mark.parametrize("max_line", [4_000, 1_000_000])
+def test_bulk_text_lines_and_rows_equal_the_per_event_encoder(
+    tmp_path: Path, max_line: int
+) -> None:
+    events = _events()
+    odd = [copy.copy(ev) for ev in events]
+    odd[0].error = 'RuntimeError: ü "quoted"\n'  # escaped once per distinct value
+    odd[1].file = "/p/ä\\b.py"
+    odd[2].transfer, odd[2].pinned = "h2d", True  # pinned is written on h2d copies only
+    odd[3].src_stride = []  # an empty analysis list is written, () is not
+    odd[4].saved_by = ("AddmmBackward0.mat2",)
+    odd[5].op = ""  # no op attribute: the table's op is the (empty) name's
+    for records in (events, odd):
+        (tmp_path / "a").mkdir(exist_ok=True)
+        (tmp_path / "b").mkdir(exist_ok=True)
+        one, one_path = _write(tmp_path / "a", records, False, max_line)
+        bulk, bulk_path = _write(tmp_path / "b", records, True, max_line)
+        assert _spans(bulk) == _spans(one)
+        assert max(map(len, bulk.splitlines())) <= max_line
+        assert _sidecar(bulk_path) == _sidecar(one_path)
+    # 27 records + 1 step + the run span: several lines at 4,000 bytes
+    assert len(bulk.splitlines()) > (1 if max_line == 4_000 else 0)
+
+
+def test_values_the_columns_cannot_hold_take_the_per_event_path(tmp_path: Path) -> None:
+    events = _events()
+    ids = [f"{i:016x}" for i in range(len(events))]
+    parents = ["0" * 16] * len(events)
+    assert columnar.event_columns(events, "t", ids, parents, 0, 0) is not None
+    for field, value in [("bytes_logical", True), ("line", 2**64), ("shape", ("16",)),
+                         ("aten", "aten::clone"), ("dtype", 3)]:  # fmt: skip
+        odd = [copy.copy(ev) for ev in events]
+        setattr(odd[1], field, value)
+        assert columnar.event_columns(odd, "t", ids, parents, 0, 0) is None, field
+        (tmp_path / field).mkdir()
+        (tmp_path / f"{field}1").mkdir()
+        one, _ = _write(tmp_path / field, odd, False, 1_000_000)
+        bulk, _ = _write(tmp_path / f"{field}1", odd, True, 1_000_000)
+        assert _spans(bulk) == _spans(one), field
