@@ -101,6 +101,7 @@ def _column_totals(rc: Any, totals: dict[tuple[int, int], StepTotal]) -> None:
     import numpy as np
 
     from copytrace.analysis._columns import _combine
+    from copytrace.analysis._dense import first_rows
 
     mask = ~rc.flag("group") & ~rc.flag("alias") & ~rc.flag("noop") & rc.null("error")
     rows = np.flatnonzero(mask)
@@ -108,7 +109,7 @@ def _column_totals(rc: Any, totals: dict[tuple[int, int], StepTotal]) -> None:
         return
     steps = rc.np("step")[rows]
     key = _combine([steps, rc.codes("site", rows)])
-    _, first = np.unique(key, return_index=True)
+    first = first_rows(key, int(key.max()) + 1)
     # bincount sums in float64: exact while a group's bytes stay below 2**53 (8 PiB)
     nbytes = np.bincount(key, weights=rc.np("bytes_allocated")[rows], minlength=len(first))
     nbytes = nbytes.astype(np.int64)

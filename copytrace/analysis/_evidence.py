@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from copytrace.analysis._dense import distinct
 from copytrace.analysis._findings import HAZARDS, Finding
 from copytrace.analysis._view import Ev
 
@@ -175,7 +176,7 @@ class Group:
         self.sites = sites
         self.first: Any = _Row(rc, int(rows[0]))
         steps = rc.np("step")[rows]
-        self.steps: list[int] = np.unique(steps).tolist()
+        self.steps: list[int] = distinct(steps).tolist()
 
     def finding(self, code: str, message: str, fix: str) -> Finding:
         seqs = self.rc.np("seq")[self.rows]

@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from copytrace._errors import CopytraceError
-from copytrace.tracer._trigger import arm_dir, arm_file, request_file
 
 __all__ = ["register"]
 
@@ -29,6 +28,8 @@ def _armed(pid: int) -> dict[str, Any]:
     Raises:
         CopytraceError: no such process, or it is not armed by copytrace.
     """
+    from copytrace.tracer._trigger import arm_file  # imports torch: not when the CLI starts
+
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -47,6 +48,8 @@ def _armed(pid: int) -> dict[str, Any]:
 
 def _job(info: dict[str, Any]) -> list[dict[str, Any]]:
     """Every armed process of the same job as ``info`` (itself included), by rank."""
+    from copytrace.tracer._trigger import arm_dir
+
     launch = info.get("launch")
     found = [info]
     if not launch:
@@ -65,6 +68,8 @@ def _job(info: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from copytrace.tracer._trigger import request_file
+
     if args.steps is not None and args.steps < 1:
         raise CopytraceError(f"--steps must be >= 1, not {args.steps}")
     info = _armed(args.pid)
