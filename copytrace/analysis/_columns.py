@@ -209,6 +209,16 @@ class RunColumns:
             return [getattr(self._evs[i], name) for i in rows.tolist()]
         return self.take(name, rows).to_pylist()  # type: ignore[no-any-return]
 
+    def span_ids(self, rows: np.ndarray) -> Any:
+        """The span ids of the events at ``rows`` that have one (not empty), as a pyarrow
+        string array."""
+        ids = pa.array(self.values("span_id", rows), pa.string()) if self._evs is not None \
+            else self.take("span_id", rows)  # fmt: skip
+        if isinstance(ids, pa.ChunkedArray):
+            ids = ids.combine_chunks()
+        keep = pc.fill_null(pc.greater(pc.utf8_length(ids), 0), False)
+        return ids if pc.all(keep).as_py() is not False else ids.filter(keep)
+
     def ints(self, name: str, rows: np.ndarray) -> np.ndarray:
         """``e.name or 0`` of an integer column at ``rows``."""
         return self.np(name)[rows]
