@@ -109,7 +109,7 @@ def _column_totals(rc: Any, totals: dict[tuple[int, int], StepTotal]) -> None:
         return
     steps = rc.np("step")[rows]
     key = _combine([steps, rc.codes("site", rows)])
-    first = first_rows(key, int(key.max()) + 1)
+    first = first_rows(key)
     # bincount sums in float64: exact while a group's bytes stay below 2**53 (8 PiB)
     nbytes = np.bincount(key, weights=rc.np("bytes_allocated")[rows], minlength=len(first))
     nbytes = nbytes.astype(np.int64)

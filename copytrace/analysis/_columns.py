@@ -260,7 +260,7 @@ class RunColumns:
             return _dense(pc.dictionary_encode(col))
         if name == "site":
             triple = _combine([self.codes(k, rows) for k in ("file", "line", "function")])
-            firsts = first_rows(triple, int(triple.max()) + 1)  # a row of each triple
+            firsts = first_rows(triple)  # a row of each triple
             text = pc.dictionary_encode(self.take("site", rows[firsts]))
             return _dense(text)[triple]  # type: ignore[no-any-return]
         col = self.raw(name)
@@ -300,7 +300,7 @@ class RunColumns:
         if not len(rows):
             return rows, rows
         inverse = _combine([self.codes(k, rows) for k in keys])
-        first = first_rows(inverse, int(inverse.max()) + 1)
+        first = first_rows(inverse)
         rank = np.empty(len(first), dtype=np.int64)
         rank[np.argsort(first, kind="stable")] = np.arange(len(first))
         return rows, rank[inverse]

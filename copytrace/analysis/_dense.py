@@ -57,9 +57,12 @@ def distinct(values: np.ndarray) -> np.ndarray:
     return np.flatnonzero(present) + lo
 
 
-def first_rows(codes: np.ndarray, k: int) -> np.ndarray:
+def first_rows(codes: np.ndarray, k: int | None = None) -> np.ndarray:
     """The position of the first occurrence of each code ``0 .. k-1`` in ``codes`` (every code
-    present): ``np.unique(codes, return_index=True)[1]`` for dense codes."""
+    present; ``k``: the largest code + 1 by default): ``np.unique(codes,
+    return_index=True)[1]`` for dense codes."""
+    if k is None:
+        k = int(codes.max()) + 1 if len(codes) else 0
     first = np.full(k, len(codes), dtype=np.int64)
     np.minimum.at(first, codes, np.arange(len(codes), dtype=np.int64))
     return first

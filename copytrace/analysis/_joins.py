@@ -84,7 +84,7 @@ def _by_key(key: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     if not len(key):
         return key, []
     _, inverse = dense(key)
-    first = first_rows(inverse, int(inverse.max()) + 1)
+    first = first_rows(inverse)
     rank = np.empty(len(first), dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(len(first))
     label = rank[inverse]
@@ -153,7 +153,7 @@ def _repeats(rc: Any, copies: np.ndarray) -> list[Finding]:
     for pos in np.split(np.arange(len(rows)), bounds):
         codes = _sites(rc)[rows[pos]]
         _, codes = dense(codes)
-        firsts = first_rows(codes, int(codes.max()) + 1)
+        firsts = first_rows(codes)
         sites = _site_texts(rc, rows[pos[np.sort(firsts)]].tolist())
         g = _group(rc, rows[pos], int(nbytes[pos].sum()), sites)
         extra = len(pos) - len(distinct(label[pos]))
@@ -190,7 +190,7 @@ def _chains(rc: Any, copies: np.ndarray) -> list[Finding]:
     for pairs in pairs_of:
         both = np.stack([a[pairs], b[pairs]], axis=1).ravel()  # a0, b0, a1, b1, ...
         _, codes = dense(rc.codes("op", both))
-        firsts = first_rows(codes, int(codes.max()) + 1)
+        firsts = first_rows(codes)
         ops = rc.values("op", both[np.sort(firsts)])
         g = _group(rc, both, int(alloc[a[pairs]].sum()), _site_texts(rc, [int(a[pairs[0]])]))
         out.append(g.finding(
