@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["dense", "distinct", "first_rows", "group_order"]
+__all__ = ["dense", "distinct", "first_rows"]
 
 #: The fast path's largest range, as a multiple of the number of values (plus a floor).
 _SPAN = 4
@@ -66,13 +66,3 @@ def first_rows(codes: np.ndarray, k: int | None = None) -> np.ndarray:
     first = np.full(k, len(codes), dtype=np.int64)
     np.minimum.at(first, codes, np.arange(len(codes), dtype=np.int64))
     return first
-
-
-def group_order(codes: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Positions sorted by code (stable: ascending within a code) and where each code's run
-    of positions starts (``k + 1`` bounds): a counting sort of dense codes ``0 .. k-1``."""
-    counts = np.bincount(codes, minlength=k)
-    bounds = np.zeros(k + 1, dtype=np.int64)
-    np.cumsum(counts, out=bounds[1:])
-    order = np.argsort(codes, kind="stable")
-    return order, bounds
