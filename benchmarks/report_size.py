@@ -4,7 +4,11 @@ Usage::
 
     python benchmarks/report_size.py                       # 10k, 100k, 1M events
     python benchmarks/report_size.py --events 1000000 --ranks 1
-    python benchmarks/report_size.py --events 10000000 --ranks 8 --keep /tmp/ct-bench
+    python benchmarks/report_size.py --events 10000000 --ranks 64 --mix friendly --jobs 2
+
+The last is the many-ranks scenario: 10M events over 64 rank files (``copytrace.rank`` 0-63
+in each file's resource), written ``--jobs`` files at a time (writing 10M events through the
+file sink takes about 10 CPU-minutes); ``summary`` and ``report`` are its goal.
 
 For each size it writes a synthetic trace as the tracer writes it (its file sink: plain
 OTLP/JSON lines and the columnar sidecar, flushed every ~4096 events at a step boundary,
@@ -231,7 +235,9 @@ def _measure(argv: list[str]) -> dict:
                     n += 1
     else:
         from copytrace.cli import main as cli_main
+        from copytrace.cli import skip_pandas
 
+        skip_pandas(argv)  # as the console script does
         with open(os.devnull, "w") as null:
             import contextlib
 
@@ -283,14 +289,41 @@ def _json_only(trace_dir: Path) -> Path:
     return out
 
 
-def _row(n: int, ranks: int, work: Path, hazards: bool = True, mix: str = "friendly") -> dict:
+def _rank_file(job: tuple[Path, int, int, int, str]) -> float:
+    """Write rank ``r``'s file of ``n`` events (one job of :func:`_write_ranks`); return the
+    seconds it took."""
+    path, n, r, ranks, mix = job
+    t0 = time.perf_counter()
+    attrs = {"copytrace.rank": r, "copytrace.world_size": ranks} if ranks > 1 else None
+    generate_trace(path, n, seed=r, pid=4242 + r, mix=mix, resource_attrs=attrs)
+    return time.perf_counter() - t0
+
+
+def _write_ranks(trace_dir: Path, n: int, ranks: int, mix: str, jobs: int) -> None:
+    """The rank files of ``trace_dir`` that are missing, ``jobs`` at a time."""
+    todo = [(trace_dir / f"copytrace-bench-{r}.otlp.jsonl", n // ranks, r, ranks, mix)
+            for r in range(ranks)]  # fmt: skip
+    todo = [job for job in todo if not job[0].exists()]
+    if not todo:
+        return
+    t0 = time.perf_counter()
+    if jobs > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(jobs) as pool:
+            spent = sum(pool.map(_rank_file, todo))
+    else:
+        spent = sum(_rank_file(job) for job in todo)
+    print(f"# wrote {len(todo)} file(s) of {mix}, {n:,} events: "
+          f"{time.perf_counter() - t0:.0f} s ({spent:.0f} s of workers)", flush=True)  # fmt: skip
+
+
+def _row(n: int, ranks: int, work: Path, hazards: bool = True, mix: str = "friendly",
+         jobs: int = 1) -> dict:  # fmt: skip
     """Measure one size and mix; return the figures and the printed row."""
     trace_dir = work / f"bench-{mix}-{n}x{ranks}"
     trace_dir.mkdir(parents=True, exist_ok=True)
-    for r in range(ranks):
-        f = trace_dir / f"copytrace-bench-{r}.otlp.jsonl"
-        if not f.exists():
-            generate_trace(f, n // ranks, seed=r, pid=4242 + r, mix=mix)
+    _write_ranks(trace_dir, n, ranks, mix, jobs)
     for cache in trace_dir.glob(".copytrace-cache/*.events.parquet"):
         cache.unlink()  # only the sidecars: no cache of a parsed file
     for cache in trace_dir.glob(".copytrace-cache/*.findings*"):
@@ -353,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
     parser.add_argument("--ranks", type=int, default=1, help="trace files (ranks) per size")
+    parser.add_argument("--jobs", type=int, default=1, help="rank files written at a time")
     parser.add_argument("--mix", nargs="+", choices=MIXES, default=list(MIXES),
                         help="event mixes (default: all; ratios are against friendly)")
     parser.add_argument("--keep", type=Path, default=None, help="keep traces and reports here")
@@ -373,7 +407,8 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.events:
             rows = {}
             for mix in args.mix:
-                rows[mix] = _row(n, args.ranks, work, hazards=not args.no_analysis, mix=mix)
+                rows[mix] = _row(n, args.ranks, work, hazards=not args.no_analysis, mix=mix,
+                                 jobs=args.jobs)  # fmt: skip
                 print(rows[mix]["line"], flush=True)
             for line in _ratios(rows):
                 print(line, flush=True)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from copytrace.analysis._findings import Ids
 from copytrace.dashboards._load import Event, Run, TraceData
 
 __all__ = [
@@ -891,7 +892,7 @@ def _text(value: Any) -> str:
 def _listify(value: Any) -> list[Any]:
     if value is None:
         return []
-    if isinstance(value, (list, tuple, set, frozenset)):
+    if isinstance(value, (list, tuple, set, frozenset, Ids)):  # Ids: a finding's events
         return list(value)
     return [value]
 

@@ -101,6 +101,7 @@ def _column_totals(rc: Any, totals: dict[tuple[int, int], StepTotal]) -> None:
     import numpy as np
 
     from copytrace.analysis._columns import _combine
+    from copytrace.analysis._dense import first_rows
 
     mask = ~rc.flag("group") & ~rc.flag("alias") & ~rc.flag("noop") & rc.null("error")
     rows = np.flatnonzero(mask)
@@ -108,22 +109,25 @@ def _column_totals(rc: Any, totals: dict[tuple[int, int], StepTotal]) -> None:
         return
     steps = rc.np("step")[rows]
     key = _combine([steps, rc.codes("site", rows)])
-    _, first = np.unique(key, return_index=True)
+    first = first_rows(key)
     # bincount sums in float64: exact while a group's bytes stay below 2**53 (8 PiB)
     nbytes = np.bincount(key, weights=rc.np("bytes_allocated")[rows], minlength=len(first))
     nbytes = nbytes.astype(np.int64)
     counts = np.bincount(key, minlength=len(first))
-    sites = rc.values("site", rows[first])
-    for g in np.argsort(first, kind="stable").tolist():  # in order of first copy
-        k = (rc.run or 0, int(steps[first[g]]))
-        total = totals.get(k)
+    order = np.argsort(first, kind="stable")  # groups in order of first copy
+    sites = rc.values("site", rows[first[order]])
+    run = rc.run or 0
+    # plain lists: one Python int per group, not a numpy scalar per access
+    for step, site, b, c in zip(steps[first[order]].tolist(), sites, nbytes[order].tolist(),
+                                counts[order].tolist(), strict=True):  # fmt: skip
+        total = totals.get((run, step))
         if total is None:
-            total = totals[k] = StepTotal(run=k[0], step=k[1])
-        total.bytes += int(nbytes[g])
-        total.copies += int(counts[g])
-        row = total.sites.setdefault(sites[g] or "(unknown call site)", [0, 0])
-        row[0] += int(nbytes[g])
-        row[1] += int(counts[g])
+            total = totals[(run, step)] = StepTotal(run=run, step=step)
+        total.bytes += b
+        total.copies += c
+        row = total.sites.setdefault(site or "(unknown call site)", [0, 0])
+        row[0] += b
+        row[1] += c
 
 
 def step_totals(source: Any) -> list[StepTotal]:

@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from copytrace.analysis._dense import dense, first_rows
 from copytrace.analysis._view import Ev
 from copytrace.tracefile._parse import EVENT_SCHEMA
 
@@ -209,6 +210,16 @@ class RunColumns:
             return [getattr(self._evs[i], name) for i in rows.tolist()]
         return self.take(name, rows).to_pylist()  # type: ignore[no-any-return]
 
+    def span_ids(self, rows: np.ndarray) -> Any:
+        """The span ids of the events at ``rows`` that have one (not empty), as a pyarrow
+        string array."""
+        ids = pa.array(self.values("span_id", rows), pa.string()) if self._evs is not None \
+            else self.take("span_id", rows)  # fmt: skip
+        if isinstance(ids, pa.ChunkedArray):
+            ids = ids.combine_chunks()
+        keep = pc.fill_null(pc.greater(pc.utf8_length(ids), 0), False)
+        return ids if pc.all(keep).as_py() is not False else ids.filter(keep)
+
     def ints(self, name: str, rows: np.ndarray) -> np.ndarray:
         """``e.name or 0`` of an integer column at ``rows``."""
         return self.np(name)[rows]
@@ -250,7 +261,7 @@ class RunColumns:
             return _dense(pc.dictionary_encode(col))
         if name == "site":
             triple = _combine([self.codes(k, rows) for k in ("file", "line", "function")])
-            _, firsts = np.unique(triple, return_index=True)  # a row of each triple
+            firsts = first_rows(triple)  # a row of each triple
             text = pc.dictionary_encode(self.take("site", rows[firsts]))
             return _dense(text)[triple]  # type: ignore[no-any-return]
         col = self.raw(name)
@@ -290,7 +301,7 @@ class RunColumns:
         if not len(rows):
             return rows, rows
         inverse = _combine([self.codes(k, rows) for k in keys])
-        _, first = np.unique(inverse, return_index=True)
+        first = first_rows(inverse)
         rank = np.empty(len(first), dtype=np.int64)
         rank[np.argsort(first, kind="stable")] = np.arange(len(first))
         return rows, rank[inverse]
@@ -311,12 +322,10 @@ def _combine(columns: list[np.ndarray]) -> np.ndarray:
     ``k`` distinct tuples, in sorted order."""
     key: np.ndarray | None = None
     for col in columns:
-        _, dense = np.unique(col, return_inverse=True)
-        dense = dense.ravel().astype(np.int64)
-        if key is not None and len(dense):  # (no row: nothing to combine)
-            _, dense = np.unique(key * (int(dense.max()) + 1) + dense, return_inverse=True)
-            dense = dense.ravel().astype(np.int64)
-        key = dense
+        _, codes = dense(col)
+        if key is not None and len(codes):  # (no row: nothing to combine)
+            _, codes = dense(key * (int(codes.max()) + 1) + codes)
+        key = codes
     assert key is not None
     return key
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import numpy as np
 
-from copytrace.analysis._findings import HAZARDS, Finding
+from copytrace.analysis._dense import distinct
+from copytrace.analysis._findings import HAZARDS, Finding, Ids
 from copytrace.analysis._view import Ev
 
 __all__ = ["Acc", "Group", "is_hot"]
@@ -194,13 +195,11 @@ class Group:
         self.sites = sites
         self.first: Any = _Row(rc, int(rows[0]))
         steps = rc.np("step")[rows]
-        self.steps: list[int] = np.unique(steps).tolist()
+        self.steps: list[int] = distinct(steps).tolist()
 
     def finding(self, code: str, message: str, fix: str) -> Finding:
         seqs = self.rc.np("seq")[self.rows]
         order = np.argsort(seqs, kind="stable")
-        rows = self.rows[order]
-        span_ids = self.rc.values("span_id", rows)
         return Finding(
             code=code,
             severity=HAZARDS[code].severity,
@@ -209,7 +208,7 @@ class Group:
             call_sites=_both(self.sites, _libs(self.rc, self.rows)),
             bytes=self.bytes,
             steps=self.steps,
-            event_seqs=seqs[order].tolist(),
+            event_seqs=Ids(seqs[order]),
             run=self.rc.run,
-            span_ids=[s for s in span_ids if s],
+            span_ids=Ids(self.rc.span_ids(self.rows[order])),
         )

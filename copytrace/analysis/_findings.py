@@ -2,10 +2,67 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["Finding", "Hazard", "HAZARDS", "SEVERITIES", "normalize_codes"]
+__all__ = ["Finding", "Hazard", "HAZARDS", "Ids", "SEVERITIES", "normalize_codes"]
+
+
+class Ids(Sequence[Any]):
+    """The events a finding names (their ``seq`` or span ids) as one array, not one Python
+    object per event: a finding can name every event of a 1M-event trace.
+
+    It reads as the list it stands for (``len``, indexing, slices as lists, iteration,
+    ``==`` with a list or tuple); :meth:`arrow` gives the array itself.
+
+    Args:
+        values: a numpy array (integers) or a pyarrow array (strings or integers).
+    """
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Any) -> None:
+        self._values = values
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return _plain(self._values[i])
+        value = self._values[i]
+        return value.as_py() if hasattr(value, "as_py") else value.item()
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, (Ids, list, tuple)):
+            return self.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        if len(self) <= 8:
+            return repr(self.tolist())
+        return f"Ids({self[:3]!r}... {len(self)} in all)"
+
+    def tolist(self) -> list[Any]:
+        """The values as a Python list."""
+        return _plain(self._values)
+
+    def arrow(self) -> Any:
+        """The values as a pyarrow array."""
+        import pyarrow as pa
+
+        return self._values if isinstance(self._values, (pa.Array, pa.ChunkedArray)) \
+            else pa.array(self._values)  # fmt: skip
+
+
+def _plain(values: Any) -> list[Any]:
+    return values.to_pylist() if hasattr(values, "to_pylist") else values.tolist()  # type: ignore[no-any-return]
 
 #: Severities, most severe first.
 SEVERITIES = ("error", "warning", "info")
@@ -61,7 +118,7 @@ class Finding:
         call_sites: ``file:line function`` of the code involved, most relevant first.
         bytes: bytes at stake (copied, moved, written or kept alive; see ``docs/hazards.md``).
         steps: steps in which it happened, sorted.
-        event_seqs: the events that show it: ``CopyEvent.seq`` for in-memory events, the
+        event_seqs: the events that show it (a list, or an :class:`Ids` that reads as one): ``CopyEvent.seq`` for in-memory events, the
             event's index in its run's ``events`` for a loaded trace.
         run: index of the run (traced process) in a loaded trace; 0 in memory.
         span_ids: span ids of those events in a loaded trace (empty in memory).
@@ -74,13 +131,14 @@ class Finding:
     call_sites: list[str] = field(default_factory=list)
     bytes: int = 0
     steps: list[int] = field(default_factory=list)
-    event_seqs: list[int] = field(default_factory=list)
+    event_seqs: Sequence[int] = field(default_factory=list)
     run: int = 0
-    span_ids: list[str] = field(default_factory=list)
+    span_ids: Sequence[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        """All fields as a plain dict (JSON-ready; the lists are copies)."""
-        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), list) else v)
+        """All fields as a plain dict (JSON-ready; the lists are copies, :class:`Ids` become
+        lists)."""
+        return {f.name: (list(v) if isinstance(v := getattr(self, f.name), (list, Ids)) else v)
                 for f in fields(self)}  # fmt: skip
 
     def one_line(self) -> str:

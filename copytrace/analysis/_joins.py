@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from copytrace._units import format_bytes_exact
+from copytrace.analysis._dense import dense, distinct, first_rows
 from copytrace.analysis._evidence import OWN_RULE, Group, _Row, narrows, plural, what
 from copytrace.analysis._findings import Finding
 
@@ -84,10 +85,11 @@ def _by_key(key: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     and each group's positions (ascending)."""
     if not len(key):
         return key, []
-    _, first, inverse = np.unique(key, return_index=True, return_inverse=True)
+    _, inverse = dense(key)
+    first = first_rows(inverse)
     rank = np.empty(len(first), dtype=np.int64)
     rank[np.argsort(first, kind="stable")] = np.arange(len(first))
-    label = rank[inverse.ravel()]
+    label = rank[inverse]
     order = np.argsort(label, kind="stable")
     bounds = np.flatnonzero(np.diff(label[order])) + 1
     groups = np.split(order, bounds)
@@ -103,7 +105,7 @@ def _op(rc: Any, row: int) -> str:
 
 
 def _group(rc: Any, rows: np.ndarray, nbytes: int, sites: list[str | None]) -> Group:
-    rows = np.unique(rows)
+    rows = distinct(rows)
     return Group(rc, rows, np.array([nbytes]), list(dict.fromkeys(s for s in sites if s)))
 
 
@@ -114,10 +116,13 @@ _SAME_SOURCE = ("step", "src_storage", "src_offset", "src_stride_key", "shape_ke
 
 def _site_sets(rc: Any, rows: np.ndarray, label: np.ndarray) -> np.ndarray:
     """A code per group for the set of call sites of its rows (equal sets, equal codes)."""
-    pairs = np.unique(np.stack([label, _sites(rc)[rows]], axis=1), axis=0)  # sorted
-    offsets = np.concatenate([[0], np.flatnonzero(np.diff(pairs[:, 0])) + 1, [len(pairs)]])
+    site = _sites(rc)[rows] + 1  # no site: 0
+    span = int(site.max(initial=0)) + 1
+    pairs = distinct(label * span + site)  # sorted by label, then site
+    owner, site = pairs // span, pairs % span - 1
+    offsets = np.concatenate([[0], np.flatnonzero(np.diff(owner)) + 1, [len(pairs)]])
     lists = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()),
-                                     pa.array(pairs[:, 1]).cast(pa.string()))  # fmt: skip
+                                     pa.array(site).cast(pa.string()))  # fmt: skip
     text = pc.binary_join(lists, ",")
     return np.asarray(pc.dictionary_encode(text).indices.to_numpy(), dtype=np.int64)
 
@@ -134,8 +139,7 @@ def _repeats(rc: Any, copies: np.ndarray) -> list[Finding]:
     rows, label = rows[keep], label[keep]
     if not len(rows):
         return []
-    _, label = np.unique(label, return_inverse=True)  # still in order of first row
-    label = label.ravel()
+    _, label = dense(label)  # still in order of first row
     first_of = np.full(label.max() + 1, -1, dtype=np.int64)
     first_of[label[::-1]] = np.arange(len(label))[::-1]  # each group's first position
     is_first = first_of[label] == np.arange(len(label))
@@ -150,10 +154,11 @@ def _repeats(rc: Any, copies: np.ndarray) -> list[Finding]:
     out = []
     for pos in np.split(np.arange(len(rows)), bounds):
         codes = _sites(rc)[rows[pos]]
-        _, firsts = np.unique(codes, return_index=True)
+        _, codes = dense(codes)
+        firsts = first_rows(codes)
         sites = _site_texts(rc, rows[pos[np.sort(firsts)]].tolist())
         g = _group(rc, rows[pos], int(nbytes[pos].sum()), sites)
-        extra = len(pos) - len(np.unique(label[pos]))
+        extra = len(pos) - len(distinct(label[pos]))
         out.append(g.finding(
             "redundant-copy",
             f"the same unchanged source ({what(g.first)}) was copied again within a step: "
@@ -186,7 +191,8 @@ def _chains(rc: Any, copies: np.ndarray) -> list[Finding]:
     _, pairs_of = _by_key(site[a])
     for pairs in pairs_of:
         both = np.stack([a[pairs], b[pairs]], axis=1).ravel()  # a0, b0, a1, b1, ...
-        _, firsts = np.unique(rc.codes("op", both), return_index=True)
+        _, codes = dense(rc.codes("op", both))
+        firsts = first_rows(codes)
         ops = rc.values("op", both[np.sort(firsts)])
         g = _group(rc, both, int(alloc[a[pairs]].sum()), _site_texts(rc, [int(a[pairs[0]])]))
         out.append(g.finding(

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from copytrace._units import format_bytes_exact
+from copytrace.analysis._dense import dense, distinct
 from copytrace.analysis._evidence import (
     CONVERSION_OPS,
     HOT_DENSITY,
@@ -41,12 +42,14 @@ def _sites(*sites: Any) -> list[str]:
 def _hot_rows(rc: Any, rows: np.ndarray, label: np.ndarray) -> np.ndarray:
     """Which of ``rows`` belong to a group (``label``) whose steps are hot (:func:`is_hot`),
     over all groups at once."""
-    pairs = np.unique(np.stack([label, rc.np("step")[rows]], axis=1), axis=0)
-    count = np.bincount(pairs[:, 0], minlength=int(label.max()) + 1)
+    steps, step = dense(rc.np("step")[rows])
+    pairs = distinct(label * len(steps) + step)  # each (group, step) once
+    group, step = pairs // len(steps), steps[pairs % len(steps)]
+    count = np.bincount(group, minlength=int(label.max()) + 1)
     last = np.full(len(count), np.iinfo(np.int64).min)
-    np.maximum.at(last, pairs[:, 0], pairs[:, 1])
+    np.maximum.at(last, group, step)
     first = np.full(len(count), np.iinfo(np.int64).max)
-    np.minimum.at(first, pairs[:, 0], pairs[:, 1])
+    np.minimum.at(first, group, step)
     hot = (count >= HOT_MIN_STEPS) & (count >= HOT_DENSITY * (last - first + 1))
     return hot[label]  # type: ignore[no-any-return]
 

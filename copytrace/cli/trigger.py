@@ -18,9 +18,16 @@ from pathlib import Path
 from typing import Any
 
 from copytrace._errors import CopytraceError
-from copytrace.tracer._trigger import arm_dir, arm_file, request_file, start_time
 
 __all__ = ["register"]
+
+
+def _trigger() -> Any:
+    """``copytrace.tracer._trigger``, imported when a command needs it: it imports torch,
+    which the CLI's start must not pay for."""
+    from copytrace.tracer import _trigger
+
+    return _trigger
 
 
 def _alive(pid: int) -> bool:
@@ -44,7 +51,7 @@ def _read_arm(path: Path) -> dict[str, Any] | None:
         return None
     if not _alive(pid):
         return None
-    start = start_time(pid)
+    start = _trigger().start_time(pid)
     if info.get("start") is not None and start is not None and start != info["start"]:
         return None
     return info
@@ -52,7 +59,7 @@ def _read_arm(path: Path) -> dict[str, Any] | None:
 
 def _all_armed() -> list[dict[str, Any]]:
     """The arm files of every living armed process."""
-    paths = sorted(arm_dir().glob("*.json"))
+    paths = sorted(_trigger().arm_dir().glob("*.json"))
     found = [_read_arm(p) for p in paths if not p.name.endswith(".request.json")]
     return [info for info in found if info is not None]
 
@@ -84,7 +91,7 @@ def _targets(pid: int, all_ranks: bool) -> list[dict[str, Any]]:
     """
     if not _alive(pid):
         raise CopytraceError(f"no process {pid}")
-    info = _read_arm(arm_file(pid))
+    info = _read_arm(_trigger().arm_file(pid))
     if info is None:
         under = _under(pid)
         if under and all_ranks:
@@ -115,7 +122,7 @@ def handle(args: argparse.Namespace) -> int:
         if sig is None:
             raise CopytraceError(f"this platform has no {target['signal']}")
         if args.steps is not None:
-            request_file(pid).write_text(json.dumps({"steps": args.steps}))
+            _trigger().request_file(pid).write_text(json.dumps({"steps": args.steps}))
         os.kill(pid, sig)
         steps = args.steps or target.get("steps")
         where = target.get("trace") or str(Path(target["output_dir"]))

@@ -148,6 +148,11 @@ _TEMPLATE = """<!DOCTYPE html>
   <div class="focus" id="ct-focus-ev" hidden></div>
   <div id="ct-events-body"></div>
 </section>
+<section id="ranks" hidden>
+  <h2>Ranks side by side</h2>
+  <p class="note" id="ct-ranks-note"></p>
+  <div class="scroll"><table id="ct-ranks-table"></table></div>
+</section>
 <section id="run">
   <h2>Run details</h2>
   <div class="scroll"><table id="ct-runs-table"></table></div>

@@ -82,6 +82,7 @@ def build_payload(
         "hazards": hazards,
         "groups": groups,
         "n_groups": len(model.groups),
+        "ranks": sec.ranks.payload_ranks(model, S),
         "compiled": compiled,
         "pyspy": pyspy,
     }

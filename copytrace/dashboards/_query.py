@@ -194,18 +194,25 @@ class Query:
         self.con.unregister("_put")
 
     def _spans_view(self) -> None:
-        parts, seen, overlap = [], set(), False
-        for i, part in enumerate(self.table.parts):
-            if part.sidecar:
-                files = ", ".join(_quote(str(f)) for f in part.sidecar)
-                parts.append(f"SELECT * FROM read_parquet([{files}])")
-            if part.parquet is not None:
-                parts.append(f"SELECT * FROM read_parquet({_quote(str(part.parquet))})")
-            if part.table is not None:
-                self.con.register(f"mem{i}", part.table)
-                parts.append(f"SELECT * FROM mem{i}")
+        """The view ``spans``: one scan of every sidecar part, one of every Parquet cache
+        and one of the rows held in memory (a scan per file of 64 rank files ran out of
+        DuckDB's memory limit on 10M events)."""
+        import pyarrow as pa
+
+        seen: set[str] = set()
+        overlap = False
+        sides = [str(f) for part in self.table.parts for f in part.sidecar]
+        caches = [str(part.parquet) for part in self.table.parts if part.parquet is not None]
+        mems = [part.table for part in self.table.parts if part.table is not None]
+        for part in self.table.parts:
             overlap |= bool(seen & set(part.runs))
             seen |= set(part.runs)
+        parts = [f"SELECT * FROM read_parquet([{', '.join(_quote(f) for f in files)}], "
+                 "union_by_name=true)" for files in (sides, caches) if files]  # fmt: skip
+        if mems:
+            self.con.register("mem", pa.concat_tables(
+                [t.replace_schema_metadata(None) for t in mems], promote_options="permissive"))
+            parts.append("SELECT * FROM mem")
         body = " UNION ALL BY NAME ".join(parts)  # caches of older layouts lack new columns
         if overlap:  # a run split over files: keep each span once
             body = (f"SELECT * FROM ({body}) QUALIFY row_number() OVER "

@@ -6,6 +6,7 @@ time, stages) these rows use.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -363,7 +364,7 @@ class HazardRow:
     call_sites: list[str] = field(default_factory=list)
     bytes: int | None = None
     steps: list[int] = field(default_factory=list)
-    event_ids: list[str] = field(default_factory=list)
+    event_ids: Sequence[str] = field(default_factory=list)
     source: str = "analysis"
     runs: list[str] = field(default_factory=list)
     patch: str = ""

@@ -1100,6 +1100,28 @@
     box.appendChild(el("div", { class: "scroll" }, [tbl]));
   }
 
+  // ---- ranks side by side (D.ranks: sections/ranks.py; null for one process) --------------------
+  function renderRanks() {
+    const R = D.ranks;
+    if (!R) return;
+    $("ranks").hidden = false;
+    const top = Math.max(1, ...R.rows.map((r) => r.ns));
+    const tbl = clear($("ct-ranks-table"));
+    tbl.appendChild(el("tr", null, ["rank", "steps", "bytes copied per step", "copy time per step", "vs median", ""].map(
+      (h, i) => el("th", { class: i >= 1 && i <= 4 ? "n" : null, text: h }))));
+    R.rows.forEach((r, i) => {
+      const bar = el("div", { class: "rank-bar", style: "width:" + (100 * r.ns / top).toFixed(1) + "%" });
+      tbl.appendChild(el("tr", { class: i === R.slowest ? "slowest" : null, "data-rank": S[r.label] }, [
+        el("td", { class: "mono", text: S[r.label] }), el("td", { class: "n", text: fmtInt(r.steps) }),
+        el("td", { class: "n", text: fmtBytes(r.bytes) }), el("td", { class: "n", text: fmtNs(r.ns) }),
+        el("td", { class: "n", text: r.vs == null ? "-" : r.vs.toFixed(2) + "x" }),
+        el("td", { style: "min-width:8em" }, [bar])]));
+    });
+    const slow = R.rows[R.slowest];
+    $("ct-ranks-note").textContent = "slowest rank: " + S[slow.label] + ", " + fmtNs(slow.ns) + " copy time per step, imbalance (max/median) " +
+      (R.imbalance == null ? "no copy time" : R.imbalance.toFixed(2) + "x the median");
+  }
+
   // ---- run details ------------------------------------------------------------------------------
   function renderRuns() {
     const tbl = clear($("ct-runs-table"));
@@ -1230,6 +1252,7 @@
     renderHeader();
     wire();
     renderAll();
+    renderRanks();
     renderRuns();
     renderExtra();
     timings.total = Math.round(performance.now() - T_START);

@@ -78,6 +78,22 @@ class FileTable:
     runs: list[str] = field(default_factory=list)
     sidecar: list[Path] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    _footers: list[Any] = field(default_factory=list, repr=False, compare=False)
+
+    def _sidecar_columns(self, columns: list[str], dictionary: list[str] | None) -> pa.Table:
+        """``columns`` of the sidecar's parts, each part's footer read once (a part has
+        exactly the event table's columns: see
+        :func:`~copytrace.tracefile._sidecar.open_sidecar`). Reading one column of a
+        1M-event sidecar (16 parts) so takes about 10 ms of CPU, against 20-35 ms through
+        ``pq.read_table``, which discovers and inspects every part again; no file stays
+        open between reads (64 ranks make thousands of parts)."""
+        if not self._footers:
+            self._footers = [pq.read_metadata(p) for p in self.sidecar]
+        tabs = []
+        for path, footer in zip(self.sidecar, self._footers, strict=True):
+            with pq.ParquetFile(path, metadata=footer, read_dictionary=dictionary) as f:
+                tabs.append(f.read(columns=columns).replace_schema_metadata(None))
+        return pa.concat_tables(tabs) if len(tabs) != 1 else tabs[0]
 
     def read(
         self,
@@ -92,7 +108,9 @@ class FileTable:
         value (measured on a 1M-event sidecar: 24 ms against 104 ms for one call-site
         column)."""
         tabs = []
-        if self.sidecar:
+        if self.sidecar and columns is not None and filters is None:
+            tabs.append(self._sidecar_columns(columns, dictionary))
+        elif self.sidecar:
             schema = EVENT_SCHEMA
             for name in dictionary or ():  # the dataset reads by the schema's types
                 i = schema.get_field_index(name)

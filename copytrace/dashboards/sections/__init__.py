@@ -10,6 +10,7 @@ event table (:class:`copytrace.dashboards._query.Query`), in the page's order:
 - :mod:`.transfers`: device transfers;
 - :mod:`.compiled`: compiled regions (``copytrace.compiled`` spans, when the trace has them);
 - :mod:`.events`: deepcopy groups (the events table reads the timeline's sample);
+- :mod:`.ranks`: ranks side by side (a run of several processes);
 - :mod:`.run`: run details;
 - :mod:`.pyspy`: py-spy's sampled view (profiles beside the trace files, when there are).
 """
@@ -21,6 +22,7 @@ from copytrace.dashboards.sections import (  # noqa: E402
     hazards,
     kinds,
     pyspy,
+    ranks,
     run,
     sources,
     steps,
@@ -28,5 +30,5 @@ from copytrace.dashboards.sections import (  # noqa: E402
     transfers,
 )
 
-__all__ = ["compiled", "events", "glance", "hazards", "kinds", "pyspy", "run", "sources",
+__all__ = ["compiled", "events", "glance", "hazards", "kinds", "pyspy", "ranks", "run", "sources",
            "steps", "timeline", "transfers"]  # fmt: skip

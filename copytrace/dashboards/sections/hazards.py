@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import json
 import os
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from copytrace.dashboards._format import as_str, opt_int
 from copytrace.dashboards._pack import Strings
@@ -76,7 +77,7 @@ def from_finding(finding: Any) -> HazardRow:
     sites = _listify(_get(finding, "call_sites", "call_site", "sites", "site"))
     steps = [s for s in (opt_int(x) for x in _listify(_get(finding, "steps", "step"))) if
              s is not None]  # fmt: skip
-    ids = _listify(_get(finding, "event_ids", "span_ids", "events"))
+    ids = _get(finding, "event_ids", "span_ids", "events")
     nbytes = opt_int(_get(finding, "bytes", "nbytes", "bytes_copied", "bytes_allocated"))
     return HazardRow(
         code=_text(_get(finding, "code", "id", "rule")),
@@ -91,10 +92,20 @@ def from_finding(finding: Any) -> HazardRow:
     )
 
 
-def _lower_ids(ids: list[Any]) -> list[str]:
-    """Span ids as lower-case text; a finding can name every event of a 1M-event trace,
-    so the case is folded over one joined string (span ids hold no NUL) rather than per id:
-    about 10x faster than ``[str(i).lower() for i in ids]``."""
+def _lower_ids(ids: Any) -> Any:
+    """Span ids as lower-case text: an :class:`~copytrace.analysis._findings.Ids` over one
+    pyarrow string array (a finding can name every event of a 1M-event trace: no Python
+    object per event), or a list for a list."""
+    arrow = getattr(ids, "arrow", None)
+    if arrow is not None:
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        values = arrow()
+        if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
+            values = pc.cast(values, pa.string())
+        return type(ids)(pc.utf8_lower(values))
+    ids = _listify(ids)
     if not ids:
         return []
     text = [i if isinstance(i, str) else str(i) for i in ids]
@@ -151,33 +162,42 @@ def sort_hazards(hazards: list[HazardRow]) -> tuple[list[HazardRow], list[int]]:
 
 
 def attach_events(
-    q: Query, hazards: list[HazardRow], first_of: dict[str, int], labels: list[str]
+    q: Query, hazards: list[HazardRow], first_of: dict[str, int] | None, labels: list[str]
 ) -> None:
-    """Register ``span id -> hazard index`` as table ``hz`` and fill in each hazard's call
-    sites, steps and runs from its events (what the finding left out), in event order."""
+    """Register ``span id -> hazard index`` as table ``hz`` (None: ``hz`` is registered
+    already) and fill in each hazard's call sites, steps and runs from its events (what the
+    finding left out), in event order."""
     import pyarrow as pa
 
-    q.put("hz", {"span_id": (pa.string(), list(first_of)),
-                 "hz": (pa.int32(), list(first_of.values()))})  # fmt: skip
-    if not first_of:
+    if first_of is not None:
+        q.put("hz", {"span_id": (pa.string(), list(first_of)),
+                     "hz": (pa.int32(), list(first_of.values()))})  # fmt: skip
+        if not first_of:
+            return
+    elif not q.sql("SELECT count(*) FROM hz")[0][0]:
         return
+    # the events joined once (three joins of 10M events with the span ids hazards name took
+    # 3x as long), then grouped three ways
+    q.con.execute(
+        "CREATE OR REPLACE TEMP TABLE hzev AS SELECT h.hz, e.site, e.step, e.run_idx, "
+        "e.start_ns, e.end_ns, e.span_id FROM ev e JOIN hz h USING (span_id)"
+    )
     rows = q.sql(
-        "SELECT h.hz, e.site, min((e.run_idx, e.start_ns, e.end_ns, e.span_id)) AS o "
-        "FROM ev e JOIN hz h USING (span_id) GROUP BY ALL ORDER BY h.hz, o"
+        "SELECT hz, site, min((run_idx, start_ns, end_ns, span_id)) AS o "
+        "FROM hzev GROUP BY ALL ORDER BY hz, o"
     )
     for hz, site, _o in rows:
         if site not in hazards[hz].call_sites:
             hazards[hz].call_sites.append(site)
     seen = [set(h.steps) for h in hazards]
-    for hz, step in q.sql("SELECT DISTINCT h.hz, e.step FROM ev e JOIN hz h USING (span_id) "
-                          "WHERE e.step >= 0"):  # fmt: skip
+    for hz, step in q.sql("SELECT DISTINCT hz, step FROM hzev WHERE step >= 0"):
         if step not in seen[hz]:
             seen[hz].add(step)
             hazards[hz].steps.append(step)
-    for hz, run_idx in q.sql("SELECT DISTINCT h.hz, e.run_idx FROM ev e JOIN hz h "
-                             "USING (span_id) ORDER BY ALL"):  # fmt: skip
+    for hz, run_idx in q.sql("SELECT DISTINCT hz, run_idx FROM hzev ORDER BY ALL"):
         if labels[run_idx] not in hazards[hz].runs:
             hazards[hz].runs.append(labels[run_idx])
+    q.con.execute("DROP TABLE hzev")
     for h in hazards:
         h.steps.sort()
 
@@ -196,27 +216,75 @@ def analysis_findings(
     cache = _findings_cache(source)
     if cache is not None and cache.exists():
         try:
-            return json.loads(cache.read_text(encoding="utf-8")), "ran"
-        except (OSError, ValueError):
+            return _read_findings(cache), "ran"
+        except (OSError, ValueError, KeyError):
             pass
     found, status = run_analysis(source)  # (build_model drops the views it left on source)
     if cache is not None and found is not None:
         try:
-            cache.parent.mkdir(parents=True, exist_ok=True)
-            text = json.dumps([_as_dict(f) for f in found], default=str)
-            tmp = cache.with_name(cache.name + ".tmp")
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, cache)
+            _write_findings(cache, found)
         except (OSError, TypeError, ValueError):
             pass
     return found, status
 
 
-def _as_dict(finding: Any) -> dict[str, Any]:
-    if isinstance(finding, dict):
-        return finding
-    as_dict = getattr(finding, "as_dict", None)
-    return as_dict() if callable(as_dict) else dict(vars(finding))
+#: The findings cache's columns: a finding's fields, its events as lists (one row a finding).
+_LISTS = {"call_sites": "string", "steps": "int64", "event_seqs": "int64", "span_ids": "string"}
+
+
+def _write_findings(cache: Path, found: list[Any]) -> None:
+    """The findings as one Arrow IPC file: a finding's events go as arrays, never as one
+    Python object each (a finding can name every event of a 1M-event trace)."""
+    import pyarrow as pa
+
+    cols: dict[str, list[Any]] = {k: [] for k in ("code", "severity", "message", "fix",
+                                                  "bytes", "run", *_LISTS)}  # fmt: skip
+    for f in found:
+        for name in cols:
+            value = f.get(name) if isinstance(f, dict) else getattr(f, name, None)
+            if name in _LISTS:
+                arrow = getattr(value, "arrow", None)
+                value = arrow() if arrow is not None else pa.array(list(value or ()),
+                                                                    getattr(pa, _LISTS[name])())
+            cols[name].append(value)
+    arrays = {}
+    for name, values in cols.items():
+        if name in _LISTS:
+            typ = getattr(pa, _LISTS[name])()
+            flat = [v.cast(typ) for v in values]
+            offsets = np.concatenate([[0], np.cumsum([len(v) for v in flat])]).astype(np.int64)
+            data = pa.concat_arrays(flat) if flat else pa.array([], typ)
+            arrays[name] = pa.LargeListArray.from_arrays(pa.array(offsets), data)
+        else:
+            arrays[name] = pa.array(values)
+    tmp = cache.with_name(cache.name + f".{os.getpid()}.tmp")
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    with pa.OSFile(str(tmp), "wb") as sink:
+        table = pa.table(arrays)
+        with pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+    os.replace(tmp, cache)
+
+
+def _read_findings(cache: Path) -> list[dict[str, Any]]:
+    """The findings :func:`_write_findings` wrote, as dicts (events as :class:`Ids`)."""
+    import pyarrow as pa
+
+    from copytrace.analysis._findings import Ids
+
+    with pa.memory_map(str(cache)) as source:
+        table = pa.ipc.open_file(source).read_all()
+    out = []
+    for i in range(table.num_rows):
+        row: dict[str, Any] = {}
+        for name in table.column_names:
+            value = table.column(name)[i]
+            if name in ("event_seqs", "span_ids"):
+                row[name] = Ids(value.values)
+            else:
+                row[name] = value.as_py()
+        out.append(row)
+    return out
 
 
 def _findings_cache(source: Any) -> Path | None:
@@ -247,7 +315,7 @@ def _findings_cache(source: Any) -> Path | None:
     except OSError:
         return None
     home = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "copytrace"
-    return home / f"findings-{key.hexdigest()[:24]}.json"
+    return home / f"findings-{key.hexdigest()[:24]}.arrow"
 
 
 def finding_patches(source: Any, findings: list[Any] | None) -> list[dict[str, Any]]:
@@ -304,11 +372,39 @@ def hazard_rows(
             h.runs = list(labels)
         attach_events(q, rows, {}, labels)  # an empty ``hz``
         return rows
-    first_of: dict[str, int] = {}
-    for pos in reversed(new_pos):  # an event named by several: the first finding's, in their
-        first_of.update(dict.fromkeys(rows[pos].event_ids, pos))  # own order, is set last
-    attach_events(q, rows, first_of, labels)
+    _register_events(q, rows, new_pos)
+    attach_events(q, rows, None, labels)
     return rows
+
+
+def _register_events(q: Query, rows: list[HazardRow], new_pos: list[int]) -> None:
+    """Table ``hz``: each span id a hazard names, and the hazard's position in ``rows``; an
+    event named by several hazards takes the first finding's, in the findings' own order.
+    Built in Arrow and DuckDB (no Python object per event)."""
+    import numpy as np
+    import pyarrow as pa
+
+    ids, pos, own = [], [], []
+    for i, new in enumerate(new_pos):  # i: the finding's own position
+        names = rows[new].event_ids
+        if not len(names):
+            continue
+        arrow = getattr(names, "arrow", None)
+        values = arrow() if arrow is not None else pa.array([str(s) for s in names], pa.string())
+        if isinstance(values, pa.ChunkedArray):
+            values = values.combine_chunks()
+        ids.append(values.cast(pa.string()))
+        pos.append(np.full(len(values), new, dtype=np.int32))
+        own.append(np.full(len(values), i, dtype=np.int32))
+    data = pa.table({
+        "span_id": pa.chunked_array(ids, pa.string()),
+        "hz": np.concatenate(pos) if pos else np.zeros(0, np.int32),
+        "own": np.concatenate(own) if own else np.zeros(0, np.int32),
+    })  # fmt: skip
+    q.con.register("_hz", data)
+    q.con.execute("CREATE OR REPLACE TEMP TABLE hz AS SELECT span_id, arg_min(hz, own) AS hz "
+                  "FROM _hz GROUP BY span_id")  # fmt: skip
+    q.con.unregister("_hz")
 
 
 # --- the page's payload ------------------------------------------------------------------------

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from copytrace.dashboards._format import format_bytes
 from copytrace.dashboards._pack import Strings, rounded
 from copytrace.dashboards._query import Query
@@ -114,17 +116,37 @@ def _plan(q: Query, max_points: int, info: SampleInfo) -> list[tuple[str, Any, l
         info.large_bytes = threshold + 1
         q.sql("UPDATE cls SET cls = 'rest' WHERE cls = 'large' AND bl <= $t", {"t": threshold})
     # (run, call site, op, kind) groups, told apart by a hash of the four (column g)
-    buckets = q.sql(
+    buckets = q.con.execute(
         "SELECT g, count(*) AS n FROM cls WHERE cls = 'rest' GROUP BY g ORDER BY n, min(idx)"
-    )
-    left = len(buckets)
-    for g, n in buckets:  # water-filling: small groups keep all
-        share = budget // left if left else 0
-        take = min(n, share)
-        plan.append(("rest", g, spread_positions(n, take)))
-        budget -= take
-        left -= 1
+    ).fetchnumpy()  # one group per call site on a trace of 1M sites: no row per group
+    counts = np.asarray(buckets["n"], dtype=np.int64)
+    takes = water_fill(counts, budget)
+    for i in np.flatnonzero(takes).tolist():
+        plan.append(("rest", int(buckets["g"][i]), spread_positions(int(counts[i]),
+                                                                    int(takes[i]))))
     return plan
+
+
+def water_fill(counts: np.ndarray, budget: int) -> np.ndarray:
+    """How many events each group keeps, ``counts`` ascending: in turn, each group takes an
+    even share of what is left (``left budget // groups left``), or all of its events when
+    they are fewer. Computed at once: the groups up to the first that cannot take all keep
+    all, and the rest split what remains evenly, the last ones one more (what the turn by
+    turn floor division gives)."""
+    n = len(counts)
+    takes = counts.copy()
+    if not n:
+        return takes
+    before = np.concatenate([[0], np.cumsum(counts)[:-1]])  # taken by the smaller groups
+    left = n - np.arange(n)
+    short = np.flatnonzero(counts * left > budget - before)
+    if len(short):
+        k = int(short[0])
+        share, extra = divmod(max(0, budget - int(before[k])), n - k)
+        takes[k:] = share
+        if extra:
+            takes[n - extra:] += 1
+    return takes
 
 
 def _pick(q: Query, plan: list[tuple[str, Any, list[int]]]) -> None:
