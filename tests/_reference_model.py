@@ -268,6 +268,8 @@ class SiteRow:
     ops: dict[str, int] = field(default_factory=dict)
     others: dict[str, int] = field(default_factory=dict)
     vias: dict[str, int] = field(default_factory=dict)
+    #: the other site of the events (library call sites): none in the traces compared here
+    entries: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -443,6 +445,8 @@ class EventTemplate:
     error: str
     via: str
     origin: str
+    #: the other call site (library call sites): none in the traces compared here
+    entry: str = ""
 
     @property
     def bytes_copied(self) -> int:
@@ -488,6 +492,8 @@ class CubeRow:
     bytes_logical: int
     time_ns: int
     errors: int
+    #: the other call site (library call sites): none in the traces compared here
+    entry: str = ""
 
 
 @dataclass
