@@ -301,6 +301,28 @@ def test_case30_inductor_compiled_and_unchanged(tmp_path: Path) -> None:
     assert ops == {"prims::convert_element_type", "aten::clone"}
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="inductor's C++ compiler on Linux")
+def test_graph_loaded_from_compile_cache_names_this_programs_lines(tmp_path: Path) -> None:
+    # AOTAutograd's cache is keyed on the graph, not on where it came from: a second program
+    # with the same model, in another file and 3 lines lower, loads the graphs the first one
+    # compiled, and their printed stack traces name the first file. Its copies must still be
+    # listed at the second program's own lines.
+    cache = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "cache")}
+    (tmp_path / "first.py").write_text(CASE_30)
+    hits = 'print("cache hits", counters["aot_autograd"]["autograd_cache_hit"])\n'
+    (tmp_path / "second.py").write_text("# the same program, moved down\n\n\n" + CASE_30 + hits)
+    _run(["first.py", "inductor"], tmp_path, **cache)
+    second = _run(["second.py", "inductor"], tmp_path, COPYTRACE="1", **cache,
+                  COPYTRACE_OUTPUT=str(tmp_path / "out"), COPYTRACE_COMPRESSION="none")  # fmt: skip
+    assert int(second.stdout.splitlines()[-1].split()[-1]) > 0  # the graphs came from the cache
+    sites = {
+        (Path(a["code.file.path"]).name, a["code.line.number"])
+        for s in _spans(tmp_path / "out") if s["name"] == "copytrace.compiled_graph"
+        for ev in s.get("events", []) for a in [_attrs(ev["attributes"])]
+    }  # fmt: skip
+    assert sites == {("second.py", FLOAT_LINE + 3), ("second.py", CLONE_LINE + 3)}
+
+
 @pytest.mark.parametrize("observer", ["auto", "python"])
 def test_copytrace_modes_step_aside_under_a_user_mode_during_a_compiled_call(observer: str) -> None:
     # In-process, backend "eager": the stacks seen by eager code inside a compiled region (a

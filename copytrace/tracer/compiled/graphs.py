@@ -15,6 +15,13 @@ cast), ``prims.device_put``, ``copy_`` (functionalization's write-back of a muta
 a user ``copy_``), the ``*_copy`` view-copies, and gathers (``index``, ``gather``,
 ``index_select``, ``take``). Each is counted with the logical bytes of its result
 (numel x element size; ``None`` when a dimension is symbolic).
+
+A graph loaded from torch's caches (AOTAutograd's, keyed on the graph, not on where it came
+from) carries the ``# File:`` comments of the compile that filled the cache: maybe another
+file, or other line numbers. Dynamo traces the frame anew on every compile, so its
+``dynamo_output_graph`` record names the lines of this run; a copy whose site is not among
+them is moved to the one site there with the same function and code text
+(:func:`relocate`); with none, or several, it keeps the site the graph gave.
 """
 
 from __future__ import annotations
@@ -193,6 +200,31 @@ def parse_graph(text: str, graph: str, kind: str) -> list[GraphCopy]:
     return out
 
 
+def graph_sites(text: str) -> dict[tuple[str, str], set[tuple[str, int]]]:
+    """The ``# File:`` sites of a printed graph: (function, code) -> {(file, line)}."""
+    sites: dict[tuple[str, str], set[tuple[str, int]]] = {}
+    for line in text.splitlines():
+        m = _FILE.match(line)
+        if m is not None:
+            key = (m["fn"].strip(), m["code"].strip())
+            sites.setdefault(key, set()).add((m["file"], int(m["line"])))
+    return sites
+
+
+def relocate(copies: list[GraphCopy], sites: dict[tuple[str, str], set[tuple[str, int]]]) -> None:
+    """Point each copy at a site of this compile (``sites``: :func:`graph_sites` of dynamo's
+    graph), in place: a site found there is kept; one that is not (a graph from the cache,
+    printed by an earlier compile) takes the single site with the same function and code;
+    with none or several (a node dynamo's graph does not show) it stays as it is."""
+    known = {site for found in sites.values() for site in found}
+    for c in copies:
+        if c.file is None or (c.file, c.line) in known:
+            continue
+        found = sites.get((c.function, c.code), set())
+        if len(found) == 1:
+            c.file, c.line = next(iter(found))
+
+
 class GraphInfo:
     """What the compile log said about one dynamo frame compile (one graph id).
 
@@ -203,7 +235,7 @@ class GraphInfo:
         logged_ns: ``perf_counter_ns`` when its first AOT graph was logged.
     """
 
-    __slots__ = ("graph", "file", "line", "function", "copies", "logged_ns", "kinds")
+    __slots__ = ("graph", "file", "line", "function", "copies", "logged_ns", "kinds", "sites")
 
     def __init__(self, graph: str) -> None:
         self.graph = graph
@@ -213,6 +245,8 @@ class GraphInfo:
         self.copies: list[GraphCopy] = []
         self.logged_ns = time.perf_counter_ns()
         self.kinds: list[str] = []
+        #: (function, code) -> sites of dynamo's graph of this compile (None: not logged)
+        self.sites: dict[tuple[str, str], set[tuple[str, int]]] | None = None
 
     @property
     def copy_bytes(self) -> int:
@@ -261,6 +295,11 @@ class GraphLogHandler(logging.Handler):
                     if isinstance(filename, int):
                         filename = self._strings.get(filename)
                     info.file, info.line, info.function = filename, top.get("line"), top.get("name")
+            elif name == "dynamo_output_graph":
+                payload = getattr(record, "payload", None)
+                info = self._info(meta)
+                if info is not None and isinstance(payload, str):
+                    info.sites = graph_sites(payload)
             elif name in _GRAPH_KINDS:
                 payload = getattr(record, "payload", None)
                 info = self._info(meta)
@@ -271,7 +310,10 @@ class GraphLogHandler(logging.Handler):
                     info.copies = [c for c in info.copies if c.kind != kind]
                 else:
                     info.kinds.append(kind)
-                info.copies.extend(parse_graph(payload, info.graph, kind))
+                copies = parse_graph(payload, info.graph, kind)
+                if info.sites is not None:
+                    relocate(copies, info.sites)
+                info.copies.extend(copies)
         except Exception as err:  # a record of another shape: count it, never raise
             self._on_error(err)
 
