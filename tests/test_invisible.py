@@ -628,3 +628,75 @@ def test_dynamo_imported_after_a_trace_sees_torch_own_functions(tmp_path):
     untraced = run("untraced")
     assert untraced.startswith("0 ")  # one graph, no break (read from torch, not pinned)
     assert run("traced") == untraced
+
+
+# --- modules imported while tracing --------------------------------------------------------
+_BINDS_AT_IMPORT = '''
+"""Binds torch's and copy's callables when imported, as libraries do."""
+import copy
+from copy import deepcopy
+from copy import copy as shallow
+
+import torch
+from torch import from_numpy
+from torch.utils import swap_tensors
+
+state_dict = torch.nn.Module.state_dict
+backward = torch.Tensor.backward
+param_deepcopy = torch.nn.Parameter.__deepcopy__
+
+
+def clone_all(x, *, _copy=copy.deepcopy):
+    return _copy(x)
+
+
+def first(x, _copy=deepcopy):
+    return _copy(x)
+
+
+class Cloner:
+    copier = staticmethod(deepcopy)
+    numpy = from_numpy
+
+    @classmethod
+    def make(cls, x, _copy=copy.copy):
+        return _copy(x)
+'''
+
+
+def _bindings(module) -> dict[str, object]:
+    return {
+        "deepcopy": module.deepcopy, "shallow": module.shallow, "from_numpy": module.from_numpy,
+        "swap_tensors": module.swap_tensors, "state_dict": module.state_dict,
+        "backward": module.backward, "param_deepcopy": module.param_deepcopy,
+        "clone_all": module.clone_all.__kwdefaults__["_copy"],
+        "first": module.first.__defaults__[0], "Cloner.copier": module.Cloner.copier,
+        "Cloner.numpy": module.Cloner.numpy, "Cloner.make": module.Cloner.make.__defaults__[0],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("level", ["lean", "full"])
+def test_module_imported_while_tracing_keeps_no_patched_callable(level, tmp_path, monkeypatch):
+    import copy
+    import importlib
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "binds_before.py").write_text(_BINDS_AT_IMPORT)
+    (tmp_path / "binds_while.py").write_text(_BINDS_AT_IMPORT)
+    monkeypatch.delitem(sys.modules, "binds_before", raising=False)
+    monkeypatch.delitem(sys.modules, "binds_while", raising=False)
+    before = importlib.import_module("binds_before")  # untraced: torch's and copy's own
+    own = _bindings(before)
+    assert own["deepcopy"] is copy.deepcopy and own["backward"] is torch.Tensor.backward
+    with copytrace.trace(write=False, level=level) as t:
+        during = importlib.import_module("binds_while")
+        x = torch.randn(3)
+        during.first(x)  # while tracing, what it bound is copytrace's: the copy is recorded
+        patched = _bindings(during)
+    assert [e.op for e in t.events] == ["deepcopy"]
+    assert patched["deepcopy"] is not copy.deepcopy  # it did bind copytrace's
+    # after stop: every name holds what the same import untraced holds
+    after = _bindings(during)
+    assert {k: v is own[k] for k, v in after.items()} == dict.fromkeys(own, True)
+    assert _bindings(before) == own  # a module imported before the trace is left alone
+    assert t.stats["errors"] == 0
