@@ -500,6 +500,8 @@ class Report:
     differences: list[Difference] = field(default_factory=list)
     first_errors: list[str] = field(default_factory=list)
     observer_paths: set = field(default_factory=set)
+    #: config name -> copytrace's internal errors counted in its traces
+    errors_by_config: dict[str, int] = field(default_factory=dict)
 
     def by_kind(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -509,6 +511,13 @@ class Report:
 
     def by_case(self) -> set[str]:
         return {d.case for d in self.differences}
+
+    def by_config(self) -> dict[str, tuple[int, int]]:
+        """config name -> (differences, internal errors), every config of the report."""
+        diffs = dict.fromkeys((c.name for c in self.configs), 0)
+        for d in self.differences:
+            diffs[d.config] = diffs.get(d.config, 0) + 1
+        return {name: (n, self.errors_by_config.get(name, 0)) for name, n in diffs.items()}
 
 
 _FROZEN: list[bool] = []
@@ -535,6 +544,7 @@ def run_cases(report: Report, group: str, build: Callable[[], list[Case]]) -> No
         report.differences.extend(diffs)
         report.unstable += unstable
         report.internal_errors += traced.errors
+        report.errors_by_config[config.name] = report.errors_by_config.get(config.name, 0) + traced.errors
         if traced.errors and traced.first_error and len(report.first_errors) < 5:
             report.first_errors.append(f"[{config.name}] {group}: {traced.first_error}")
         if traced.errors:
