@@ -640,6 +640,7 @@ from copy import copy as shallow
 import torch
 from torch import from_numpy
 from torch.utils import swap_tensors
+from warnings import warn
 
 state_dict = torch.nn.Module.state_dict
 backward = torch.Tensor.backward
@@ -667,7 +668,7 @@ class Cloner:
 def _bindings(module) -> dict[str, object]:
     return {
         "deepcopy": module.deepcopy, "shallow": module.shallow, "from_numpy": module.from_numpy,
-        "swap_tensors": module.swap_tensors, "state_dict": module.state_dict,
+        "swap_tensors": module.swap_tensors, "state_dict": module.state_dict, "warn": module.warn,
         "backward": module.backward, "param_deepcopy": module.param_deepcopy,
         "clone_all": module.clone_all.__kwdefaults__["_copy"],
         "first": module.first.__defaults__[0], "Cloner.copier": module.Cloner.copier,

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from copytrace.tracer import _handover, _slots
+from copytrace.tracer import _handover, _slots, _warnshim
 
 if TYPE_CHECKING:
     from copytrace.tracer._recorder import Recorder
@@ -218,6 +218,8 @@ def _patched_to_original() -> dict[int, Any]:
     }
     for orig, _, wrapper in _handover._WRAPPERS.values():
         out[id(wrapper)] = orig
+    for shim in _warnshim._SHIM:  # warnings.warn while tracing (the observer's C shim)
+        out[id(shim)] = _warnshim._ORIG_WARN
     for owner, name, orig, new in EXTRA_PATCHES:  # MISSING: the attribute was inherited
         out[id(new)] = getattr(owner, name) if orig is MISSING else orig
     return out
