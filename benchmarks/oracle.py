@@ -82,12 +82,10 @@ def _print(report: _harness.Report, seconds: float, show: int) -> None:
     print(f"differences:        {len(report.differences)} in {len(report.by_case())} case(s)")
     for kind, n in report.by_kind().items():
         print(f"  {kind:<18}{n}")
-    per_config: dict[str, int] = {}
-    for d in report.differences:
-        per_config[d.config] = per_config.get(d.config, 0) + 1
-    for name, n in sorted(per_config.items()):
-        print(f"  [{name}] {n}")
     print(f"internal errors:    {report.internal_errors}")
+    print("by configuration:   samples, differences, internal errors")
+    for name, (n, errors) in report.by_config().items():
+        print(f"  {name:<16}{report.samples:>8}{n:>8}{errors:>8}")
     print(f"time:               {seconds:.1f} s")
     seen: set = set()
     for d in report.differences:  # the first of each kind of key, then the rest

@@ -270,34 +270,49 @@ class _PythonStrides(torch.Tensor):
     ``__torch_dispatch__`` sees."""
 
     calls: dict[str, int] = {}
+    policy = "strides"
 
     @staticmethod
     def __new__(cls, inner):
         return torch.Tensor._make_wrapper_subclass(
             cls, inner.shape, strides=inner.stride(), dtype=inner.dtype, device=inner.device,
-            dispatch_sizes_strides_policy="strides",
+            dispatch_sizes_strides_policy=cls.policy,
         )  # fmt: skip
 
     def __init__(self, inner):
         self.inner = inner
 
+    #: the metadata queries a wrapper answers from its inner tensor (policy "sizes": all)
+    _ANSWERS = {
+        torch.ops.aten.sym_stride.default: torch.Tensor.stride,
+        torch.ops.aten.is_contiguous.default: torch.Tensor.is_contiguous,
+        torch.ops.aten.sym_size.default: torch.Tensor.size,
+        torch.ops.aten.sym_numel.default: torch.Tensor.numel,
+        torch.ops.aten.sym_storage_offset.default: torch.Tensor.storage_offset,
+        torch.ops.aten.dim.default: torch.Tensor.dim,
+    }
+
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         cls.calls[str(func)] = cls.calls.get(str(func), 0) + 1
-        if func is torch.ops.aten.sym_stride.default:
-            return args[0].inner.stride()
-        if func is torch.ops.aten.is_contiguous.default:
-            return args[0].inner.is_contiguous()
+        if func in cls._ANSWERS:
+            return cls._ANSWERS[func](args[0].inner)
         unwrap = torch.utils._pytree.tree_map_only(cls, lambda x: x.inner, (args, kwargs or {}))
         out = func(*unwrap[0], **unwrap[1])
         return torch.utils._pytree.tree_map_only(torch.Tensor, cls, out)
 
 
-def _copies_of_python_strides() -> dict[str, int]:
-    _PythonStrides.calls = {}
-    s = _PythonStrides(torch.randn(3, 4))
+class _PythonSizes(_PythonStrides):
+    """The same, answering its sizes, numel and storage offset in Python too."""
+
+    policy = "sizes"
+
+
+def _copies_of_python_strides(cls: type = _PythonStrides) -> dict[str, int]:
+    cls.calls = {}
+    s = cls(torch.randn(3, 4))
     s.clone(), s.to(torch.float64), s.detach(), torch.clone(s)
-    return _PythonStrides.calls
+    return cls.calls
 
 
 @pytest.mark.parametrize("observer", ["native", "python"])
@@ -313,8 +328,49 @@ def test_subclass_answering_strides_in_python_sees_no_extra_dispatch(observer, l
         traced = _copies_of_python_strides()
     assert traced == untraced
     assert [e.op for e in t.events] == ["clone", "to", "detach", "clone"]
-    assert all(e.src_stride is None for e in t.events)  # not read: the subclass answers it
+    # not read: the subclass answers it. Without the extension the storage offset is not
+    # read either (the subclass might answer its sizes too), and no view is recorded: ()
+    unread = None if _native.loaded() is not None else ()
+    assert all(e.src_stride == unread for e in t.events)
     assert t.stats["errors"] == 0
+
+
+@pytest.mark.parametrize("observer", ["native", "python"])
+@pytest.mark.parametrize("level", ["lean", "full", "api"])
+def test_subclass_answering_sizes_in_python_sees_no_extra_dispatch(observer, level, monkeypatch):
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
+    untraced = _copies_of_python_strides(_PythonSizes)
+    # no sym_size, sym_numel, sym_storage_offset: the program reads no size
+    assert untraced == {"aten.clone.default": 2, "aten._to_copy.default": 1,
+                        "aten.detach.default": 1}  # fmt: skip
+    with copytrace.trace(write=False, level=level) as t:
+        traced = _copies_of_python_strides(_PythonSizes)
+    assert traced == untraced
+    assert [e.op for e in t.events] == ["clone", "to", "detach", "clone"]
+    if _native.loaded() is not None:  # the TensorImpl's own sizes, read without dispatch
+        assert [e.shape for e in t.events] == [(3, 4)] * 4
+        assert [e.bytes_logical for e in t.events] == [48, 96, 48, 48]  # 12 x 4 or 8 bytes
+    else:  # without the extension they cannot be read without asking the subclass: unknown
+        assert [e.shape for e in t.events] == [()] * 4
+        assert [e.bytes_logical for e in t.events] == [0] * 4
+    assert t.stats["errors"] == 0
+
+
+def test_own_sizes_read_without_dispatch():
+    from copytrace.tracer import _facts
+
+    native = _native.load()
+    if native is None:
+        pytest.skip("the C++ observer reads the TensorImpl's own sizes")
+    inner = torch.randn(4, 5)[1:]  # storage offset 5
+    sizes = _PythonSizes(inner)
+    _PythonSizes.calls = {}
+    assert native.sizes_strides_policy(sizes) == 2
+    assert _facts.own_sizes(sizes) == native.sizes_default(sizes) == ((3, 5), 15, 0)
+    assert _PythonSizes.calls == {}  # nothing asked of the subclass
+    # torch answers a plain tensor's and a strides-policy subclass's sizes itself
+    assert native.sizes_default(inner) == ((3, 5), 15, 5)
+    assert _facts.own_sizes(inner) is _facts.own_sizes(_PythonStrides(inner)) is _facts._ASK
 
 
 def test_which_tensors_answer_strides_in_python(monkeypatch):
@@ -637,3 +693,76 @@ def test_dynamo_imported_after_a_trace_sees_torch_own_functions(tmp_path):
     untraced = run("untraced")
     assert untraced.startswith("0 ")  # one graph, no break (read from torch, not pinned)
     assert run("traced") == untraced
+
+
+# --- modules imported while tracing --------------------------------------------------------
+_BINDS_AT_IMPORT = '''
+"""Binds torch's and copy's callables when imported, as libraries do."""
+import copy
+from copy import deepcopy
+from copy import copy as shallow
+
+import torch
+from torch import from_numpy
+from torch.utils import swap_tensors
+from warnings import warn
+
+state_dict = torch.nn.Module.state_dict
+backward = torch.Tensor.backward
+param_deepcopy = torch.nn.Parameter.__deepcopy__
+
+
+def clone_all(x, *, _copy=copy.deepcopy):
+    return _copy(x)
+
+
+def first(x, _copy=deepcopy):
+    return _copy(x)
+
+
+class Cloner:
+    copier = staticmethod(deepcopy)
+    numpy = from_numpy
+
+    @classmethod
+    def make(cls, x, _copy=copy.copy):
+        return _copy(x)
+'''
+
+
+def _bindings(module) -> dict[str, object]:
+    return {
+        "deepcopy": module.deepcopy, "shallow": module.shallow, "from_numpy": module.from_numpy,
+        "swap_tensors": module.swap_tensors, "state_dict": module.state_dict, "warn": module.warn,
+        "backward": module.backward, "param_deepcopy": module.param_deepcopy,
+        "clone_all": module.clone_all.__kwdefaults__["_copy"],
+        "first": module.first.__defaults__[0], "Cloner.copier": module.Cloner.copier,
+        "Cloner.numpy": module.Cloner.numpy, "Cloner.make": module.Cloner.make.__defaults__[0],
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("level", ["lean", "full"])
+def test_module_imported_while_tracing_keeps_no_patched_callable(level, tmp_path, monkeypatch):
+    import copy
+    import importlib
+
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "binds_before.py").write_text(_BINDS_AT_IMPORT)
+    (tmp_path / "binds_while.py").write_text(_BINDS_AT_IMPORT)
+    monkeypatch.delitem(sys.modules, "binds_before", raising=False)
+    monkeypatch.delitem(sys.modules, "binds_while", raising=False)
+    before = importlib.import_module("binds_before")  # untraced: torch's and copy's own
+    own = _bindings(before)
+    assert own["deepcopy"] is copy.deepcopy and own["backward"] is torch.Tensor.backward
+    with copytrace.trace(write=False, level=level) as t:
+        during = importlib.import_module("binds_while")
+        x = torch.randn(3)
+        during.first(x)  # while tracing, what it bound is copytrace's: the copy is recorded
+        patched = _bindings(during)
+    assert [e.op for e in t.events] == ["deepcopy"]
+    assert patched["deepcopy"] is not copy.deepcopy  # it did bind copytrace's
+    # after stop: every name holds what the same import untraced holds
+    after = _bindings(during)
+    assert {k: v is own[k] for k, v in after.items()} == dict.fromkeys(own, True)
+    assert _bindings(before) == own  # a module imported before the trace is left alone
+    assert t.stats["errors"] == 0

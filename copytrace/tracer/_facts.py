@@ -20,7 +20,8 @@ import torch
 from copytrace.tracer import _native
 
 __all__ = [
-    "Facts", "batch_size", "facts", "is_wrapped", "py_facts", "strides_in_python", "unbatched",
+    "Facts", "batch_size", "facts", "is_wrapped", "own_sizes", "py_facts", "strides_in_python",
+    "unbatched",
 ]
 
 
@@ -81,6 +82,16 @@ def device_str(device: torch.device) -> str:
 
 
 def shape(t: torch.Tensor) -> tuple[int, ...]:
+    """``t``'s shape; ``()`` where it has no single one (nested tensors) or where a tensor
+    subclass answers it in Python and the C++ observer cannot read it (:func:`own_sizes`)."""
+    if type(t) not in _PLAIN:
+        own = own_sizes(t)
+        if own is not _ASK:
+            return () if own is None else own[0]
+    return _asked_shape(t)
+
+
+def _asked_shape(t: torch.Tensor) -> tuple[int, ...]:
     try:
         return tuple(t.shape)
     except Exception:  # nested tensors have no single shape
@@ -88,7 +99,16 @@ def shape(t: torch.Tensor) -> tuple[int, ...]:
 
 
 def nbytes(t: torch.Tensor) -> int:
-    """Logical bytes: numel x element size (0 when the layout has no numel)."""
+    """Logical bytes: numel x element size (0 when the layout has no numel, or where a tensor
+    subclass answers its sizes in Python and the C++ observer cannot read them)."""
+    if type(t) not in _PLAIN:
+        own = own_sizes(t)
+        if own is not _ASK:
+            return 0 if own is None else own[1] * t.element_size()
+    return _asked_nbytes(t)
+
+
+def _asked_nbytes(t: torch.Tensor) -> int:
     try:
         return t.numel() * t.element_size()
     except Exception:
@@ -130,6 +150,15 @@ def strides_in_python(t: torch.Tensor) -> bool:
     native = _native.loaded()
     if native is not None:
         return native.sizes_strides_policy(t) > 0
+    return _own_dispatch(cls)
+
+
+#: :func:`own_sizes`: torch answers the tensor's sizes itself; ask it
+_ASK: Any = object()
+
+
+def _own_dispatch(cls: type) -> bool:
+    """A tensor subclass defined outside torch with its own ``__torch_dispatch__``."""
     dispatch = getattr(cls, "__torch_dispatch__", _TENSOR_DISPATCH)
     return getattr(dispatch, "__func__", dispatch) is not _TENSOR_DISPATCH and not (
         cls.__module__ or ""
@@ -171,6 +200,23 @@ def batch_size(t: torch.Tensor) -> int | None:
         return None
 
 
+def own_sizes(t: torch.Tensor) -> Any:
+    """For a tensor subclass that answers its sizes in Python
+    (``_make_wrapper_subclass(..., dispatch_sizes_strides_policy="sizes")``, where ``t.shape``,
+    ``t.numel()`` and ``t.storage_offset()`` reach its ``__torch_dispatch__`` as
+    ``aten.sym_size``, ``sym_numel``, ``sym_storage_offset``: calls the program did not make):
+    ``(shape, numel, storage_offset)`` as its TensorImpl holds them, read by the C++ observer
+    (``sizes_default``, no dispatch), or None where they cannot be read so (no observer: assumed
+    of every subclass outside torch with its own ``__torch_dispatch__``; symbolic sizes).
+    :data:`_ASK` for every other tensor: torch answers, read them as usual."""
+    native = _native.loaded()
+    if native is not None:
+        if native.sizes_strides_policy(t) < 2:
+            return _ASK
+        return native.sizes_default(t)
+    return None if _own_dispatch(type(t)) else _ASK
+
+
 def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> Facts:
     """The facts read with torch's Python bindings (any tensor, subclasses included).
 
@@ -183,7 +229,12 @@ def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> Facts:
             real = unbatched(t)[0]
         except Exception:
             real = t
-    logical = nbytes(real)
+    own = _ASK if type(real) in _PLAIN else own_sizes(real)
+    if own is _ASK:
+        dims, logical = _asked_shape(t), _asked_nbytes(real)
+    else:  # a subclass answers its sizes in Python: never ask it (None: unknown)
+        dims, numel, own_offset = own if own is not None else ((), 0, None)
+        logical = numel * real.element_size()
     try:
         storage = real.untyped_storage()
     except Exception:  # sparse, nested, some subclasses: no single storage
@@ -196,7 +247,7 @@ def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> Facts:
         except Exception:
             pass
         if not real.is_nested:  # nested tensors have no single view
-            offset = real.storage_offset()
+            offset = real.storage_offset() if own is _ASK else own_offset
             # not read where the subclass answers it in Python: the read would reach it
             stride = None if strides_in_python(real) else tuple(real.stride())
     if with_grad_fn:
@@ -208,7 +259,7 @@ def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> Facts:
         grad_fn = is_leaf = grad_fn_name = None
         fake = False
     return _new_facts(Facts, (
-        shape(t), dtype_name(t.dtype), device_str(t.device), t.requires_grad, is_leaf,
+        dims, dtype_name(t.dtype), device_str(t.device), t.requires_grad, is_leaf,
         grad_fn, grad_fn_name, storage, storage_bytes, logical, offset, stride, version(t),
         fake,
     ))  # fmt: skip

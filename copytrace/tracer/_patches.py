@@ -7,18 +7,25 @@ tensors (one group event over its tensor copies), ``copy.copy`` of a tensor (an 
 disabled). copytrace replaces those functions while it traces (:func:`install_patches`) and
 puts the originals back (:func:`remove_patches`). The patches are process-wide but record only
 on the traced thread, outside compiled regions (:func:`_here`).
+
+A module first imported while they stand may bind them at import (``from copy import
+deepcopy``, a default argument ``deepcopy=copy.deepcopy``, a class attribute): when the patches
+go, such names in the modules imported meanwhile are bound to the originals again
+(:func:`_unbind_new_modules`), so that nothing of copytrace stays in the program after stop.
 """
 
 from __future__ import annotations
 
 import copy
+import sys
 import threading
 import time
+import types
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from copytrace.tracer import _handover, _slots
+from copytrace.tracer import _handover, _slots, _warnshim
 
 if TYPE_CHECKING:
     from copytrace.tracer._recorder import Recorder
@@ -140,9 +147,16 @@ EXTRA_PATCHES: list[tuple[Any, str, Any, Any]] = []
 MISSING = object()
 
 
+#: names in ``sys.modules`` when the patches went in, until they go (:func:`_unbind_new_modules`)
+_MODULES_BEFORE: set[str] | None = None
+
+
 def install_patches(stepping_aside: bool = False) -> None:
     """Install copytrace's patches (``stepping_aside``: back after a compiled call, where the
     ``torch.Tensor`` ones stayed)."""
+    global _MODULES_BEFORE
+    if not stepping_aside and _MODULES_BEFORE is None:
+        _MODULES_BEFORE = set(sys.modules)  # ~3,000 names: tens of microseconds
     getitem = False
     for owner, name, _, new in EXTRA_PATCHES:
         if not (stepping_aside and owner is _Tensor):
@@ -185,3 +199,88 @@ def remove_patches(stepping_aside: bool = False) -> None:
     if torch.nn.Parameter.__dict__.get("__deepcopy__") is _traced_param_deepcopy:
         torch.nn.Parameter.__deepcopy__ = _ORIG_PARAM_DEEPCOPY
     _handover.remove()
+    if not stepping_aside and _MODULES_BEFORE is not None:
+        try:
+            _unbind_new_modules(_patched_to_original())
+        except Exception as err:  # counted on the trace, never raised into the program
+            if _ACTIVE is not None:
+                _ACTIVE.note_error(err)
+
+
+def _patched_to_original() -> dict[int, Any]:
+    """id of each callable copytrace patches in -> the original it stands for."""
+    out = {
+        id(_traced_deepcopy): _ORIG_DEEPCOPY,
+        id(_traced_copy): _ORIG_COPY,
+        id(_traced_swap_tensors): _ORIG_SWAP,
+        id(_traced_from_numpy): _ORIG_FROM_NUMPY,
+        id(_traced_param_deepcopy): _ORIG_PARAM_DEEPCOPY,
+    }
+    for orig, _, wrapper in _handover._WRAPPERS.values():
+        out[id(wrapper)] = orig
+    for shim in _warnshim._SHIM:  # warnings.warn while tracing (the observer's C shim)
+        out[id(shim)] = _warnshim._ORIG_WARN
+    for owner, name, orig, new in EXTRA_PATCHES:  # MISSING: the attribute was inherited
+        out[id(new)] = getattr(owner, name) if orig is MISSING else orig
+    return out
+
+
+def _unbind_new_modules(patched: dict[int, Any]) -> int:
+    """In every module imported since :func:`install_patches`, bind the names that hold one
+    of copytrace's patched callables (``patched``: id -> original) to the original: module
+    globals, the attributes of the classes the module defines, and the default arguments of
+    its functions and of those classes' functions. Only modules new in ``sys.modules`` are
+    read (a module imported before the trace saw the originals). Returns how many names were
+    bound again."""
+    global _MODULES_BEFORE
+    before, _MODULES_BEFORE = _MODULES_BEFORE or set(), None
+    rebound = 0
+    for name, module in list(sys.modules.items()):
+        if name in before or not isinstance(module, types.ModuleType):
+            continue
+        space = getattr(module, "__dict__", None)
+        if isinstance(space, dict):
+            rebound += _unbind_namespace(space, patched, name, module)
+    return rebound
+
+
+def _unbind_namespace(space: dict, patched: dict[int, Any], module_name: str, owner: Any) -> int:
+    rebound = 0
+    for key, value in list(space.items()):
+        orig = patched.get(id(value))
+        if orig is not None:
+            if isinstance(owner, type):
+                setattr(owner, key, orig)
+            else:
+                space[key] = orig
+            rebound += 1
+        elif isinstance(value, types.FunctionType):
+            rebound += _unbind_defaults(value, patched)
+        elif isinstance(value, (classmethod, staticmethod)):
+            inner = value.__func__
+            if id(inner) in patched:  # staticmethod(deepcopy)
+                setattr(owner, key, type(value)(patched[id(inner)]))
+                rebound += 1
+            elif isinstance(inner, types.FunctionType):
+                rebound += _unbind_defaults(inner, patched)
+        elif (
+            isinstance(value, type)
+            and value is not owner
+            and getattr(value, "__module__", None) == module_name
+            and not isinstance(owner, type)  # the module's own classes, one level deep
+        ):
+            rebound += _unbind_namespace(dict(vars(value)), patched, module_name, value)
+    return rebound
+
+
+def _unbind_defaults(fn: types.FunctionType, patched: dict[int, Any]) -> int:
+    rebound = 0
+    defaults = fn.__defaults__
+    if defaults and any(id(v) in patched for v in defaults):
+        fn.__defaults__ = tuple(patched.get(id(v), v) for v in defaults)
+        rebound += 1
+    kwdefaults = fn.__kwdefaults__
+    if kwdefaults and any(id(v) in patched for v in kwdefaults.values()):
+        fn.__kwdefaults__ = {k: patched.get(id(v), v) for k, v in kwdefaults.items()}
+        rebound += 1
+    return rebound

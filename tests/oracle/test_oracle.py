@@ -1,7 +1,7 @@
 """PyTorch's own test databases as the oracle, CI sample: a traced program cannot tell.
 
-Runs, untraced and inside ``copytrace.trace`` at the default level on both observer paths
-(the C++ observer, and the Python fallback), 400 ops of ``op_db`` (of those that support float32 on
+Runs, untraced and inside ``copytrace.trace`` at every level on the C++ observer (``lean``, the
+default; ``full``; ``api``) and at the default level on the Python fallback, 400 ops of ``op_db`` (of those that support float32 on
 the CPU) on their first float32 sample (with gradients and without), every module of ``module_db`` on
 its first input and every optimizer of ``optim_db`` on its first input, and asserts that no
 output, gradient, state, exception, warning, mode stack length, weakref count, reference count
@@ -52,7 +52,7 @@ class Known:
 # Each reason names the touch; an entry goes when its touch is fixed (a fixed touch whose entry
 # stays fails test_known_differences_still_seen).
 
-#: On the C++ observer (the default level) nothing is known: every difference fails. On the
+#: On the C++ observer (every level) nothing is known: every difference fails. On the
 #: Python fallback (no compiler) only its dispatch mode's own effects are (docs/oracle.md).
 #: by design: the Python fallback's dispatch mode is its mechanism (docs/oracle.md)
 FALLBACK_VERSION = (
@@ -80,7 +80,15 @@ KNOWN: list[Known] = [
 ]
 # fmt: on
 
-OBSERVERS = ("native", "python")
+#: the traced configurations: every level on the C++ observer, the default level on the
+#: Python fallback (the fallback's other levels: ``benchmarks/oracle.py --observer python``)
+CONFIGS = [
+    _harness.Config("lean", "native"),
+    _harness.Config("full", "native"),
+    _harness.Config("api", "native"),
+    _harness.Config("lean", "python"),
+]
+CONFIG_NAMES = [c.name for c in CONFIGS]
 #: ops run on their first float32 sample: this many, evenly spaced over op_db ...
 CI_OPS = 400
 #: ... and these, whose differences were found and fixed (each names its root cause in git)
@@ -98,7 +106,7 @@ def ci_ops() -> list:
 
 @pytest.fixture(scope="module")
 def report() -> _harness.Report:
-    report = _harness.Report(_harness.configs(["lean"], OBSERVERS))
+    report = _harness.Report(list(CONFIGS))
     ops = ci_ops()
     for op in ops:
         _harness.run_cases(report, f"op {_cases.op_name(op)}", _cases.op_cases(op))
@@ -115,32 +123,28 @@ def test_sample_size(report: _harness.Report) -> None:
     groups = report.op_groups + len(_cases.module_db()) + len(_cases.optim_db())  # type: ignore[attr-defined]
     assert report.groups == groups
     # both paths really ran: the C++ observer and the Python fallback
-    assert report.observer_paths == {("lean/native", "native"), ("lean/python", "python")}
+    assert report.observer_paths == {(c.name, c.observer) for c in CONFIGS}
 
 
-def _unexpected(report: _harness.Report, observer: str) -> list[_harness.Difference]:
+def _unexpected(report: _harness.Report, config: str) -> list[_harness.Difference]:
     return [
         d
         for d in report.differences
-        if d.config == f"lean/{observer}" and not any(k.matches(d) for k in KNOWN)
+        if d.config == config and not any(k.matches(d) for k in KNOWN)
     ]
 
 
-@pytest.mark.parametrize("observer", OBSERVERS)
-def test_no_difference(report: _harness.Report, observer: str) -> None:
-    unexpected = _unexpected(report, observer)
+@pytest.mark.parametrize("config", CONFIG_NAMES)
+def test_no_difference(report: _harness.Report, config: str) -> None:
+    unexpected = _unexpected(report, config)
     assert not unexpected, f"{len(unexpected)} difference(s):\n" + "\n".join(
         d.describe() for d in unexpected[:10]
     )
 
 
-@pytest.mark.parametrize("observer", OBSERVERS)
-def test_no_internal_error(report: _harness.Report, observer: str) -> None:
-    errors = [
-        d
-        for d in report.differences
-        if d.config == f"lean/{observer}" and d.kind == "internal_error"
-    ]
+@pytest.mark.parametrize("config", CONFIG_NAMES)
+def test_no_internal_error(report: _harness.Report, config: str) -> None:
+    errors = [d for d in report.differences if d.config == config and d.kind == "internal_error"]
     assert not errors, "\n".join(f"{d.case}: {d.traced}" for d in errors[:3])
 
 

@@ -209,6 +209,22 @@ PyObject* py_sizes_strides_policy(PyObject*, PyObject* obj) {
   return PyLong_FromLong(policy);
 }
 
+// sizes_default(t) -> (shape, numel, storage_offset) | None: what torch's TensorImpl itself
+// holds (sizes_default(), numel_default(), storage_offset_default(); c10/core/TensorImpl.h),
+// read without the sizes policy, so a tensor subclass that answers its sizes in Python
+// (dispatch_sizes_strides_policy="sizes") is not asked (t.shape, t.numel() and
+// t.storage_offset() would reach its __torch_dispatch__ as aten.sym_size, sym_numel,
+// sym_storage_offset). None for anything that is not a tensor and for symbolic sizes.
+PyObject* py_sizes_default(PyObject*, PyObject* obj) {
+  if (!THPVariable_Check(obj)) Py_RETURN_NONE;
+  const c10::TensorImpl* impl = THPVariable_Unpack(obj).unsafeGetTensorImpl();
+  if (impl == nullptr || impl->has_symbolic_sizes_strides()) Py_RETURN_NONE;
+  PyObject* shape = int_tuple(impl->sizes_default());
+  if (shape == nullptr) return nullptr;
+  return Py_BuildValue("(NLL)", shape, static_cast<long long>(impl->numel_default()),
+                       static_cast<long long>(impl->storage_offset_default()));
+}
+
 bool grad_fn_sequence_nr(PyObject* t, long long* seq) {
   if (!THPVariable_Check(t)) return true;
   try {

@@ -89,6 +89,9 @@ PyMethodDef g_methods[] = {
     {"sizes_strides_policy", py_sizes_strides_policy, METH_O,
      "sizes_strides_policy(t): 0 torch answers t's sizes and strides, 1 a subclass answers its "
      "strides in Python, 2 its sizes too"},
+    {"sizes_default", py_sizes_default, METH_O,
+     "sizes_default(t): (shape, numel, storage_offset) as t's TensorImpl holds them, asking no "
+     "subclass; None for symbolic sizes or no tensor"},
     {"copy_slots", copy_slots, METH_O,
      "copy_slots(proto): a shallow copy of a __slots__ object (a new CopyEvent from a "
      "prototype), untracked by the GC"},

@@ -226,6 +226,7 @@ COPYTRACE_FAST(py_hot_install) COPYTRACE_NOARGS(py_hot_restore) COPYTRACE_NOARGS
 // facts.cpp
 COPYTRACE_FAST(py_facts)
 PyObject* py_sizes_strides_policy(PyObject*, PyObject* t);
+PyObject* py_sizes_default(PyObject*, PyObject* t);
 // steps.cpp
 COPYTRACE_FAST(py_set_step_hooks)
 // frames.cpp

@@ -56,6 +56,11 @@ def sizes_strides_policy(t: object, /) -> int:
     tensor subclass answers its strides in Python, 2 when it answers its sizes too; read from
     the TensorImpl, no dispatch."""
 
+def sizes_default(t: object, /) -> tuple[tuple[int, ...], int, int] | None:
+    """``(shape, numel, storage_offset)`` as ``t``'s TensorImpl holds them (``sizes_default()``,
+    ``numel_default()``, ``storage_offset_default()``), asking no tensor subclass that answers
+    its sizes in Python; None for symbolic sizes or anything that is not a tensor."""
+
 def set_step_hooks(begin: Callable[[], object] | None, end: Callable[[], object] | None, /) -> bool:
     """Call ``begin()`` and ``end()`` around each optimizer step on this thread (a USER_SCOPE
     RecordFunction callback on torch's ``Optimizer.step#<Class>.step`` scope); ``(None, None)``
