@@ -205,7 +205,10 @@ def _headline_lines(model: ReportModel) -> list[str]:
     )
     from copytrace.dashboards._rows import BYTES_DEFINITION
 
-    lines.append(f"  ({BYTES_DEFINITION})")
+    import textwrap
+
+    lines.extend(textwrap.wrap(f"({BYTES_DEFINITION})", 100, initial_indent="  ",
+                               subsequent_indent="   "))  # fmt: skip
     if model.hazards or model.analysis == "ran":
         lines.append(f"hazards: {len(model.hazards)}")
     return lines
