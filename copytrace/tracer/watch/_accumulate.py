@@ -7,8 +7,9 @@ them all go before tracing stops: nothing is alive when the check runs. This mix
 while they live:
 
 * each attached copy is listed under its call site (``file``, ``line``); the list starts again
-  when a backward ran since the site's last copy (its root newer than that copy: the backward
-  may have gone through the copies, as in gradient accumulation);
+  when a backward ran since the site's last copy (the watch's newest backward root moved: the
+  backward may have gone through that copy's graph, as in ``losses.append(loss.clone());
+  loss.backward()``), and that copy's noted bytes are forgotten;
 * when a site's count since that start reaches 4, 8, 16... (doubling: amortised O(1) per copy)
   the site's listed copies whose ``grad_fn`` still lives are counted (the C++ observer's weak
   pointer on the node; on the Python fallback a search of the live graphs, matched by sequence
@@ -18,8 +19,9 @@ while they live:
   from a flagged site has its bytes noted when recorded. A later check that finds fewer alive
   (a bounded window of copies) unflags the site and forgets what it noted;
 * at the step boundary, or when tracing stops, the noted bytes of each copy with no backward
-  root newer than it become its event's ``retained_bytes``; a copy still alive then is
-  measured by the step-boundary check instead.
+  root newer than it (gathered copies then backwarded: gradient accumulation) become its
+  event's ``retained_bytes``, except those of a site's last copy when a backward ran after
+  it; a copy still alive then is measured by the step-boundary check instead.
 
 Bytes per copy: storages saved by its graph, once each within that graph, leaving out the
 leaves that require grad (parameters, alive anyway); a storage saved by several kept graphs
@@ -50,14 +52,15 @@ _MAX_PENDING = 100_000  # copies with noted bytes per step
 class _Site:
     """One call site's attached copies since the last backward through them."""
 
-    __slots__ = ("entries", "count", "next_check", "flagged", "newest")
+    __slots__ = ("entries", "count", "next_check", "flagged", "mark", "last")
 
-    def __init__(self) -> None:
+    def __init__(self, mark: int) -> None:
         self.entries: list[_Attached] = []  # listed copies (pruned to the live ones at a check)
         self.count = 0  # copies recorded since the site (re)started
         self.next_check = _FIRST_CHECK
         self.flagged = False
-        self.newest = -1  # sequence nr of the site's newest copy
+        self.mark = mark  # the watch's newest backward root when the site's last copy came
+        self.last: _Attached | None = None  # the site's last copy
 
 
 class Accumulation:
@@ -79,17 +82,19 @@ class Accumulation:
         if site is None:
             if len(self.sites) >= _MAX_SITES:
                 return
-            site = self.sites[key] = _Site()
-        elif site.newest <= self._backward_seq:
-            site.__init__()  # a backward ran since the site's last copy: start again
+            site = self.sites[key] = _Site(self._backward_seq)
+        elif site.mark != self._backward_seq:  # a backward since the site's last copy
+            if site.last is not None:
+                site.last.pending = None  # it may have run through that copy's graph
+            site.__init__(self._backward_seq)
         site.entries.append(a)
+        site.last = a
         site.count += 1
-        site.newest = a.seq
         if site.count >= site.next_check:
             site.next_check = 2 * site.count
             with _NoTorchFunction():  # no other mode sees copytrace's reads
                 self._check_site(key, site)
-        elif site.flagged and a.pending is None and len(self.pending) < _MAX_PENDING:
+        elif site.flagged and len(self.pending) < _MAX_PENDING:
             with _NoTorchFunction():
                 a.pending = _graph_bytes(grad_fn)
             self.pending.append(a)
@@ -134,6 +139,9 @@ class Accumulation:
     def _commit_pending(self, walked: set[int], newest_backward: int) -> list[tuple[Any, int]]:
         """``(event, bytes)`` of the noted copies the step-boundary walk did not measure and
         that no backward may have gone through; empties ``pending`` and ``sites``."""
+        for site in self.sites.values():
+            if site.mark != newest_backward and site.last is not None:
+                site.last.pending = None  # a backward after a site's last copy
         pending, self.pending = self.pending, []
         self.sites = {}
         return [
