@@ -52,15 +52,15 @@ _MAX_PENDING = 100_000  # copies with noted bytes per step
 class _Site:
     """One call site's attached copies since the last backward through them."""
 
-    __slots__ = ("entries", "count", "next_check", "flagged", "mark", "last")
+    __slots__ = ("count", "next_check", "flagged", "mark", "last", "first")
 
     def __init__(self, mark: int) -> None:
-        self.entries: list[_Attached] = []  # listed copies (pruned to the live ones at a check)
         self.count = 0  # copies recorded since the site (re)started
         self.next_check = _FIRST_CHECK
         self.flagged = False
         self.mark = mark  # the watch's newest backward root when the site's last copy came
         self.last: _Attached | None = None  # the site's last copy
+        self.first = -1  # sequence nr of the site's first copy since it (re)started
 
 
 class Accumulation:
@@ -87,8 +87,9 @@ class Accumulation:
             if site.last is not None:
                 site.last.pending = None  # it may have run through that copy's graph
             site.__init__(self._backward_seq)
-        site.entries.append(a)
         site.last = a
+        if site.count == 0:
+            site.first = a.seq
         site.count += 1
         if site.count >= site.next_check:
             site.next_check = 2 * site.count
@@ -100,8 +101,11 @@ class Accumulation:
             self.pending.append(a)
 
     def _check_site(self, key: tuple[Any, Any], site: _Site) -> None:
-        live = self._live_nodes(site.entries)
-        site.entries = [a for a, _ in live]
+        # the site's copies since it (re)started, among the step's listed attached copies
+        # (``_prune_attached`` keeps that list about twice its live entries)
+        file, line, first = key[0], key[1], site.first
+        mine = [a for a in self.attached if a.ev.line == line and a.seq >= first and a.ev.file == file]
+        live = self._live_nodes(mine)
         accumulating = len(live) >= 3 and 2 * len(live) > site.count
         if not accumulating:
             if site.flagged:
