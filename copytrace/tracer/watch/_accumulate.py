@@ -105,7 +105,7 @@ class Accumulation:
         # (``_prune_attached`` keeps that list about twice its live entries)
         file, line, first = key[0], key[1], site.first
         mine = [a for a in self.attached if a.ev.line == line and a.seq >= first and a.ev.file == file]
-        live = self._live_nodes(mine)
+        live = self._live_nodes(mine, site.count)
         accumulating = len(live) >= 3 and 2 * len(live) > site.count
         if not accumulating:
             if site.flagged:
@@ -120,14 +120,20 @@ class Accumulation:
                 a.pending = _graph_bytes(node)
                 self.pending.append(a)
 
-    def _live_nodes(self, entries: list[_Attached]) -> list[tuple[_Attached, Any]]:
-        """The entries whose node lives, each with its node (held by the caller only)."""
+    def _live_nodes(self, entries: list[_Attached], count: int) -> list[tuple[_Attached, Any]]:
+        """The entries whose node lives, each with its node (held by the caller only); on the
+        fallback none unless more than half of ``count`` copies (and 3) are alive."""
         nodes = self.copies.nodes
         if nodes is not None:
             grad_fn_of = nodes[1]
             out = [(a, grad_fn_of(a.node)) for a in entries]
             return [(a, node) for a, node in out if node is not None]
-        wanted = {(a.seq, a.kind): a for a in entries}
+        # the fallback: the copies alive first (a storage handle, cheap), so that a site whose
+        # copies die (a rebound variable) costs no search of the heap
+        alive = [a for a in entries if a.copy_alive()]
+        if len(alive) < 3 or 2 * len(alive) <= count:
+            return []
+        wanted = {(a.seq, a.kind): a for a in alive}
         found: list[tuple[_Attached, Any]] = []
         seen: set[int] = set()
         hold: list[Any] = []
