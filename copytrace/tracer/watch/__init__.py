@@ -15,7 +15,9 @@ The recorder owns one :class:`Watch` per trace and calls it at five points:
 * :meth:`Watch.check_backward`, for ``Tensor.backward``, ``torch.autograd.backward`` and
   ``torch.autograd.grad``: the graph about to run, against the pending writes.
 * :meth:`Watch.step_end` at each step boundary and :meth:`Watch.finish` when tracing stops:
-  attached copies that retain a graph, stale ``state_dict()`` aliases (``watch/_retained.py``).
+  attached copies that retain a graph, stale ``state_dict()`` aliases (``watch/_retained.py``);
+  attached copies kept together from one call site within a step are noted when that site's
+  count doubles (``watch/_accumulate.py``) and committed there.
 
 Two contracts, both typed:
 
@@ -47,7 +49,8 @@ __all__ = ["Watch", "WatchHost", "HeldEvents", "LATE_FIELDS", "BACKWARD_FUNCTION
 #: The event fields a watch may change after the event was recorded (and only these):
 #: ``inplace_writes`` and ``write_site`` (writes through a ``.data`` alias or into a fresh
 #: copy), ``saved_by``, ``src_name`` (a backward that read a written storage),
-#: ``retained_bytes`` (an attached copy retaining its graph at a step boundary), ``stale``
+#: ``retained_bytes`` (an attached copy retaining its graph at a step boundary, or kept with
+#: others from its line within a step), ``stale``
 #: (a ``state_dict()`` alias whose source changed), ``load_site`` (the load that handed it over).
 LATE_FIELDS = ("inplace_writes", "write_site", "saved_by", "src_name", "retained_bytes", "stale",
                "load_site")  # fmt: skip

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from copytrace.tracer._storage_ref import StorageRef, storage_ref
+from copytrace.tracer.watch._accumulate import Accumulation
 from copytrace.tracer.watch._graph import (
     _live_graph_roots,
     _live_node_keys,
@@ -38,12 +39,14 @@ _NoTorchFunction = torch._C.DisableTorchFunction
 _PRUNE_ATTACHED = 64  # attached copies listed before the first prune (_prune_attached)
 
 
-class Retention:
+class Retention(Accumulation):
     """The step-boundary checks of :class:`~copytrace.tracer.watch.Watch` (a mixin: the state
-    is the watch's, set up in its ``__init__``)."""
+    is the watch's, set up in its ``__init__``); copies noted within the step by
+    :class:`~copytrace.tracer.watch._accumulate.Accumulation` are committed here."""
 
     host: WatchHost
     attached: list[_Attached]
+    pending: list[_Attached]
     snapshots: list[_Snapshot]
     snap_watch: dict[tuple[int, int], list[_Snapshot]]
     copies: Fresh
@@ -72,8 +75,9 @@ class Retention:
 
     def step_end(self, final: bool = False) -> None:
         """Check this step's attached copies and the kept ``state_dict()`` aliases."""
-        if not (final or self.attached or self.snapshots or self.handovers.watched):
+        if not (final or self.attached or self.pending or self.snapshots or self.handovers.watched):
             self._backward_seq = -1  # nothing to check: what _check_retained would leave
+            self.sites = {}
             return
         try:
             with _NoTorchFunction():  # no other mode sees copytrace's reads
@@ -113,6 +117,7 @@ class Retention:
             del grad_fn
         if derived:
             found.extend(self._derived(derived, seen, keep_alive, leaves))
+        walked = {id(ev) for ev, _ in found}
         counted = leaves  # a storage kept alive by several graphs counts once, first
         retained: list[tuple[CopyEvent, int]] = []
         for ev, saved in found:
@@ -123,6 +128,7 @@ class Retention:
                     nbytes += storage.nbytes()
             if nbytes > 0:
                 retained.append((ev, nbytes))
+        retained.extend(self._commit_pending(walked, newest_backward))
         if final:
             # When tracing stops mid-step, one attached result still waiting for its backward
             # (a forward output) is normal; several from one line are being accumulated.
@@ -189,7 +195,7 @@ class _Attached:
     ``kind``, its type's name); ``storage``, torch's weak handle on the copy's storage (the
     copy, or a view of it, is alive while the storage is)."""
 
-    __slots__ = ("node", "ev", "seq", "kind", "storage")
+    __slots__ = ("node", "ev", "seq", "kind", "storage", "pending")
 
     @classmethod
     def of(cls, out: Any, grad_fn: Any, ev: CopyEvent, nodes: Any) -> _Attached | None:
@@ -204,6 +210,7 @@ class _Attached:
         if nodes is not None and a.node is None:
             return None
         a.ev, a.seq, a.kind = ev, seq, type(grad_fn).__name__
+        a.pending = None  # retained bytes noted within the step (watch/_accumulate.py)
         a.storage = storage_ref(out)
         return a
 

@@ -62,6 +62,8 @@ class Watch(AliasWrites, Retention):
         self.rebinds: dict[int, _Pending] = {}  # id(storage) -> pending `.data =` rebinding
         # this step's attached copies (watch/_retained.py _Attached)
         self.attached: list[_Attached] = []
+        self.sites: dict = {}  # call site -> its attached copies (watch/_accumulate.py)
+        self.pending: list[_Attached] = []  # copies whose retained bytes wait for step end
         self._attached_prune = _PRUNE_ATTACHED  # list length at which dead entries are dropped
         self._backward_seq = -1  # newest backward root of this step (autograd sequence nr)
         self._scan_skip = 0  # steps left before the next search for live derived tensors
@@ -82,6 +84,7 @@ class Watch(AliasWrites, Retention):
         for table in (self.writes, self.rebinds):
             events.extend(p.alias.ev for p in table.values())
         events.extend(entry.ev for entry in self.attached)
+        events.extend(entry.ev for entry in self.pending)
         events.extend(snap.ev for snap in self.snapshots)
         events.extend(self.copies.events())
         events.extend(self.handovers.events())
@@ -159,6 +162,7 @@ class Watch(AliasWrites, Retention):
             entry = _Attached.of(out, grad_fn, ev, self.copies.nodes)
             if entry is not None:
                 attached.append(entry)
+                self._note_site(entry, grad_fn)
             if len(attached) >= self._attached_prune:
                 self._prune_attached()
         if out is not src and op not in _NOT_FRESH and (ev.bytes_allocated > 0 or op in _INDEX_OPS):
