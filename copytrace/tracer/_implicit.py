@@ -215,7 +215,7 @@ _MARKS: dict[Any, bool] = {}
 
 def _recompute_marks() -> dict[Any, bool]:
     """Code objects that decide, walking out from a backward copy, whether it is a
-    recomputation (torch 2.13's ``torch/utils/checkpoint.py``): True for the non-reentrant
+    recomputation (torch 2.13's and 2.14's ``torch/utils/checkpoint.py``): True for the non-reentrant
     checkpoint's ``recompute_fn`` (run by its saved-tensor unpack hook) and the reentrant
     ``CheckpointFunction.backward``; False for ``_engine_run_backward`` (a backward pass,
     such as the reentrant checkpoint's inner one, runs autograd's nodes, not the user's code)."""
@@ -223,11 +223,18 @@ def _recompute_marks() -> dict[Any, bool]:
         from torch.autograd import graph
         from torch.utils import checkpoint
 
-        for name in ("_checkpoint_without_reentrant_generator", "checkpoint"):
-            fn = getattr(checkpoint, name, None)
-            for const in getattr(getattr(fn, "__code__", None), "co_consts", ()):
-                if getattr(const, "co_name", None) == "recompute_fn":
-                    _MARKS[const] = True
+        # recompute_fn is a closure of the non-reentrant generator (its ``_impl`` on torch
+        # 2.14): found among the nested code objects of every function of the module
+        codes = [getattr(fn, "__code__", None) for fn in vars(checkpoint).values()]
+        for _ in range(4):  # nesting depth
+            nested = []
+            for code in codes:
+                for const in getattr(code, "co_consts", ()):
+                    if hasattr(const, "co_consts"):
+                        if const.co_name == "recompute_fn":
+                            _MARKS[const] = True
+                        nested.append(const)
+            codes = nested
         _MARKS[checkpoint.CheckpointFunction.backward.__code__] = True
         _MARKS[graph._engine_run_backward.__code__] = False
     return _MARKS
