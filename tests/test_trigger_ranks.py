@@ -7,10 +7,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -107,12 +110,26 @@ def test_trigger_all_ranks_of_a_torchrun_job(tmp_path):
         [*cmd, str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         cwd=tmp_path, env=env,
     )  # fmt: skip
+    # both pipes drained by threads (a full stderr pipe must not stall the job) and the wait
+    # for the ranks bounded: a job that never gets there fails with what it printed
+    out_lines: queue.Queue[str] = queue.Queue()
+    err_lines: list[str] = []
+    readers = [
+        threading.Thread(target=lambda: [out_lines.put(ln) for ln in proc.stdout], daemon=True),
+        threading.Thread(target=lambda: err_lines.extend(proc.stderr), daemon=True),
+    ]  # fmt: skip
+    for reader in readers:
+        reader.start()
     try:
         lines: list[str] = []
-        assert proc.stdout is not None
+        deadline = time.monotonic() + 240
         while sum(ln.endswith(" waiting\n") for ln in lines) < 2:
-            lines.append(proc.stdout.readline())
-            assert lines[-1], "the job ended early"
+            try:
+                lines.append(out_lines.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                raise AssertionError(
+                    f"ranks not both waiting after 240 s: {lines} {''.join(err_lines)[-3000:]}"
+                ) from None
         exe = Path(sys.executable).with_name("copytrace")
         alone = subprocess.run(
             [str(exe), "trigger", str(proc.pid), "--steps", str(STEPS)],
@@ -123,7 +140,11 @@ def test_trigger_all_ranks_of_a_torchrun_job(tmp_path):
             capture_output=True, text=True, timeout=60,
         )  # fmt: skip
         go.touch()
-        rest, err = proc.communicate(timeout=300)
+        proc.wait(timeout=300)
+        for reader in readers:
+            reader.join(timeout=60)
+        rest = "".join(out_lines.get() for _ in range(out_lines.qsize()))
+        err = "".join(err_lines)
     finally:
         if proc.poll() is None:
             proc.kill()
