@@ -32,6 +32,13 @@ import os, sys, time, torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+def say(line):
+    # one write per line: print() writes the text and its newline apart, and the two ranks'
+    # writes to the launcher's one pipe could then interleave inside a line
+    sys.stdout.write(line + "\\n")
+    sys.stdout.flush()
+
+
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
@@ -43,9 +50,9 @@ for i in range(20):
     opt.zero_grad()
     loss.backward()
     opt.step()
-    print(f"rank {rank} iter {i} loss {loss.item():.6f}", flush=True)
+    say(f"rank {rank} iter {i} loss {loss.item():.6f}")
     if i == 5:
-        print(f"rank {rank} waiting", flush=True)
+        say(f"rank {rank} waiting")
         while not os.path.exists(sys.argv[1]):
             time.sleep(0.01)
 dist.destroy_process_group()
