@@ -203,9 +203,9 @@ def _headline_lines(model: ReportModel) -> list[str]:
         f"{format_bytes(t.bytes_allocated)}, copy time {format_ns(t.copy_time_ns)}, "
         f"cross-device {format_bytes(t.cross_device_bytes)} in {t.cross_device_count} events"
     )
-    from copytrace.dashboards._rows import BYTES_DEFINITION
-
     import textwrap
+
+    from copytrace.dashboards._rows import BYTES_DEFINITION
 
     lines.extend(textwrap.wrap(f"({BYTES_DEFINITION})", 100, initial_indent="  ",
                                subsequent_indent="   "))  # fmt: skip
