@@ -89,21 +89,11 @@ def format_summary(model: ReportModel, top_n: int = 10) -> str:
         from copytrace.dashboards._compiled import summary_lines
 
         lines.extend(summary_lines(compiled, model.totals.bytes_copied, top_n))
-    lines.extend(rank_lines(_rank_rows(model)))
+    from copytrace.dashboards.sections.ranks import rank_totals
+
+    lines.extend(rank_lines(rank_totals(model)))
     lines.extend(_hazard_lines(model, top_n))
     return "\n".join(lines) + "\n"
-
-
-def _rank_rows(model: ReportModel) -> list[tuple[str, int, int, int]]:
-    """``(label, steps, bytes copied, copy time ns)`` of each run (process, rank), from the
-    model's per-step rows (steps: those with a number)."""
-    sums: dict[str, list[int]] = {}
-    for s in model.steps:
-        acc = sums.setdefault(s.run, [0, 0, 0])
-        acc[0] += s.step >= 0
-        acc[1] += s.bytes_copied
-        acc[2] += s.copy_time_ns
-    return [(r.label, *sums.get(r.label, (0, 0, 0))) for r in model.runs]  # type: ignore[misc]
 
 
 def rank_lines(rows: Sequence[tuple[str, int, int, int]]) -> list[str]:

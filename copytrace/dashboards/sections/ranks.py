@@ -17,6 +17,18 @@ from copytrace.dashboards._pack import Strings
 __all__ = ["payload_ranks", "rank_view"]
 
 
+def rank_totals(model: Any) -> list[tuple[str, int, int, int]]:
+    """``(label, steps, bytes copied, copy time ns)`` of each run (process, rank), from the
+    model's per-step rows (steps: those with a number)."""
+    sums: dict[str, list[int]] = {}
+    for s in model.steps:
+        acc = sums.setdefault(s.run, [0, 0, 0])
+        acc[0] += s.step >= 0
+        acc[1] += s.bytes_copied
+        acc[2] += s.copy_time_ns
+    return [(r.label, *sums.get(r.label, (0, 0, 0))) for r in model.runs]  # type: ignore[misc]
+
+
 def rank_view(model: Any) -> dict[str, Any] | None:
     """The ranks side by side, or None for a single process.
 
@@ -27,16 +39,8 @@ def rank_view(model: Any) -> dict[str, Any] | None:
     """
     if len(model.runs) < 2:
         return None
-    sums: dict[str, list[int]] = {}
-    for s in model.steps:
-        acc = sums.setdefault(s.run, [0, 0, 0])
-        acc[0] += s.step >= 0
-        acc[1] += s.bytes_copied
-        acc[2] += s.copy_time_ns
-    per = []
-    for r in model.runs:
-        n, nbytes, ns = sums.get(r.label, (0, 0, 0))
-        per.append((r.label, n, nbytes / max(n, 1), ns / max(n, 1)))
+    per = [(label, n, nbytes / max(n, 1), ns / max(n, 1))
+           for label, n, nbytes, ns in rank_totals(model)]  # fmt: skip
     median = statistics.median(p[3] for p in per)
     slowest = max(range(len(per)), key=lambda i: per[i][3])
     rows = [(*p, p[3] / median if median else None) for p in per]
