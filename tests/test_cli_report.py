@@ -192,7 +192,7 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=600,  # generous: this job takes about 70 s, and longer on a loaded machine
     )
 
 
