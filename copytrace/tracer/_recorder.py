@@ -163,7 +163,7 @@ class Recorder(ApiEvents, ImplicitEvents):
         #: the Python fallback: (begin, end) of each optimizer step, called by the function
         #: mode at torch's ``Optimizer.step#`` record scope (``_modes.FunctionMode``)
         self.step_scope: tuple[Any, Any] | None = None
-        self.node_tags = _node_tags.NodeTags()  # the recorded copies' nodes (tracer/_node_tags.py)
+        self.node_tags = _node_tags.NodeTags(self)  # the recorded copies' nodes (_node_tags.py)
         # nn.Module paths, from the frames at event time (copytrace/tracer/_modules.py)
         self.modules = _modules.Modules()
         self.api_table = _api_table()
