@@ -99,13 +99,19 @@ def test_a_forked_child_behaves_as_untraced(how, tmp_path):
 
     plain = run("plain")
     assert plain.returncode == 0, plain.stderr
-    assert plain.stdout.count("child ") == 2  # each child ran its work once
+    assert plain.stdout.count("child [") == 2  # each child ran its work once
     assert "child exit 3" in plain.stdout and "child exit 5" in plain.stdout
     if how == "api":
         traced = run("api")
     else:
         traced = run("plain", COPYTRACE="1", COPYTRACE_OUTPUT=str(out), COPYTRACE_REPORT="0")
-    assert (traced.returncode, traced.stdout, traced.stderr) == (0, plain.stdout, plain.stderr)
+    ours = [ln for ln in traced.stderr.splitlines() if ln.startswith("copytrace: ")]
+    program_err = [ln for ln in traced.stderr.splitlines() if not ln.startswith("copytrace: ")]
+    assert (traced.returncode, traced.stdout, program_err) == (0, plain.stdout, [])
+    # the launch names the files it wrote: the parent's, and the child's that exited through
+    # atexit (a child of os.fork traces on its own; os._exit runs no atexit: no file)
+    assert all(ln.startswith("copytrace: trace ") for ln in ours)
+    assert len(ours) == (0 if how == "api" else 2)
     files = sorted(out.glob("copytrace-*.otlp.jsonl*"))
     if how == "api":
         # the parent's trace only: a child never writes into it, nor a trace of its own
@@ -206,8 +212,10 @@ def test_export_threads_live_only_while_a_trace_writes(tmp_path):
         during = _threads()
     after, count_after = _threads(), threading.active_count()
     assert after == before and count_after == count
-    # while the trace writes: the export thread and the gzip thread, no other
-    assert sorted(set(during) - set(before)) == ["copytrace-export", "copytrace-gzip"]
+    # while the trace writes: the export thread, and the gzip thread once the file has its
+    # first bytes (a flush: here maybe not yet), no other
+    assert "copytrace-export" in during
+    assert set(during) - set(before) <= {"copytrace-export", "copytrace-gzip"}
     with copytrace.trace(write=False):  # nothing written: no thread at all
         torch.ones(2).clone()
         assert _threads() == before
