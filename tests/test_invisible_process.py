@@ -256,3 +256,49 @@ def test_no_python_weakref_on_the_program_storages(observer, monkeypatch):
         assert traced == plain
         assert t.stats["errors"] == 0
     assert set(plain[0]) == {0}
+
+
+# --- weak references on modules, optimizers and compiled functions ---------------------------
+class _Cast(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.float64).float()  # a copy inside a module call: the module is named
+
+
+def test_weakrefs_on_modules_and_optimizers_go_at_stop():
+    # copytrace names modules (tracer/_modules.py) and follows state_dict() handovers between
+    # modules and optimizers (tracer/_handover.py) by weak references on them: visible while
+    # tracing to weakref.getweakrefcount of a module or optimizer, none left after stop
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), _Cast(), torch.nn.Linear(3, 2))
+    other = torch.nn.Sequential(torch.nn.Linear(4, 3), _Cast(), torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    objects = [model, *model, other, *other, opt]
+    before = [weakref.getweakrefcount(o) for o in objects]
+    with copytrace.trace(write=False) as t:
+        model(torch.randn(2, 4)).sum().backward()
+        model[0].weight.clone()  # an event inside no module call: names nothing
+        other.load_state_dict(model.state_dict())  # a handover, model -> other
+        opt.load_state_dict(opt.state_dict())
+        opt.step()
+        during = [weakref.getweakrefcount(o) for o in objects]
+    after = [weakref.getweakrefcount(o) for o in objects]
+    assert during != before  # held while tracing (docs/observer-effects.md) ...
+    assert after == before  # ... and none after
+    assert t.stats["errors"] == 0
+
+
+def _double(x: torch.Tensor) -> torch.Tensor:
+    return x.clone() * 2
+
+
+def test_weakrefs_on_compiled_functions_go_at_stop():
+    # a compiled call is named after its function (tracer/compiled/_calls.py: a cache checked
+    # by a weak reference on the function), dropped at stop
+    compiled = torch.compile(_double, backend="eager")
+    x = torch.ones(3)
+    compiled(x)  # compiled untraced first: dynamo's own references are made
+    before = weakref.getweakrefcount(_double)
+    with copytrace.trace(write=False) as t:
+        compiled(x)
+    assert weakref.getweakrefcount(_double) == before
+    assert t.stats["errors"] == 0

@@ -179,6 +179,17 @@ class Recorder(ApiEvents, ImplicitEvents):
         for fn in BACKWARD_FUNCTIONS:
             self.api_table[fn] = "backward"
 
+    def release(self) -> None:
+        """Let go of what follows the program's objects once the trace is written: the weak
+        references on modules and optimizers (module names, ``state_dict()`` handovers), the
+        node tags' weak pointers, the storage ids' weak handles. The events stay."""
+        self.modules.names.clear()
+        handovers = self.watch.handovers
+        handovers.sources = {}
+        handovers.watched = []
+        self.node_tags = _node_tags.NodeTags(self)
+        self.watch.ids.close()
+
     # -- counters and attribution ---------------------------------------------------------
     def note_error(self, err: BaseException) -> None:
         self.errors += 1
