@@ -794,3 +794,30 @@ def test_node_tags_drop_dead_nodes_and_walk_the_heap_only_on_the_fallback(observ
     (back,) = [e for e in t.events if e.phase == "backward"]
     assert back.origin == f"{__file__}:{line}"
     assert t.stats["errors"] == 0
+
+
+# --- warnings.warn shims (copytrace/tracer/_warnshim.py) ---------------------------------------
+def _softmax_warnings() -> list[tuple[str, str, int]]:
+    import torch.nn.functional as F
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        F.softmax(torch.randn(3))  # no dim: a UserWarning with a stacklevel, naming this line
+        warnings.warn("mine", UserWarning, stacklevel=0)  # 0 and 1: the caller
+    return [(w.category.__name__, w.filename, w.lineno) for w in caught]
+
+
+@pytest.mark.parametrize("observer", ["native", "python"])
+@pytest.mark.parametrize("level", ["lean", "full", "api"])
+def test_stacklevel_warning_names_the_program_line_as_untraced(observer, level, monkeypatch):
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
+    plain = _softmax_warnings()
+    with copytrace.trace(write=False, level=level) as t:
+        traced = _softmax_warnings()
+    assert traced == plain
+    assert [f for _, f, _ in plain] == [__file__, __file__]
+    assert warnings.warn is _warnings_warn  # put back
+    assert t.stats["errors"] == 0
+
+
+_warnings_warn = warnings.warn
