@@ -132,8 +132,10 @@ def _parent_pid(path: Path) -> int:
 
 
 # --- signal handlers -------------------------------------------------------------------------
-_MAIN = threading.current_thread() is threading.main_thread()
-needs_main = pytest.mark.skipif(not hasattr(signal, "SIGTERM"), reason="no SIGTERM")
+needs_main = pytest.mark.skipif(
+    not hasattr(signal, "SIGTERM") or threading.current_thread() is not threading.main_thread(),
+    reason="no SIGTERM, or not the main thread (copytrace takes signals from the main thread)",
+)
 
 
 def _all_handlers() -> dict[int, object]:
