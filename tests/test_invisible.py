@@ -766,3 +766,58 @@ def test_module_imported_while_tracing_keeps_no_patched_callable(level, tmp_path
     assert {k: v is own[k] for k, v in after.items()} == dict.fromkeys(own, True)
     assert _bindings(before) == own  # a module imported before the trace is left alone
     assert t.stats["errors"] == 0
+
+
+# --- the node tags (copytrace/tracer/_node_tags.py) ------------------------------------------
+@pytest.mark.parametrize("observer", ["native", "python"])
+def test_node_tags_drop_dead_nodes_and_walk_the_heap_only_on_the_fallback(observer, monkeypatch):
+    from copytrace.tracer import _node_tags
+
+    if observer == "native" and _native.load() is None:
+        pytest.skip("no C++ observer here")
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
+    monkeypatch.setattr(_node_tags, "_MIN", 64)  # a smaller table: prunes every 64 tags
+    walks = []
+    walk = _node_tags._live_node_keys
+    monkeypatch.setattr(_node_tags, "_live_node_keys", lambda: walks.append(1) or walk())
+    w = torch.randn(3, requires_grad=True)
+    with copytrace.trace(write=False) as t:
+        for _ in range(200):
+            w.to(torch.float64)  # a ToCopyBackward0 tagged, dead at once
+        line = sys._getframe().f_lineno + 1  # the next line's
+        kept = w.to(torch.float64)
+        sizes = len(t.session._rec.node_tags._tags)
+        kept.sum().backward()  # its backward copy is named after its forward call
+    # 201 tags, every one dead by the next: pruned to none at each 64th, so fewer than 64 left
+    assert sizes < 64
+    assert (len(walks) == 0) == (observer == "native")  # the C++ path: weak pointers, no walk
+    (back,) = [e for e in t.events if e.phase == "backward"]
+    assert back.origin == f"{__file__}:{line}"
+    assert t.stats["errors"] == 0
+
+
+# --- warnings.warn shims (copytrace/tracer/_warnshim.py) ---------------------------------------
+def _softmax_warnings() -> list[tuple[str, str, int]]:
+    import torch.nn.functional as F
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        F.softmax(torch.randn(3))  # no dim: a UserWarning with a stacklevel, naming this line
+        warnings.warn("mine", UserWarning, stacklevel=0)  # 0 and 1: the caller
+    return [(w.category.__name__, w.filename, w.lineno) for w in caught]
+
+
+@pytest.mark.parametrize("observer", ["native", "python"])
+@pytest.mark.parametrize("level", ["lean", "full", "api"])
+def test_stacklevel_warning_names_the_program_line_as_untraced(observer, level, monkeypatch):
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
+    plain = _softmax_warnings()
+    with copytrace.trace(write=False, level=level) as t:
+        traced = _softmax_warnings()
+    assert traced == plain
+    assert [f for _, f, _ in plain] == [__file__, __file__]
+    assert warnings.warn is _warnings_warn  # put back
+    assert t.stats["errors"] == 0
+
+
+_warnings_warn = warnings.warn

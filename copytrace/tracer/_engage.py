@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from copytrace.tracer import _observer, _recorder
+from copytrace.tracer import _observer, _recorder, _warnshim
 from copytrace.tracer import compiled as _compiled
 
 __all__ = ["Engagement"]
@@ -90,6 +90,7 @@ class Engagement:
             self._engage_compiled(rec, optim_hooks, eager_fallback=False)
             return
         _recorder.install_patches()
+        _warnshim.install_python()  # a stacklevel warning lands where it lands untraced
         fmode = _recorder.FunctionMode(rec)
         fmode.__enter__()
         self.modes = [fmode]
@@ -148,6 +149,7 @@ class Engagement:
             except Exception as err:
                 rec.note_error(err)
             self.stance = None
+        _warnshim.remove()
         _recorder.remove_patches()
         _recorder.set_active(None)
         return True

@@ -37,6 +37,7 @@ import torch
 
 from copytrace.schema import CopyEvent
 from copytrace.tracer._callsite import user_frame
+from copytrace.tracer._storage_ref import StorageRef
 
 if TYPE_CHECKING:
     from copytrace.tracer._recorder import Recorder
@@ -115,10 +116,10 @@ def _versions(holder: Any, keys: set[int]) -> dict[int, int]:
 class _Handover:
     __slots__ = ("src", "dst", "storages", "base", "events")
 
-    def __init__(self, src: Any, dst: Any, storages: dict[int, weakref.ref]) -> None:
+    def __init__(self, src: Any, dst: Any, storages: dict[int, StorageRef]) -> None:
         self.src = weakref.ref(src)
         self.dst = weakref.ref(dst)
-        self.storages = storages  # id(storage) -> weakref to the storage
+        self.storages = storages  # id(storage) -> torch's weak handle on the storage
         self.base: dict[int, int] = {}
         self.events: list[CopyEvent] = []
 
@@ -128,8 +129,8 @@ class Handovers:
 
     def __init__(self, rec: Recorder) -> None:
         self.rec = rec
-        #: id(storage) -> (weakref to the storage, weakref to its source, snapshot events)
-        self.sources: dict[int, tuple[weakref.ref, weakref.ref, list[CopyEvent]]] = {}
+        #: id(storage) -> (weak handle on the storage, weakref to its source, snapshot events)
+        self.sources: dict[int, tuple[StorageRef, weakref.ref, list[CopyEvent]]] = {}
         self._limit = 4096
         self.watched: list[_Handover] = []
 
@@ -151,19 +152,19 @@ class Handovers:
                 snaps.setdefault(ev.dst_storage, []).append(ev)
         sources = self.sources
         if len(sources) >= self._limit:
-            self.sources = sources = {k: v for k, v in sources.items() if v[0]() is not None}
+            self.sources = sources = {k: v for k, v in sources.items() if not v[0].expired()}
             self._limit = max(4096, 2 * len(sources))
         for t in _tensors_in(result):
             storage = _storage(t)
             if storage is not None:
                 sid = ids.of(t)
-                sources[id(storage)] = (weakref.ref(storage), src_ref, snaps.get(sid, []))
+                sources[id(storage)] = (StorageRef(storage), src_ref, snaps.get(sid, []))
 
     # -- load_state_dict() ----------------------------------------------------------------------
     def loaded(self, receiver: Any, given: dict[int, _Tensor], buffer: list, first: int) -> None:
         """``receiver.load_state_dict(sd)`` returned; ``given`` maps the storages of ``sd``'s
         tensors; ``buffer[first:]`` are the events the load made."""
-        by_source: dict[int, tuple[Any, dict[int, weakref.ref], list[_Tensor]]] = {}
+        by_source: dict[int, tuple[Any, dict[int, StorageRef], list[_Tensor]]] = {}
         site = user_frame(sys._getframe(1))  # the user's load_state_dict call
         load_site = f"{site[0]}:{site[1]} {site[2]}" if site is not None else None
         for t in _held_by(receiver):
@@ -171,7 +172,7 @@ class Handovers:
             if storage is None or id(storage) not in given:
                 continue
             entry = self.sources.get(id(storage))
-            if entry is None or entry[0]() is not storage:
+            if entry is None or not entry[0].holds(storage):
                 continue  # not from a live state_dict() (torch.load, a copy...)
             source = entry[1]()
             if source is None or source is receiver:
@@ -247,7 +248,7 @@ class Handovers:
             src, dst = h.src(), h.dst()
             if src is None or dst is None:
                 continue
-            keys = {k for k, ref in h.storages.items() if ref() is not None}
+            keys = {k for k, ref in h.storages.items() if not ref.expired()}
             src_v, dst_v = _versions(src, keys), _versions(dst, keys)
             common = set(src_v) & set(dst_v)
             if not common:

@@ -163,7 +163,7 @@ class Recorder(ApiEvents, ImplicitEvents):
         #: the Python fallback: (begin, end) of each optimizer step, called by the function
         #: mode at torch's ``Optimizer.step#`` record scope (``_modes.FunctionMode``)
         self.step_scope: tuple[Any, Any] | None = None
-        self.node_tags = _node_tags.NodeTags()  # the recorded copies' nodes (tracer/_node_tags.py)
+        self.node_tags = _node_tags.NodeTags(self)  # the recorded copies' nodes (_node_tags.py)
         # nn.Module paths, from the frames at event time (copytrace/tracer/_modules.py)
         self.modules = _modules.Modules()
         self.api_table = _api_table()
@@ -178,6 +178,17 @@ class Recorder(ApiEvents, ImplicitEvents):
         self._native_state: tuple | None = None  # record.cpp's record: its first argument
         for fn in BACKWARD_FUNCTIONS:
             self.api_table[fn] = "backward"
+
+    def release(self) -> None:
+        """Let go of what follows the program's objects once the trace is written: the weak
+        references on modules and optimizers (module names, ``state_dict()`` handovers), the
+        node tags' weak pointers, the storage ids' weak handles. The events stay."""
+        self.modules.names.clear()
+        handovers = self.watch.handovers
+        handovers.sources = {}
+        handovers.watched = []
+        self.node_tags = _node_tags.NodeTags(self)
+        self.watch.ids.close()
 
     # -- counters and attribution ---------------------------------------------------------
     def note_error(self, err: BaseException) -> None:

@@ -12,7 +12,10 @@ strong references only, and the storage's memory is freed when the last strong r
 ``__del__``.
 
 While the handle lives, ``torch._C._storage_Use_Count(ref.cdata)`` reads the storage's strong
-count (the address stays valid; 0 once the storage is gone).
+count (the address stays valid; 0 once the storage is gone), and no other StorageImpl can be
+allocated at its address: a live storage object whose ``_cdata`` is ``ref.cdata`` is the one
+the handle was made on (:meth:`StorageRef.holds`). Neither ``weakref.getweakrefcount`` of the
+storage object nor ``torch._C._storage_Use_Count`` counts the handle.
 """
 
 from __future__ import annotations
@@ -39,6 +42,10 @@ class StorageRef:
 
     def expired(self) -> bool:
         return _Storage._expired(self.cdata)
+
+    def holds(self, storage: Any) -> bool:
+        """Whether ``storage`` (a live storage object) is the one this handle was made on."""
+        return storage._cdata == self.cdata
 
     def use_count(self) -> int:
         try:

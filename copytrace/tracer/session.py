@@ -440,6 +440,7 @@ class Session(contextlib.ContextDecorator):
             _process.set_finishing(None)
             _process.restore_signal_handlers()
             self._engagement.close()
+            self._rec.release()
         _runattrs.say_losses(self._rec)
         return self.trace_path
 

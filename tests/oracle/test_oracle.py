@@ -65,10 +65,6 @@ FALLBACK_RESHAPE = (
     "it is _reshape_alias (ReshapeAliasBackward0): torch's reshape checks "
     "isTensorSubclassLike, true for every tensor while any dispatch mode is on"
 )
-FALLBACK_WARNINGS = (
-    "on the Python fallback a warning with a stacklevel from a Python torch function names "
-    "copytrace's function mode (the C warnings shim exists on the C++ observer's path only)"
-)
 
 # fmt: off
 #: Known differences: Known(config, case, key, at, reason), fnmatch patterns.
@@ -76,7 +72,6 @@ KNOWN: list[Known] = [
     # the Python fallback (its dispatch mode is on for the whole trace)
     Known("lean/python", "*", "*", "*._version", FALLBACK_VERSION),
     Known("lean/python", "*", "*", "*.grad_fn", FALLBACK_RESHAPE),
-    Known("lean/python", "*", "*/warnings", "*", FALLBACK_WARNINGS),
 ]
 # fmt: on
 

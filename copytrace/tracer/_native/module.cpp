@@ -55,7 +55,7 @@ PyMethodDef g_methods[] = {
     {"version_final", py_version_final, METH_O,
      "version_final(handle) -> version_delta once no tensor shares the counter, else None"},
     {"grad_fn_ref", py_grad_fn_ref, METH_O,
-     "grad_fn_ref(tensor) -> a weak pointer on its grad_fn, or None (no grad_fn)"},
+     "grad_fn_ref(tensor or C++ node) -> a weak pointer on its grad_fn (the node), or None"},
     {"grad_fn_of", py_grad_fn_of, METH_O, "grad_fn_of(ref) -> the node while it lives, else None"},
     {"grad_fn_alive", py_grad_fn_alive, METH_O, "grad_fn_alive(ref) -> whether the node lives"},
     // lean.cpp

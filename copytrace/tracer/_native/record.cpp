@@ -134,8 +134,10 @@ PyObject* transfer_of(PyObject* src, PyObject* dst, bool* host_to_device) {
   return g_transfers[key];
 }
 
-// StorageIds.of_storage(storage) (copytrace/tracer/_watch.py): its dict read and its insert
-// in C; a full table (to be pruned) goes to the Python method.
+// StorageIds.of_storage(storage) (copytrace/tracer/watch/_ids.py): its dict read and its
+// insert in C (an entry holds torch's weak handle on the StorageImpl, no Python weakref); a
+// full table (to be pruned), a dead storage's entry (its handle given back) and a storage
+// subclass go to the Python method.
 PyObject* storage_id(PyObject* ids, PyObject* storage) {
   PyObject* table = PyObject_GetAttr(ids, s_ids);
   if (table == nullptr) return nullptr;
@@ -145,10 +147,13 @@ PyObject* storage_id(PyObject* ids, PyObject* storage) {
     Py_XDECREF(key);
     return key == nullptr ? nullptr : PyObject_CallMethodOneArg(ids, s_of_storage, storage);
   }
-  PyObject* entry = PyDict_GetItemWithError(table, key);  // borrowed
+  c10::StorageImpl* impl = THPStorage_CheckExact(storage)
+                               ? THPStorage_Unpack(storage).unsafeGetStorageImpl()
+                               : nullptr;  // a subclass: the Python method
+  PyObject* entry = impl == nullptr ? nullptr : PyDict_GetItemWithError(table, key);  // borrowed
   if (entry != nullptr && PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 2 &&
-      PyWeakref_Check(PyTuple_GET_ITEM(entry, 0)) &&
-      PyWeakref_GET_OBJECT(PyTuple_GET_ITEM(entry, 0)) == storage) {
+      PyLong_CheckExact(PyTuple_GET_ITEM(entry, 0)) &&
+      PyLong_AsVoidPtr(PyTuple_GET_ITEM(entry, 0)) == impl) {
     PyObject* uid = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
     Py_DECREF(key);
     Py_DECREF(table);
@@ -162,13 +167,16 @@ PyObject* storage_id(PyObject* ids, PyObject* storage) {
     const long long lim = PyLong_AsLongLong(limit);
     if (lim == -1 && PyErr_Occurred()) {
       // result stays NULL
-    } else if (size >= lim) {
-      result = PyObject_CallMethodOneArg(ids, s_of_storage, storage);  // prunes the table
+    } else if (size >= lim || entry != nullptr || impl == nullptr) {
+      // prunes the table; gives back a dead storage's handle; a subclass
+      result = PyObject_CallMethodOneArg(ids, s_of_storage, storage);
     } else {
       PyObject* one = PyLong_FromLong(1);
       PyObject* next = one == nullptr ? nullptr : PyNumber_Add(uid, one);
       Py_XDECREF(one);
-      PyObject* ref = next == nullptr ? nullptr : PyWeakref_NewRef(storage, nullptr);
+      // torch's weak handle (UntypedStorage._weak_ref: make_weak, its address a PyLong)
+      PyObject* ref = next == nullptr ? nullptr : PyLong_FromVoidPtr(impl);
+      if (ref != nullptr) (void)c10::raw::intrusive_ptr::make_weak(impl);
       PyObject* value = ref == nullptr ? nullptr : PyTuple_Pack(2, ref, uid);
       Py_XDECREF(ref);
       if (value != nullptr && PyObject_SetAttr(ids, s_next, next) == 0 &&

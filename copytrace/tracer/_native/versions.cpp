@@ -14,6 +14,9 @@
 // nothing visible on the node (which Python cannot weakly reference). grad_fn_of(that object)
 // is the node as Python sees it (tensor.grad_fn: torch's functionToPyObject) while it lives,
 // else None; grad_fn_alive(that object) tells the same without making the Python object.
+// grad_fn_ref(node) makes the same weak pointer from a node as Python sees it (a C++ node's
+// THPCppFunction, e.g. ToCopyBackward0: copytrace/tracer/_node_tags.py); None for a Python
+// Function's node.
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -97,7 +100,16 @@ NodeRef* node_ref(PyObject* obj, const char* what) {
 }  // namespace
 
 PyObject* py_grad_fn_ref(PyObject*, PyObject* obj) {
-  if (g_node_type == nullptr || !THPVariable_Check(obj)) Py_RETURN_NONE;
+  if (g_node_type == nullptr) Py_RETURN_NONE;
+  if (torch::autograd::THPCppFunction_Check(obj)) {  // a node
+    const auto& fn = reinterpret_cast<torch::autograd::THPCppFunction*>(obj)->cdata;
+    if (!fn) Py_RETURN_NONE;
+    PyObject* self = PyType_GenericAlloc(g_node_type, 0);
+    if (self == nullptr) return nullptr;
+    new (&reinterpret_cast<NodeRef*>(self)->node) NodeWeak(fn);
+    return self;
+  }
+  if (!THPVariable_Check(obj)) Py_RETURN_NONE;
   try {
     const at::Tensor& t = THPVariable_Unpack(obj);
     if (!t.defined()) Py_RETURN_NONE;

@@ -202,7 +202,8 @@ class Compiled(StepAside, CallLog):
             trace_log.removeHandler(self.handler)
             self._logging = False
         self._code_graphs.clear()
-        self._sources.clear()
+        self._sources.clear()  # weak references on the compiled functions
+        self._checked = weakref.WeakSet()  # dynamo's guard managers
 
     def _make_cfs(self, orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
         def _callback_from_stance(callback: Any) -> Any:

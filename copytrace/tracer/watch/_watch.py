@@ -115,7 +115,7 @@ class Watch(AliasWrites, Retention):
         known = ids._ids  # StorageIds.of_storage's hit, inlined (a new storage calls it)
         storage = fs[7]  # _facts.STORAGE
         entry = known.get(id(storage))
-        if entry is not None and entry[0]() is storage:
+        if entry is not None and entry[0] == storage._cdata:
             sid = entry[1]
         else:
             sid = ids.of_storage(storage)
@@ -136,7 +136,7 @@ class Watch(AliasWrites, Retention):
                     fo = _F.py_facts(out)
                 storage = fo[7]
                 entry = known.get(id(storage))
-                if entry is not None and entry[0]() is storage:
+                if entry is not None and entry[0] == storage._cdata:
                     ev.dst_storage = entry[1]
                 else:
                     ev.dst_storage = ids.of_storage(storage)

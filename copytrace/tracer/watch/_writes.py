@@ -21,14 +21,13 @@ The C++ observer reads ``writes``, ``rebinds`` and ``_backward_seq`` of the watc
 from __future__ import annotations
 
 import sys
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._fresh import WATCH_ALIAS
-from copytrace.tracer._storage_ref import storage_ref
+from copytrace.tracer._storage_ref import StorageRef, storage_ref
 from copytrace.tracer.watch._graph import (
     _backward_roots,
     _live_identities,
@@ -92,7 +91,7 @@ class _Pending:
 
     __slots__ = ("ref", "marker", "site", "alias")
 
-    def __init__(self, ref: weakref.ref, marker: int, site: str | None, alias: _Alias) -> None:
+    def __init__(self, ref: StorageRef, marker: int, site: str | None, alias: _Alias) -> None:
         self.ref = ref  # the written storage (write) or the rebound tensor's (rebind)
         self.marker = marker  # autograd sequence number at the write: older nodes are < it
         self.site = site
@@ -233,7 +232,7 @@ class AliasWrites:
         with _NoTorchFunction():
             storage = dst.untyped_storage()
         entry = _Alias(ident, None, None, ident, ev)
-        self.rebinds[id(storage)] = _Pending(weakref.ref(storage), _seq_nr(), site, entry)
+        self.rebinds[id(storage)] = _Pending(StorageRef(storage), _seq_nr(), site, entry)
 
     # -- dispatch mode, only while a `.data` alias is alive --------------------------------
     def before_op(self, func: Any, args: tuple, kwargs: dict) -> None:
@@ -299,7 +298,7 @@ class AliasWrites:
     def _pending_write(self, entry: _Alias, storage: Any, site: str | None) -> None:
         ev = entry.ev
         ev.inplace_writes = (ev.inplace_writes or 0) + 1
-        self.writes[id(storage)] = _Pending(weakref.ref(storage), _seq_nr(), site, entry)
+        self.writes[id(storage)] = _Pending(StorageRef(storage), _seq_nr(), site, entry)
 
     # -- the C++ write watch (level lean) -----------------------------------------------------
     def watched_op(self, hits: tuple[tuple[int, bool, Any], ...]) -> None:
@@ -346,8 +345,8 @@ class AliasWrites:
 
     def _check_backward(self, func: Any, args: tuple, kwargs: dict) -> None:
         roots = _backward_roots(func, args, kwargs)
-        writes = {k: w for k, w in self.writes.items() if w.ref() is not None}
-        rebinds = {k: p for k, p in self.rebinds.items() if p.ref() is not None}
+        writes = {k: w for k, w in self.writes.items() if not w.ref.expired()}
+        rebinds = {k: p for k, p in self.rebinds.items() if not p.ref.expired()}
         markers = [p.marker for p in writes.values()] + [p.marker for p in rebinds.values()]
         if not markers:
             self.writes, self.rebinds = {}, {}
@@ -367,11 +366,11 @@ class AliasWrites:
                 storage = saved.untyped_storage()
                 key = id(storage)
                 write = writes.get(key)
-                if write is not None and seq < write.marker and write.ref() is storage:
+                if write is not None and seq < write.marker and write.ref.holds(storage):
                     self._hazard(write, node, name)
                     hits.add(id(write))
                 pending = rebinds.get(key)
-                if pending is not None and seq < pending.marker and pending.ref() is storage:
+                if pending is not None and seq < pending.marker and pending.ref.holds(storage):
                     unpacked = _unpacked(node, name)
                     if unpacked is not None and _identity(unpacked) == pending.alias.ident:
                         self._hazard(pending, node, name)
@@ -379,7 +378,7 @@ class AliasWrites:
 
         def keep(p: _Pending) -> bool:
             # Drop what was found, what died, and what only newer graphs could use.
-            if id(p) in hits or p.ref() is None:
+            if id(p) in hits or p.ref.expired():
                 return False
             return min_seq is not None and min_seq < p.marker
 

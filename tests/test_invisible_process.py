@@ -1,0 +1,306 @@
+"""copytrace's touches on the process around the program: fork callbacks, signal handlers,
+threads and storages' weak handles; one test each (``docs/observer-effects.md`` names them).
+
+Each test compares what the program itself can read, traced and untraced: a forked child's
+output and exit status, ``signal.getsignal`` and which handler gets the call,
+``threading.enumerate()``, ``weakref.getweakrefcount`` of a storage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import weakref
+from pathlib import Path
+
+import pytest
+import torch
+
+import copytrace
+
+_FORK_PROGRAM = textwrap.dedent(
+    """
+    import os, sys
+    import torch
+
+    how, out = sys.argv[1], sys.argv[2]
+
+
+    def work(tag):
+        w = torch.nn.Parameter(torch.arange(6.0).reshape(2, 3))
+        y = w.to(torch.float64).clone()
+        y.sum().backward()
+        print(tag, y.tolist(), w.grad.tolist(), flush=True)
+
+
+    def run(exit_how):
+        work("parent before")
+        pid = os.fork()
+        if pid == 0:
+            work("child")
+            if exit_how == "_exit":
+                os._exit(3)
+            sys.exit(5)  # through the with block (the trace's stop, in the child) and atexit
+        _, status = os.waitpid(pid, 0)
+        print("child exit", os.waitstatus_to_exitcode(status), flush=True)
+        work("parent after")
+
+
+    def run_both():
+        for exit_how in ("_exit", "exit"):
+            run(exit_how)
+
+
+    if how == "api":
+        import copytrace
+
+        with copytrace.trace(out):
+            run_both()
+    else:  # untraced, or traced by the start-up hook (COPYTRACE=1)
+        run_both()
+    print("parent done", flush=True)
+    """
+)
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("COPYTRACE", "OTEL_"))}
+    env.update(extra)
+    return env
+
+
+def _trace_lines(path: Path) -> list[dict]:
+    import gzip
+
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork")
+@pytest.mark.parametrize("how", ["api", "launch"])
+def test_a_forked_child_behaves_as_untraced(how, tmp_path):
+    # copytrace registers os.register_at_fork callbacks (tracer/_process.py: the child drops
+    # the parent's export; launch/process.py: under COPYTRACE=1 the child traces on its own)
+    prog = tmp_path / "fork.py"
+    prog.write_text(_FORK_PROGRAM)
+    out = tmp_path / "out"
+
+    def run(mode: str, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(prog), mode, str(out)], capture_output=True, text=True,
+            env=_clean_env(**env), timeout=300, cwd=tmp_path,
+        )  # fmt: skip
+
+    plain = run("plain")
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.count("child [") == 2  # each child ran its work once
+    assert "child exit 3" in plain.stdout and "child exit 5" in plain.stdout
+    if how == "api":
+        traced = run("api")
+    else:
+        traced = run("plain", COPYTRACE="1", COPYTRACE_OUTPUT=str(out), COPYTRACE_REPORT="0")
+    ours = [ln for ln in traced.stderr.splitlines() if ln.startswith("copytrace: ")]
+    program_err = [ln for ln in traced.stderr.splitlines() if not ln.startswith("copytrace: ")]
+    assert (traced.returncode, traced.stdout, program_err) == (0, plain.stdout, [])
+    # the launch names the files it wrote: the parent's, and the child's that exited through
+    # atexit (a child of os.fork traces on its own; os._exit runs no atexit: no file)
+    assert all(ln.startswith("copytrace: trace ") for ln in ours)
+    assert len(ours) == (0 if how == "api" else 2)
+    files = sorted(out.glob("copytrace-*.otlp.jsonl*"))
+    if how == "api":
+        # the parent's trace only: a child never writes into it, nor a trace of its own
+        assert [f.name.rsplit("-", 1)[1].split(".")[0] for f in files] == [
+            str(_parent_pid(files[0]))
+        ]
+    # every file whole: each line one OTLP/JSON object (no child's bytes inside a line)
+    assert files and all(_trace_lines(f) for f in files)
+
+
+def _parent_pid(path: Path) -> int:
+    for line in _trace_lines(path):
+        for rs in line.get("resourceSpans", []):
+            for attr in rs["resource"]["attributes"]:
+                if attr["key"] == "process.pid":
+                    return int(attr["value"]["intValue"])
+    raise AssertionError(f"no process.pid in {path}")
+
+
+# --- signal handlers -------------------------------------------------------------------------
+needs_main = pytest.mark.skipif(
+    not hasattr(signal, "SIGTERM") or threading.current_thread() is not threading.main_thread(),
+    reason="no SIGTERM, or not the main thread (copytrace takes signals from the main thread)",
+)
+
+
+def _all_handlers() -> dict[int, object]:
+    out = {}
+    for s in signal.valid_signals():
+        try:
+            out[s] = signal.getsignal(s)
+        except (ValueError, OSError):  # not a signal Python can read here
+            continue
+    return out
+
+
+@needs_main
+def test_the_program_sigterm_handler_set_before_is_kept_and_called():
+    calls = []
+
+    def mine(signum, frame):
+        calls.append(signum)
+
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        with copytrace.trace(write=False):
+            during = signal.getsignal(signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)  # handled between two bytecodes, here
+            torch.ones(2).clone()
+        after = signal.getsignal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert during is mine and after is mine
+    assert calls == [signal.SIGTERM]
+
+
+@needs_main
+def test_the_program_sigterm_handler_set_while_tracing_is_kept_and_called():
+    calls = []
+
+    def mine(signum, frame):
+        calls.append(signum)
+
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    try:
+        with copytrace.trace(write=False):
+            ours = signal.getsignal(signal.SIGTERM)  # copytrace's (docs/observer-effects.md)
+            signal.signal(signal.SIGTERM, mine)
+            during = signal.getsignal(signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+            torch.ones(2).clone()
+        after = signal.getsignal(signal.SIGTERM)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    assert ours is not signal.SIG_DFL and ours.__module__ == "copytrace.tracer._process"
+    assert during is mine and after is mine  # stop() leaves the program's handler in place
+    assert calls == [signal.SIGTERM]
+
+
+@needs_main
+def test_without_ring_or_trigger_only_an_unhandled_sigterm_is_taken_and_given_back():
+    before = _all_handlers()
+    with copytrace.trace(write=False):
+        during = _all_handlers()
+    after = _all_handlers()
+    assert after == before
+    changed = sorted(s for s in before if during[s] is not before[s])
+    assert changed == [signal.SIGTERM]  # the one taken: SIG_DFL before (pytest leaves it)
+
+
+# --- threads ---------------------------------------------------------------------------------
+def _threads() -> list[str]:
+    return sorted(t.name for t in threading.enumerate())
+
+
+def test_export_threads_live_only_while_a_trace_writes(tmp_path):
+    before, count = _threads(), threading.active_count()
+    with copytrace.trace(tmp_path, compression="gzip"):
+        torch.ones(2).clone()
+        during = _threads()
+    after, count_after = _threads(), threading.active_count()
+    assert after == before and count_after == count
+    # while the trace writes: the export thread, and the gzip thread once the file has its
+    # first bytes (a flush: here maybe not yet), no other
+    assert "copytrace-export" in during
+    assert set(during) - set(before) <= {"copytrace-export", "copytrace-gzip"}
+    with copytrace.trace(write=False):  # nothing written: no thread at all
+        torch.ones(2).clone()
+        assert _threads() == before
+
+
+# --- weak handles on storages ----------------------------------------------------------------
+def _storage_program() -> tuple[list[int], list[int]]:
+    """Copies, a state_dict() handover, a .data alias written and a rebinding: the weak
+    reference counts of every storage involved, and the strong counts of two."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    w = torch.nn.Parameter(torch.randn(3))
+    y = w.clone().to(torch.float64)
+    state = model.state_dict()
+    model.load_state_dict(state)
+    loss = (w * w).sum()
+    alias = w.data
+    alias.mul_(2.0)
+    w.data = torch.ones(3)
+    tensors = [w, y, alias, *model.parameters(), *state.values()]
+    counts = [weakref.getweakrefcount(x.untyped_storage()) for x in tensors]
+    uses = [torch._C._storage_Use_Count(x.untyped_storage()._cdata) for x in (y, w, alias)]
+    loss.backward()
+    return counts, uses
+
+
+@pytest.mark.parametrize("observer", ["native", "python"])
+def test_no_python_weakref_on_the_program_storages(observer, monkeypatch):
+    # copytrace follows storages (trace ids, state_dict() handovers, pending .data writes and
+    # rebindings) by torch's own weak handle on the StorageImpl (tracer/_storage_ref.py),
+    # which neither weakref.getweakrefcount nor torch._C._storage_Use_Count counts
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
+    plain = _storage_program()
+    for level in ("lean", "full"):
+        with copytrace.trace(write=False, level=level) as t:
+            traced = _storage_program()
+            t.step()
+        assert traced == plain
+        assert t.stats["errors"] == 0
+    assert set(plain[0]) == {0}
+
+
+# --- weak references on modules, optimizers and compiled functions ---------------------------
+class _Cast(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(torch.float64).float()  # a copy inside a module call: the module is named
+
+
+def test_weakrefs_on_modules_and_optimizers_go_at_stop():
+    # copytrace names modules (tracer/_modules.py) and follows state_dict() handovers between
+    # modules and optimizers (tracer/_handover.py) by weak references on them: visible while
+    # tracing to weakref.getweakrefcount of a module or optimizer, none left after stop
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), _Cast(), torch.nn.Linear(3, 2))
+    other = torch.nn.Sequential(torch.nn.Linear(4, 3), _Cast(), torch.nn.Linear(3, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    objects = [model, *model, other, *other, opt]
+    before = [weakref.getweakrefcount(o) for o in objects]
+    with copytrace.trace(write=False) as t:
+        model(torch.randn(2, 4)).sum().backward()
+        model[0].weight.clone()  # an event inside no module call: names nothing
+        other.load_state_dict(model.state_dict())  # a handover, model -> other
+        opt.load_state_dict(opt.state_dict())
+        opt.step()
+        during = [weakref.getweakrefcount(o) for o in objects]
+    after = [weakref.getweakrefcount(o) for o in objects]
+    assert during != before  # held while tracing (docs/observer-effects.md) ...
+    assert after == before  # ... and none after
+    assert t.stats["errors"] == 0
+
+
+def _double(x: torch.Tensor) -> torch.Tensor:
+    return x.clone() * 2
+
+
+def test_weakrefs_on_compiled_functions_go_at_stop():
+    # a compiled call is named after its function (tracer/compiled/_calls.py: a cache checked
+    # by a weak reference on the function), dropped at stop
+    compiled = torch.compile(_double, backend="eager")
+    x = torch.ones(3)
+    compiled(x)  # compiled untraced first: dynamo's own references are made
+    before = weakref.getweakrefcount(_double)
+    with copytrace.trace(write=False) as t:
+        compiled(x)
+    assert weakref.getweakrefcount(_double) == before
+    assert t.stats["errors"] == 0
