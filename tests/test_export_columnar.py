@@ -21,6 +21,7 @@ from copytrace.export.file_sink import FileSink
 from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds
 from copytrace.export.sdk_sink import make_resource
 from copytrace.schema import CopyEvent
+from copytrace.tracer import _native
 
 _IDS = re.compile(r'"(spanId|parentSpanId)":"[0-9a-f]{16}"')
 
@@ -46,11 +47,20 @@ def _events() -> list[CopyEvent]:
     return events
 
 
-def _write(tmp: Path, events: list[CopyEvent], bulk: bool, max_line: int) -> tuple[str, Path]:
+def _extract() -> columnar.Extract:
+    """The C++ observer's ``event_columns`` (the tracer hands it to the file sink)."""
+    module = _native.load()
+    if module is None:
+        pytest.skip(f"no C++ observer: {_native.status()['reason']}")
+    return module.event_columns
+
+
+def _write(tmp: Path, events: list[CopyEvent], bulk: bool, max_line: int,
+           extract: columnar.Extract | None = None) -> tuple[str, Path]:  # fmt: skip
     run = RunIds(events[0].start_ns, 1_000, make_resource())
     run.trace_id, run.span_id = 0xABC, 0xDEF  # the same run in both files
     sink = FileSink(tmp / "t.otlp.jsonl", compression=None, sidecar=True, bulk=bulk,
-                    max_line_bytes=max_line)  # fmt: skip
+                    max_line_bytes=max_line, extract=extract)  # fmt: skip
     pipeline = ExportPipeline(run, [sink])
     pipeline.begin()
     steps = [(0, events[0].start_ns, events[-1].end_ns)]
@@ -83,14 +93,19 @@ def test_bulk_text_lines_and_rows_equal_the_per_event_encoder(
     odd[3].src_stride = []  # an empty analysis list is written, () is not
     odd[4].saved_by = ("AddmmBackward0.mat2",)
     odd[5].op = ""  # no op attribute: the table's op is the (empty) name's
+    odd[6].aten = []  # an empty list of another field is not written
+    odd[7].shape = ()
     for records in (events, odd):
-        (tmp_path / "a").mkdir(exist_ok=True)
-        (tmp_path / "b").mkdir(exist_ok=True)
+        for d in "abc":
+            (tmp_path / d).mkdir(exist_ok=True)
         one, one_path = _write(tmp_path / "a", records, False, max_line)
         bulk, bulk_path = _write(tmp_path / "b", records, True, max_line)
+        native, native_path = _write(tmp_path / "c", records, True, max_line, _extract())
         assert _spans(bulk) == _spans(one)
+        assert _spans(native) == _spans(one)
         assert max(map(len, bulk.splitlines())) <= max_line
         assert _sidecar(bulk_path) == _sidecar(one_path)
+        assert _sidecar(native_path) == _sidecar(one_path)
     # 27 records + 1 step + the run span: several lines at 4,000 bytes
     assert len(bulk.splitlines()) > (1 if max_line == 4_000 else 0)
 
@@ -99,12 +114,18 @@ def test_values_the_columns_cannot_hold_take_the_per_event_path(tmp_path: Path) 
     events = _events()
     ids = [f"{i:016x}" for i in range(len(events))]
     parents = ["0" * 16] * len(events)
-    assert columnar.event_columns(events, "t", ids, parents, 0, 0) is not None
+    extract = _extract()
+    batch = columnar.event_columns(events, "t", ids, parents, 0, 0)
+    assert batch is not None
+    assert columnar.event_columns(events, "t", ids, parents, 0, 0, extract) == batch
     for field, value in [("bytes_logical", True), ("line", 2**64), ("shape", ("16",)),
-                         ("aten", "aten::clone"), ("dtype", 3)]:  # fmt: skip
+                         ("aten", "aten::clone"), ("dtype", 3), ("file", "\ud800"),
+                         ("group", 1), ("shape", [1, True])]:  # fmt: skip
         odd = [copy.copy(ev) for ev in events]
         setattr(odd[1], field, value)
         assert columnar.event_columns(odd, "t", ids, parents, 0, 0) is None, field
+        assert columnar.event_columns(odd, "t", ids, parents, 0, 0, extract) is None, field
+        field = field + str(len(value) if isinstance(value, list) else "")
         (tmp_path / field).mkdir()
         (tmp_path / f"{field}1").mkdir()
         one, _ = _write(tmp_path / field, odd, False, 1_000_000)

@@ -301,6 +301,9 @@ class FileSink:
             Default: unless ``COPYTRACE_SIDECAR=0``.
         bulk: encode runs of copy events from their columns
             (:mod:`copytrace.export.columnar`); False: one event at a time.
+        extract: reads a run's fields in C for the bulk path
+            (:data:`copytrace.export.columnar.Extract`, the tracer hands in the C++
+            observer's); None: in Python.
     """
 
     #: The hazards hook reads the finished trace file.
@@ -315,6 +318,7 @@ class FileSink:
         max_line_bytes: int = MAX_LINE_BYTES,
         sidecar: bool | None = None,
         bulk: bool = True,
+        extract: Callable[..., Any] | None = None,
     ) -> None:
         self.file = TraceFile(path, compression, level)
         self._max = max_line_bytes
@@ -326,6 +330,7 @@ class FileSink:
             sidecar = os.environ.get("COPYTRACE_SIDECAR", "1").strip() != "0"
         self._want_sidecar = sidecar
         self._bulk = bulk
+        self._extract = extract
         self.sidecar_seconds = 0.0
         self.spans = 0
 
@@ -395,7 +400,8 @@ class FileSink:
         events = [item[2] for item in run]
         ids = [item[0] for item in run]
         parents = [item[1] for item in run]
-        batch = columnar.event_columns(events, r.trace_hex, ids, parents, r.start_ns, r.offset)  # type: ignore[arg-type]
+        batch = columnar.event_columns(events, r.trace_hex, ids, parents, r.start_ns, r.offset,  # type: ignore[arg-type]
+                                       self._extract)  # fmt: skip
         if batch is None:
             yield from self._one_by_one(run, None, rows)
             return

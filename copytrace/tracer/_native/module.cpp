@@ -117,6 +117,9 @@ PyMethodDef g_methods[] = {
     {"set_record_rules", py_set_record_rules, METH_O,
      "set_record_rules(rules): the rule table record and fast_finish follow "
      "(copytrace.tracer._rules.RULES; None clears)"},
+    // columns.cpp
+    {"event_columns", FN(py_event_columns), METH_FASTCALL,
+     "event_columns(events, specs): Arrow column buffers of the records' fields, or None"},
     // compiled.cpp
     {"callback_from_stance", py_callback_from_stance, METH_O,
      "copytrace's torch._dynamo.eval_frame._callback_from_stance"},

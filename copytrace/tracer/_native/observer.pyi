@@ -269,3 +269,8 @@ def cc_install(
     /,
 ) -> bool:
     """Connect the compiled-call hooks (None x 8 clears); whether a call was still open."""
+def event_columns(
+    events: list[Any], specs: Sequence[tuple[str, int, bool]], /
+) -> list[tuple[Any, ...]] | None:
+    """Arrow column buffers of the records' fields (columns.cpp), or None when a value does
+    not fit its column."""
