@@ -9,7 +9,9 @@ import copy
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -47,20 +49,26 @@ def _events() -> list[CopyEvent]:
     return events
 
 
-def _extract() -> columnar.Extract:
-    """The C++ observer's ``event_columns`` (the tracer hands it to the file sink)."""
+def _observer() -> Any:
+    """The C++ observer (the tracer hands its ``event_columns`` and ``span_json`` to the file
+    sink)."""
     module = _native.load()
     if module is None:
         pytest.skip(f"no C++ observer: {_native.status()['reason']}")
-    return module.event_columns
+    return module
+
+
+def _extract() -> columnar.Extract:
+    return _observer().event_columns  # type: ignore[no-any-return]
 
 
 def _write(tmp: Path, events: list[CopyEvent], bulk: bool, max_line: int,
-           extract: columnar.Extract | None = None) -> tuple[str, Path]:  # fmt: skip
+           native: bool = False) -> tuple[str, Path]:  # fmt: skip
     run = RunIds(events[0].start_ns, 1_000, make_resource())
     run.trace_id, run.span_id = 0xABC, 0xDEF  # the same run in both files
+    codecs = {"extract": _extract(), "encode": _observer().span_json} if native else {}
     sink = FileSink(tmp / "t.otlp.jsonl", compression=None, sidecar=True, bulk=bulk,
-                    max_line_bytes=max_line, extract=extract)  # fmt: skip
+                    max_line_bytes=max_line, **codecs)  # fmt: skip
     pipeline = ExportPipeline(run, [sink])
     pipeline.begin()
     steps = [(0, events[0].start_ns, events[-1].end_ns)]
@@ -100,7 +108,7 @@ def test_bulk_text_lines_and_rows_equal_the_per_event_encoder(
             (tmp_path / d).mkdir(exist_ok=True)
         one, one_path = _write(tmp_path / "a", records, False, max_line)
         bulk, bulk_path = _write(tmp_path / "b", records, True, max_line)
-        native, native_path = _write(tmp_path / "c", records, True, max_line, _extract())
+        native, native_path = _write(tmp_path / "c", records, True, max_line, native=True)
         assert _spans(bulk) == _spans(one)
         assert _spans(native) == _spans(one)
         assert max(map(len, bulk.splitlines())) <= max_line
@@ -131,3 +139,25 @@ def test_values_the_columns_cannot_hold_take_the_per_event_path(tmp_path: Path) 
         one, _ = _write(tmp_path / field, odd, False, 1_000_000)
         bulk, _ = _write(tmp_path / f"{field}1", odd, True, 1_000_000)
         assert _spans(bulk) == _spans(one), field
+
+
+def test_the_c_encoder_writes_the_text_of_arrows_string_kernels() -> None:
+    """``span_json`` (C) against :func:`columnar.span_texts`' Arrow kernels on strings that
+    JSON escapes: quotes, backslashes, control characters, DEL, non-ASCII in
+    and beyond the BMP (a surrogate pair), and a sliced batch (Arrow offsets)."""
+    events = [copy.copy(ev) for ev in _events()]
+    odd = ['a"b\\c', "tab\tnl\ncr\r\b\f\x01\x1f", "del\x7f", "é€", "\U0001f600 x", ""]
+    for i, text in enumerate(odd):
+        events[i].file = text
+        events[i + len(odd)].error = text
+    ids = [f"{i:016x}" for i in range(len(events))]
+    parents = ["0" * 16] * len(events)
+    batch = columnar.event_columns(events, "f" * 32, ids, parents, 0, 7, _extract())
+    assert batch is not None
+    encode = _observer().span_json
+    for part in (batch, batch.slice(3, 11)):
+        want = columnar.span_texts(part, "f" * 32).to_pylist()
+        got = columnar.span_texts(part, "f" * 32, encode)
+        assert got.type == pa.large_string()  # written in C, not by the kernels
+        assert got.to_pylist() == want
+    assert '\\ud83d\\ude00 x' in "".join(want)  # json.dumps' surrogate pair

@@ -414,11 +414,66 @@ def _attributes(batch: pa.RecordBatch) -> list[Any]:
     return [pc.if_else(has, pc.binary_join_element_wise(',"attributes":[', attrs, "]", ""), "")]
 
 
-def span_texts(batch: pa.RecordBatch, trace: str) -> pa.Array:
+#: ``encode(n, trace, ids, parents, names, starts, ends, attrs, error)``: the spans' text and
+#: its int64 offsets, written in C from the columns' Arrow buffers (the C++ observer's
+#: ``span_json``, handed in by the tracer; arrays as :func:`_buffers` gives them), or
+#: NotImplemented where it cannot (then Arrow's string kernels build it).
+Encode = Callable[..., tuple[bytes, bytes]]
+_KIND_OF_TYPE = {pa.int64(): 0, pa.bool_(): 1, pa.string(): 2, pa.list_(pa.int64()): 3,
+                 pa.list_(pa.string()): 4}  # fmt: skip
+
+
+def _buffers(col: pa.Array) -> tuple[Any, ...]:
+    """``(kind, length, offset, validity, buffer 1, buffer 2, child offset, child buffer 1,
+    child buffer 2)`` of an array (Arrow's layout; kinds as :data:`_KIND_CODE`); KeyError
+    for another type."""
+    kind = _KIND_OF_TYPE[col.type]
+    bufs = col.buffers()
+    if kind < 3:
+        return (kind, len(col), col.offset, bufs[0], bufs[1], bufs[2] if kind == 2 else None,
+                0, None, None)  # fmt: skip
+    child = col.values
+    cb = child.buffers()
+    return (kind, len(col), col.offset, bufs[0], bufs[1], None, child.offset, cb[1],
+            cb[2] if kind == 4 else None)  # fmt: skip
+
+
+def _native_texts(batch: pa.RecordBatch, trace: str, encode: Encode) -> pa.Array | None:
+    """:func:`span_texts` written by ``encode`` (None for a column it does not take)."""
+    if batch.column("parent_id").null_count:
+        return None
+    attrs = []
+    try:
+        for name, key, _, _ in _ATTRS:
+            col = batch.column(name)
+            if name == "op":  # the table's op is "" where the span has none (an empty op)
+                col = _blank(col, pc.equal(col, ""))
+            if col.null_count < len(col):
+                attrs.append(('{"key":' + json.dumps(key) + ',"value":', _buffers(col)))
+        err = batch.column("error")
+        cols = [_buffers(batch.column(c)) for c in ("span_id", "parent_id", "name", "start_ns",
+                                                    "end_ns")]  # fmt: skip
+    except KeyError:
+        return None
+    error = _buffers(err) if err.null_count < len(err) else None
+    out = encode(len(batch), trace, *cols, attrs, error)
+    if out is NotImplemented:
+        return None
+    text, offsets = out
+    return pa.Array.from_buffers(pa.large_string(), len(batch),
+                                 [None, pa.py_buffer(offsets), pa.py_buffer(text)])  # fmt: skip
+
+
+def span_texts(batch: pa.RecordBatch, trace: str, encode: Encode | None = None) -> pa.Array:
     """The OTLP/JSON text of each row's span (a batch of :func:`event_columns`), each
     followed by ``,``, as the encoder writes it (the ``error`` column is also the span's
-    status message). Runs of attributes with few distinct values are joined once per
-    distinct combination, not per row."""
+    status message). ``encode``: written in C (:data:`Encode`, about 1 µs of CPU per span
+    against 5.4 µs here); None: with Arrow's string kernels, where runs of attributes with
+    few distinct values are joined once per distinct combination, not per row."""
+    if encode is not None:
+        texts = _native_texts(batch, trace, encode)
+        if texts is not None:
+            return texts
     attrs = _attributes(batch)
     pieces: list[Any] = [
         '{"traceId":"' + trace + '","spanId":"', batch.column("span_id"),

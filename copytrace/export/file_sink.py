@@ -304,6 +304,9 @@ class FileSink:
         extract: reads a run's fields in C for the bulk path
             (:data:`copytrace.export.columnar.Extract`, the tracer hands in the C++
             observer's); None: in Python.
+        encode: writes a run's OTLP/JSON text in C from its columns
+            (:data:`copytrace.export.columnar.Encode`, the tracer hands in the C++ observer's);
+            None: with Arrow's string kernels.
     """
 
     #: The hazards hook reads the finished trace file.
@@ -319,6 +322,7 @@ class FileSink:
         sidecar: bool | None = None,
         bulk: bool = True,
         extract: Callable[..., Any] | None = None,
+        encode: Callable[..., Any] | None = None,
     ) -> None:
         self.file = TraceFile(path, compression, level)
         self._max = max_line_bytes
@@ -331,6 +335,7 @@ class FileSink:
         self._want_sidecar = sidecar
         self._bulk = bulk
         self._extract = extract
+        self._encode_c = encode
         self.sidecar_seconds = 0.0
         self.spans = 0
 
@@ -406,7 +411,7 @@ class FileSink:
             yield from self._one_by_one(run, None, rows)
             return
         self.spans += len(run)
-        texts = columnar.span_texts(batch, r.trace_hex)
+        texts = columnar.span_texts(batch, r.trace_hex, self._encode_c)
         yield from columnar.span_lines(*self._frame, texts, self._max)
         if rows is not None:
             rows.batch(batch)

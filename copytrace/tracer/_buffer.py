@@ -60,6 +60,20 @@ def native_columns(events: list[Any], specs: Sequence[tuple[str, int, bool]]) ->
     return module.event_columns(events, specs)
 
 
+def native_span_json(*args: Any) -> Any:
+    """The OTLP/JSON text of a run of copy-event spans, written in C by the C++ observer's
+    ``span_json`` (``otlp.cpp``) from the run's columns; NotImplemented where the observer is
+    not loaded (the sink then builds it with Arrow's string kernels)."""
+    module = _native.loaded()
+    if module is None:
+        return NotImplemented
+    return module.span_json(*args)
+
+
+#: The file sink's C readers and writers (``FileSink(..., **NATIVE_CODECS)``).
+NATIVE_CODECS: dict[str, Any] = {"extract": native_columns, "encode": native_span_json}
+
+
 def make_pipeline(
     run: RunIds,
     path: Path | None,
@@ -79,7 +93,7 @@ def make_pipeline(
     sinks: list[Any] = []
     file_sink = None
     if path is not None:
-        file_sink = FileSink(path, compression=compression, extract=native_columns)
+        file_sink = FileSink(path, compression=compression, **NATIVE_CODECS)
     if file_sink is not None:
         sinks.append(file_sink)
     sdk: SdkSink | None = None

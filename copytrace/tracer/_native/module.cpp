@@ -120,6 +120,10 @@ PyMethodDef g_methods[] = {
     // columns.cpp
     {"event_columns", FN(py_event_columns), METH_FASTCALL,
      "event_columns(events, specs): Arrow column buffers of the records' fields, or None"},
+    // otlp.cpp
+    {"span_json", FN(py_span_json), METH_FASTCALL,
+     "span_json(n, trace, ids, parents, names, starts, ends, attrs, error): the spans' "
+     "OTLP/JSON text and its int64 offsets"},
     // compiled.cpp
     {"callback_from_stance", py_callback_from_stance, METH_O,
      "copytrace's torch._dynamo.eval_frame._callback_from_stance"},
