@@ -502,7 +502,7 @@ def span_lines(head: str, tail: str, texts: pa.Array, max_bytes: int) -> Iterato
     offsets = np.frombuffer(texts.buffers()[1], np.int64)[
         texts.offset : texts.offset + len(texts) + 1
     ]
-    data = texts.buffers()[2]
+    view = memoryview(texts.buffers()[2])
     room = max_bytes - len(head) - len(tail)
     start = 0
     n = len(texts)
@@ -511,6 +511,6 @@ def span_lines(head: str, tail: str, texts: pa.Array, max_bytes: int) -> Iterato
         limit = offsets[start] + room  # each text's comma stands for the separator
         stop = int(np.searchsorted(offsets, limit, side="right")) - 1
         stop = min(max(stop, start + 1), n)
-        chunk = data[int(offsets[start]) : int(offsets[stop]) - 1]
-        yield head_b + chunk.to_pybytes() + tail_b
+        chunk = view[int(offsets[start]) : int(offsets[stop]) - 1]  # no copy
+        yield b"".join((head_b, chunk, tail_b))
         start = stop
