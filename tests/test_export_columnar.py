@@ -9,7 +9,9 @@ import copy
 import re
 import warnings
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
@@ -21,6 +23,7 @@ from copytrace.export.file_sink import FileSink
 from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds
 from copytrace.export.sdk_sink import make_resource
 from copytrace.schema import CopyEvent
+from copytrace.tracer import _native
 
 _IDS = re.compile(r'"(spanId|parentSpanId)":"[0-9a-f]{16}"')
 
@@ -46,11 +49,26 @@ def _events() -> list[CopyEvent]:
     return events
 
 
-def _write(tmp: Path, events: list[CopyEvent], bulk: bool, max_line: int) -> tuple[str, Path]:
+def _observer() -> Any:
+    """The C++ observer (the tracer hands its ``event_columns`` and ``span_json`` to the file
+    sink)."""
+    module = _native.load()
+    if module is None:
+        pytest.skip(f"no C++ observer: {_native.status()['reason']}")
+    return module
+
+
+def _extract() -> columnar.Extract:
+    return _observer().event_columns  # type: ignore[no-any-return]
+
+
+def _write(tmp: Path, events: list[CopyEvent], bulk: bool, max_line: int,
+           native: bool = False) -> tuple[str, Path]:  # fmt: skip
     run = RunIds(events[0].start_ns, 1_000, make_resource())
     run.trace_id, run.span_id = 0xABC, 0xDEF  # the same run in both files
+    codecs = {"extract": _extract(), "encode": _observer().span_json} if native else {}
     sink = FileSink(tmp / "t.otlp.jsonl", compression=None, sidecar=True, bulk=bulk,
-                    max_line_bytes=max_line)  # fmt: skip
+                    max_line_bytes=max_line, **codecs)  # fmt: skip
     pipeline = ExportPipeline(run, [sink])
     pipeline.begin()
     steps = [(0, events[0].start_ns, events[-1].end_ns)]
@@ -83,14 +101,19 @@ def test_bulk_text_lines_and_rows_equal_the_per_event_encoder(
     odd[3].src_stride = []  # an empty analysis list is written, () is not
     odd[4].saved_by = ("AddmmBackward0.mat2",)
     odd[5].op = ""  # no op attribute: the table's op is the (empty) name's
+    odd[6].aten = []  # an empty list of another field is not written
+    odd[7].shape = ()
     for records in (events, odd):
-        (tmp_path / "a").mkdir(exist_ok=True)
-        (tmp_path / "b").mkdir(exist_ok=True)
+        for d in "abc":
+            (tmp_path / d).mkdir(exist_ok=True)
         one, one_path = _write(tmp_path / "a", records, False, max_line)
         bulk, bulk_path = _write(tmp_path / "b", records, True, max_line)
+        native, native_path = _write(tmp_path / "c", records, True, max_line, native=True)
         assert _spans(bulk) == _spans(one)
+        assert _spans(native) == _spans(one)
         assert max(map(len, bulk.splitlines())) <= max_line
         assert _sidecar(bulk_path) == _sidecar(one_path)
+        assert _sidecar(native_path) == _sidecar(one_path)
     # 27 records + 1 step + the run span: several lines at 4,000 bytes
     assert len(bulk.splitlines()) > (1 if max_line == 4_000 else 0)
 
@@ -99,14 +122,42 @@ def test_values_the_columns_cannot_hold_take_the_per_event_path(tmp_path: Path) 
     events = _events()
     ids = [f"{i:016x}" for i in range(len(events))]
     parents = ["0" * 16] * len(events)
-    assert columnar.event_columns(events, "t", ids, parents, 0, 0) is not None
+    extract = _extract()
+    batch = columnar.event_columns(events, "t", ids, parents, 0, 0)
+    assert batch is not None
+    assert columnar.event_columns(events, "t", ids, parents, 0, 0, extract) == batch
     for field, value in [("bytes_logical", True), ("line", 2**64), ("shape", ("16",)),
-                         ("aten", "aten::clone"), ("dtype", 3)]:  # fmt: skip
+                         ("aten", "aten::clone"), ("dtype", 3), ("file", "\ud800"),
+                         ("group", 1), ("shape", [1, True])]:  # fmt: skip
         odd = [copy.copy(ev) for ev in events]
         setattr(odd[1], field, value)
         assert columnar.event_columns(odd, "t", ids, parents, 0, 0) is None, field
+        assert columnar.event_columns(odd, "t", ids, parents, 0, 0, extract) is None, field
+        field = field + str(len(value) if isinstance(value, list) else "")
         (tmp_path / field).mkdir()
         (tmp_path / f"{field}1").mkdir()
         one, _ = _write(tmp_path / field, odd, False, 1_000_000)
         bulk, _ = _write(tmp_path / f"{field}1", odd, True, 1_000_000)
         assert _spans(bulk) == _spans(one), field
+
+
+def test_the_c_encoder_writes_the_text_of_arrows_string_kernels() -> None:
+    """``span_json`` (C) against :func:`columnar.span_texts`' Arrow kernels on strings that
+    JSON escapes: quotes, backslashes, control characters, DEL, non-ASCII in
+    and beyond the BMP (a surrogate pair), and a sliced batch (Arrow offsets)."""
+    events = [copy.copy(ev) for ev in _events()]
+    odd = ['a"b\\c', "tab\tnl\ncr\r\b\f\x01\x1f", "del\x7f", "é€", "\U0001f600 x", ""]
+    for i, text in enumerate(odd):
+        events[i].file = text
+        events[i + len(odd)].error = text
+    ids = [f"{i:016x}" for i in range(len(events))]
+    parents = ["0" * 16] * len(events)
+    batch = columnar.event_columns(events, "f" * 32, ids, parents, 0, 7, _extract())
+    assert batch is not None
+    encode = _observer().span_json
+    for part in (batch, batch.slice(3, 11)):
+        want = columnar.span_texts(part, "f" * 32).to_pylist()
+        got = columnar.span_texts(part, "f" * 32, encode)
+        assert got.type == pa.large_string()  # written in C, not by the kernels
+        assert got.to_pylist() == want
+    assert '\\ud83d\\ude00 x' in "".join(want)  # json.dumps' surrogate pair

@@ -25,7 +25,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol
+from itertools import repeat
+from operator import attrgetter
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
@@ -38,11 +40,13 @@ __all__ = [
     "Chunk",
     "ExportPipeline",
     "PlanItem",
+    "PlanRun",
     "RunEnd",
     "RunIds",
     "Sink",
     "SpanRecord",
     "epoch_offset",
+    "expand",
     "span_times",
 ]
 
@@ -121,6 +125,26 @@ class Chunk:
 
 #: One planned span: (span id hex, parent span id hex, event or None, step tuple or None).
 PlanItem = tuple[str, str, "CopyEvent | None", "tuple[int, int, int] | None"]
+
+
+class PlanRun(NamedTuple):
+    """A run of planned copy events, none a deepcopy group or its child, none held: span ids,
+    parents and records as three lists, made without a Python step per event. Handed as is to
+    a sink that sets ``takes_runs`` (the file sink); the others get one :data:`PlanItem` per
+    event (:func:`expand`)."""
+
+    ids: list[str]
+    parents: list[str]
+    events: list[CopyEvent]
+
+
+def expand(items: Iterable[PlanItem | PlanRun]) -> Iterator[PlanItem]:
+    """``items`` with each :class:`PlanRun` as one :data:`PlanItem` per event."""
+    for item in items:
+        if type(item) is PlanRun:
+            yield from zip(item.ids, item.parents, item.events, repeat(None))
+        else:
+            yield item  # type: ignore[misc]
 
 
 def span_times(ev: CopyEvent, fallback: int) -> tuple[int, int]:
@@ -293,11 +317,13 @@ class ExportPipeline:
         if chunk.final is not None:
             self._end_ns = chunk.final.end_ns
         live = [i for i in range(len(self.sinks)) if i not in self._failed]
-        items: Iterable[PlanItem] = self._plan(chunk)
+        items: Iterable[PlanItem | PlanRun] = self._plan(chunk)
         if len(live) > 1:
             items = list(items)  # one plan, the same ids in every sink
         for i in live:
-            self._call(i, self.sinks[i].write, items, chunk, self._held_parents)
+            sink = self.sinks[i]
+            mine = items if getattr(sink, "takes_runs", False) else expand(items)
+            self._call(i, sink.write, mine, chunk, self._held_parents)
         self.export_seconds += time.perf_counter() - t0
         if chunk.then is not None:
             try:
@@ -310,10 +336,11 @@ class ExportPipeline:
         """Parent span ids that held-back events will still need."""
         return {parent for _, parent in self._held.values()}
 
-    def _plan(self, chunk: Chunk) -> Iterator[PlanItem]:
+    def _plan(self, chunk: Chunk) -> Iterator[PlanItem | PlanRun]:
         """Span ids and parents: steps under the run, events under their step or their
         deepcopy group; held events are planned now and written when they come back.
-        Lazy, so that a big chunk costs no memory per event here."""
+        Lazy, so that a big chunk costs no memory per event here. A block of events with no
+        group, no group's child and none held is one :class:`PlanRun`."""
         run_id = self.run.span_hex
         step_ids: dict[int, str] = {}
         for step in chunk.steps:
@@ -325,8 +352,13 @@ class ExportPipeline:
         events = chunk.events
         for base in range(0, len(events), 4096):
             hexids = os.urandom(8 * 4096).hex()
+            block = events[base : base + 4096]
+            run = None if held else _plain_run(block, hexids, step_ids, run_id)
+            if run is not None:
+                yield run
+                continue
             k = 0
-            for ev in events[base : base + 4096]:
+            for ev in block:
                 sid = hexids[k : k + 16]
                 k += 16
                 parent = groups.get(ev.parent) if ev.parent is not None and ev.parent >= 0 else None
@@ -385,6 +417,22 @@ class ExportPipeline:
             if i not in files:
                 self._call(i, sink.close)
         self._progress.set()
+
+
+_GROUP, _PARENT, _STEP = attrgetter("group"), attrgetter("parent"), attrgetter("step")
+
+
+def _plain_run(block: Sequence[CopyEvent], hexids: str, step_ids: dict[int, str],
+               run_id: str) -> PlanRun | None:  # fmt: skip
+    """``block`` as a :class:`PlanRun` (each event under its step, else the run), or None
+    when one of its events is a deepcopy group or a group's child."""
+    if any(map(_GROUP, block)):
+        return None
+    if any(p is not None and p >= 0 for p in set(map(_PARENT, block))):
+        return None
+    ids = [hexids[k : k + 16] for k in range(0, 16 * len(block), 16)]
+    parents = list(map(step_ids.get, map(_STEP, block), repeat(run_id)))
+    return PlanRun(ids, parents, list(block))
 
 
 def epoch_offset() -> int:

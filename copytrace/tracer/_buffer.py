@@ -26,6 +26,7 @@ from copytrace.export.file_sink import FileSink, trace_file_name
 from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds
 from copytrace.export.sdk_sink import SdkSink, env_sampler_keeps, exporters_from_env
 from copytrace.schema import CopyEvent
+from copytrace.tracer import _native
 from copytrace.tracer._rules import settle_unreal_events
 from copytrace.tracer.watch import HeldEvents
 
@@ -48,6 +49,31 @@ def new_trace_path(output_dir: Path, compression: str | None) -> Path:
     return path
 
 
+def native_columns(events: list[Any], specs: Sequence[tuple[str, int, bool]]) -> Any:
+    """The records' fields as Arrow buffers, read in C by the C++ observer's
+    ``event_columns`` (``columns.cpp``), for the file sink's bulk path; None where a value
+    does not fit; NotImplemented where the observer is not loaded (the sink then reads them
+    in Python)."""
+    module = _native.loaded()
+    if module is None:
+        return NotImplemented
+    return module.event_columns(events, specs)
+
+
+def native_span_json(*args: Any) -> Any:
+    """The OTLP/JSON text of a run of copy-event spans, written in C by the C++ observer's
+    ``span_json`` (``otlp.cpp``) from the run's columns; NotImplemented where the observer is
+    not loaded (the sink then builds it with Arrow's string kernels)."""
+    module = _native.loaded()
+    if module is None:
+        return NotImplemented
+    return module.span_json(*args)
+
+
+#: The file sink's C readers and writers (``FileSink(..., **NATIVE_CODECS)``).
+NATIVE_CODECS: dict[str, Any] = {"extract": native_columns, "encode": native_span_json}
+
+
 def make_pipeline(
     run: RunIds,
     path: Path | None,
@@ -65,7 +91,9 @@ def make_pipeline(
         the run.
     """
     sinks: list[Any] = []
-    file_sink = FileSink(path, compression=compression) if path is not None else None
+    file_sink = None
+    if path is not None:
+        file_sink = FileSink(path, compression=compression, **NATIVE_CODECS)
     if file_sink is not None:
         sinks.append(file_sink)
     sdk: SdkSink | None = None

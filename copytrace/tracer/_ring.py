@@ -24,7 +24,7 @@ from typing import Any
 
 from copytrace.export.file_sink import FileSink
 from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds
-from copytrace.tracer._buffer import new_trace_path
+from copytrace.tracer._buffer import NATIVE_CODECS, new_trace_path
 
 __all__ = ["dump", "trim"]
 
@@ -58,7 +58,7 @@ def dump(session: Any, reason: str) -> Path | None:
     rec, buf = session._rec, session._buf
     path = new_trace_path(session.output_dir, session.compression)
     run = RunIds(session._start_ns, session._epoch_offset, session._resource)
-    pipeline = ExportPipeline(run, [FileSink(path, compression=session.compression)])
+    pipeline = ExportPipeline(run, [FileSink(path, compression=session.compression, **NATIVE_CODECS)])
     pipeline.begin()
     end = time.perf_counter_ns()
     attrs = session.run_attributes()

@@ -33,7 +33,7 @@ from copytrace.export.sdk_sink import SdkSink, make_resource
 from copytrace.schema import CopyEvent
 from copytrace.tracer import _native, _process, _recorder, _ring, _runattrs, _trigger
 from copytrace.tracer import _schedule as S
-from copytrace.tracer._buffer import Buffer, make_pipeline, new_trace_path
+from copytrace.tracer._buffer import NATIVE_CODECS, Buffer, make_pipeline, new_trace_path
 from copytrace.tracer._engage import Engagement
 from copytrace.tracer._rules import settle_unreal_events
 
@@ -549,7 +549,7 @@ class Session(contextlib.ContextDecorator):
         path = None
         if exporter is None:
             path = new_trace_path(directory or self.output_dir, self.compression)
-            sink: Any = FileSink(path, compression=self.compression)
+            sink: Any = FileSink(path, compression=self.compression, **NATIVE_CODECS)
         else:
             sink = SdkSink([exporter], resource=resource)
         recording = self._action in S.RECORDING

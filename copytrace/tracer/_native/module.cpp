@@ -117,6 +117,13 @@ PyMethodDef g_methods[] = {
     {"set_record_rules", py_set_record_rules, METH_O,
      "set_record_rules(rules): the rule table record and fast_finish follow "
      "(copytrace.tracer._rules.RULES; None clears)"},
+    // columns.cpp
+    {"event_columns", FN(py_event_columns), METH_FASTCALL,
+     "event_columns(events, specs): Arrow column buffers of the records' fields, or None"},
+    // otlp.cpp
+    {"span_json", FN(py_span_json), METH_FASTCALL,
+     "span_json(n, trace, ids, parents, names, starts, ends, attrs, error): the spans' "
+     "OTLP/JSON text and its int64 offsets"},
     // compiled.cpp
     {"callback_from_stance", py_callback_from_stance, METH_O,
      "copytrace's torch._dynamo.eval_frame._callback_from_stance"},

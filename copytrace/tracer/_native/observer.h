@@ -14,6 +14,8 @@
 //   record.cpp     an API call's whole event in one call, by the rule table (_rules.RULES)
 //   watch_cb.cpp   level lean's write watch: a RecordFunction callback while a tensor is watched
 //   compiled.cpp   the compiled-call hooks                                  (*)
+//   columns.cpp    a run of event records as Arrow column buffers (export)  (Python only)
+//   otlp.cpp       the OTLP/JSON text of copy-event spans from those columns (Python only)
 //   module.cpp     the method table and the module's init                   (Python only)
 // (*) Python and ATen's/c10's mode TLS headers only (no Tensor type). The units that include
 //     Tensor's headers (kernels, versions, facts, record, watch_cb) are built as one translation
@@ -240,6 +242,10 @@ COPYTRACE_NOARGS(py_watched)
 COPYTRACE_O(py_callback_from_stance) COPYTRACE_FAST(py_cfs_install) COPYTRACE_O(py_cfs_begin)
 COPYTRACE_NOARGS(py_compiled_enter) COPYTRACE_FAST(py_compiled_backward)
 COPYTRACE_FAST(py_user_fn_install) COPYTRACE_FAST(py_cc_install)
+// columns.cpp
+COPYTRACE_FAST(py_event_columns)
+// otlp.cpp
+COPYTRACE_FAST(py_span_json)
 #undef COPYTRACE_NOARGS
 #undef COPYTRACE_O
 #undef COPYTRACE_FAST

@@ -270,3 +270,15 @@ def cc_install(
     /,
 ) -> bool:
     """Connect the compiled-call hooks (None x 8 clears); whether a call was still open."""
+def event_columns(
+    events: list[Any], specs: Sequence[tuple[str, int, bool]], /
+) -> list[tuple[Any, ...]] | None:
+    """Arrow column buffers of the records' fields (columns.cpp), or None when a value does
+    not fit its column."""
+def span_json(
+    n: int, trace: str, ids: tuple[Any, ...], parents: tuple[Any, ...], names: tuple[Any, ...],
+    starts: tuple[Any, ...], ends: tuple[Any, ...], attrs: Sequence[tuple[str, tuple[Any, ...]]],
+    error: tuple[Any, ...] | None, /,
+) -> tuple[bytes, bytes]:
+    """The OTLP/JSON text of n copy-event spans from Arrow buffers (otlp.cpp), each followed
+    by ",", and the texts' int64 offsets."""
