@@ -252,28 +252,52 @@ class RunColumns:
 
     def codes(self, name: str, rows: np.ndarray) -> np.ndarray:
         """Integer codes of column ``name`` at ``rows``: equal values, equal codes (as Python
-        compares them: a null is only equal to a null). Strings are coded through their
-        dictionaries, ``site`` through the distinct ``(file, line, function)`` triples, so no
-        text is built per row."""
+        compares them: a null is only equal to a null; a string's null code is -1). A column's
+        codes are made once over all events (:meth:`all_codes`), strings through their
+        dictionaries and ``site`` through the ``(file, line, function)`` triples, so no text
+        is built per row."""
         if self._evs is not None or name.endswith("_key"):
             col = _ev_column(self._evs, name, rows) if self._evs is not None else \
                 self.take(name, rows)  # fmt: skip
             return _dense(pc.dictionary_encode(col))
-        if name == "site":
-            triple = _combine([self.codes(k, rows) for k in ("file", "line", "function")])
+        if name in ("seq", "run", "parent"):
+            return np.asarray(self.take(name, rows).to_numpy(), dtype=np.int64)
+        return self.all_codes(name)[rows]  # type: ignore[no-any-return]
+
+    def all_codes(self, name: str) -> np.ndarray:
+        """:meth:`codes` of column ``name`` over all events, in event order (cached)."""
+        key = "codes:" + name
+        out = self._cache.get(key)
+        if out is None:
+            if name == "site":
+                out = self._site_codes()
+            else:
+                col = self.raw(name)
+                if pa.types.is_string(col.type) or pa.types.is_dictionary(col.type):
+                    out = self._events(_string_codes(col))
+                else:
+                    out = self.ids(name)
+            self._cache[key] = out
+        return out  # type: ignore[no-any-return]
+
+    def _site_codes(self) -> np.ndarray:
+        """:meth:`all_codes` of ``site`` (``file:line function``; no file: no site, -1).
+
+        The text is built only when a file or function name holds ``:`` or a space: without
+        them it is ``FILE[:LINE][ FUNCTION]``, read back into one triple, so equal triples
+        (no function and an empty one alike) are equal texts and the triples' codes are the
+        texts' codes."""
+        no_file = self.null("file") | self.eq("file", "")
+        no_func = self.null("function") | self.eq("function", "")
+        if _has_separator(self.raw("file")) or _has_separator(self.raw("function")):
+            triple = _combine([self.all_codes(k) for k in ("file", "line", "function")])
             firsts = first_rows(triple)  # a row of each triple
-            text = pc.dictionary_encode(self.take("site", rows[firsts]))
+            text = pc.dictionary_encode(self.take("site", firsts))
             return _dense(text)[triple]  # type: ignore[no-any-return]
-        col = self.raw(name)
-        if pa.types.is_string(col.type) or pa.types.is_dictionary(col.type):
-            picked = pc.take(col, self._at(rows))
-            if pa.types.is_dictionary(picked.type):
-                return _dict_codes(picked)
-            return _dense(pc.dictionary_encode(picked))
-        values = pc.take(col, self._at(rows))
-        null = np.asarray(pc.is_null(values).to_numpy(zero_copy_only=False), dtype=bool)
-        ints = np.asarray(pc.fill_null(values, 0).to_numpy(zero_copy_only=False), np.int64)
-        return np.where(null, np.iinfo(np.int64).min, ints)  # type: ignore[no-any-return]
+        key = _combine([np.where(no_file, -1, self.all_codes("file")),
+                        np.where(no_file, 0, self.ids("line")),
+                        np.where(no_file | no_func, -1, self.all_codes("function"))])  # fmt: skip
+        return np.where(no_file, -1, key)  # type: ignore[no-any-return]
 
     def ids(self, name: str) -> np.ndarray:
         """An integer column over all events, in event order, with an absent value as
@@ -339,18 +363,37 @@ def _dense(encoded: Any) -> np.ndarray:
     return np.asarray(idx.to_numpy(zero_copy_only=False), dtype=np.int64)
 
 
-def _dict_codes(col: Any) -> np.ndarray:
-    """Codes of a dictionary-encoded string column whose chunks may have different
-    dictionaries (or repeat a value): the same string, the same code (nulls: -1)."""
+def _string_codes(col: Any) -> np.ndarray:
+    """Codes of a string column, dictionary-encoded or not, whose chunks may have different
+    dictionaries (or repeat a value): the same string, the same code (nulls: -1). The
+    chunks' dictionaries are unified by one ``dictionary_encode``: no Python object per
+    value."""
     chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
-    ids: dict[Any, int] = {}
+    if not chunks:
+        return np.zeros(0, dtype=np.int64)
+    if not pa.types.is_dictionary(chunks[0].type):
+        return _dense(pc.dictionary_encode(pa.chunked_array(chunks, chunks[0].type)))
+    values = pa.chunked_array([c.dictionary for c in chunks], chunks[0].type.value_type)
+    unified = _dense(pc.dictionary_encode(values))  # each chunk's dictionary, in turn
+    starts = np.cumsum([0] + [len(c.dictionary) for c in chunks])
+    lut = np.append(unified, -1)  # the last: a null
     out = []
+    for c, start in zip(chunks, starts.tolist(), strict=False):
+        idx = np.asarray(pc.fill_null(c.indices, -1).to_numpy(zero_copy_only=False), np.int64)
+        out.append(lut[np.where(idx >= 0, idx + start, len(unified))])
+    return np.concatenate(out)
+
+
+
+def _has_separator(col: Any) -> bool:
+    """Whether a value of string column ``col`` (its dictionaries only, where encoded) holds
+    ``:`` or a space."""
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
     for c in chunks:
-        values = c.dictionary.to_pylist()
-        remap = np.array([ids.setdefault(v, len(ids)) for v in values] + [-1], dtype=np.int64)
-        idx = pc.fill_null(c.indices, len(values)).to_numpy(zero_copy_only=False)
-        out.append(remap[np.asarray(idx, dtype=np.int64)])
-    return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+        values = c.dictionary if pa.types.is_dictionary(c.type) else c
+        if len(values) and pc.any(pc.match_substring_regex(values, "[: ]")).as_py():
+            return True
+    return False
 
 
 # --- building: from the event table ------------------------------------------------------------
