@@ -36,7 +36,7 @@ from copytrace.analysis._budget import (
 )
 from copytrace.analysis._columns import columns_of
 from copytrace.analysis._findings import HAZARDS, SEVERITIES, Finding, Hazard, normalize_codes
-from copytrace.analysis._rules import RULES, is_hot
+from copytrace.analysis._rules import RULE_COLUMNS, RULES, is_hot
 
 __all__ = [
     "HAZARDS",
@@ -84,6 +84,8 @@ def _analyze(
     rules = [rule for code, rule in zip(HAZARDS, RULES, strict=True)
              if wanted is None or code in wanted]  # fmt: skip
     for rc in columns_of(source):  # one run's columns at a time
+        if wanted is None:
+            rc.prefetch(RULE_COLUMNS)
         for rule in rules:
             for f in rule(rc):
                 if wanted is None or f.code in wanted:

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from copytrace._units import format_bytes_exact
 from copytrace.analysis._findings import SEVERITIES, Finding, normalize_codes
+from copytrace.analysis._sitecopies import SiteCopies, column_sites, top_sites, whole_trace
 from copytrace.analysis._view import Ev
 
 __all__ = ["Budget", "StepTotal", "step_totals", "check_budget", "parse_bytes"]
 
 
-@dataclass
 class StepTotal:
     """Copies of one step of one run.
 
@@ -26,20 +26,51 @@ class StepTotal:
         run: run index (0 in memory).
         step: step number.
         bytes: bytes of new storage allocated by copies (``bytes_allocated``, groups excluded).
-        copies: copy events (not aliases, not no-ops, not groups, not failed calls).
-        sites: ``call site -> [bytes, copies]``.
+        copies: copies (not aliases, not no-ops, not groups, not failed calls).
+        sites: ``call site -> [bytes, copies]`` (read from a run's columns, it is built when
+            first asked for: :meth:`top_sites` names the top sites without it).
     """
 
-    run: int
-    step: int
-    bytes: int = 0
-    copies: int = 0
-    sites: dict[str, list[int]] = field(default_factory=dict)
+    __slots__ = ("run", "step", "bytes", "copies", "_sites", "_groups", "_span")
+
+    def __init__(self, run: int, step: int, bytes: int = 0, copies: int = 0,
+                 sites: dict[str, list[int]] | None = None, groups: SiteCopies | None = None,
+                 span: tuple[int, int] = (0, 0)) -> None:  # fmt: skip
+        self.run = run
+        self.step = step
+        self.bytes = bytes
+        self.copies = copies
+        self._sites = sites if sites is not None or groups is not None else {}
+        self._groups = groups  # the run's groups by (step, site); this step's: span
+        self._span = span
+
+    @property
+    def sites(self) -> dict[str, list[int]]:
+        if self._sites is None:
+            assert self._groups is not None
+            self._sites = self._groups.sites(*self._span)
+        return self._sites
 
     def top_sites(self, n: int = 3) -> str:
-        """The ``n`` call sites with the most bytes (then copies), formatted."""
+        """The ``n`` call sites with the most bytes (then copies, then by name), formatted."""
+        if self._sites is None and self._groups is not None:
+            return top_sites(self._groups.top(*self._span, n))
         rows = sorted(self.sites.items(), key=lambda kv: (-kv[1][0], -kv[1][1], kv[0]))[:n]
-        return ", ".join(f"{site} ({b} B, {_copies(c)})" for site, (b, c) in rows)
+        return top_sites([(site, b, c) for site, (b, c) in rows])
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.run, self.step, self.bytes, self.copies, self.sites)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, StepTotal):
+            return NotImplemented
+        return self._key() == other._key()
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return (f"StepTotal(run={self.run}, step={self.step}, bytes={self.bytes}, "
+                f"copies={self.copies}, sites={self.sites!r})")  # fmt: skip
 
 
 @dataclass
@@ -97,37 +128,31 @@ def _view_totals(runs: list[list[Ev]], totals: dict[tuple[int, int], StepTotal])
 
 
 def _column_totals(rc: Any, totals: dict[tuple[int, int], StepTotal]) -> None:
-    """Add the counted copies of one run's columns, grouped by (step, call site) at once."""
+    """Add the counted copies of one run's columns, grouped by (step, call site) at once and
+    kept as columns (:class:`SiteCopies`): one :class:`StepTotal` per step."""
     import numpy as np
 
-    from copytrace.analysis._columns import _combine
-    from copytrace.analysis._dense import first_rows
-
-    mask = ~rc.flag("group") & ~rc.flag("alias") & ~rc.flag("noop") & rc.null("error")
-    rows = np.flatnonzero(mask)
-    if not len(rows):
+    found = column_sites(rc)
+    if found is None:
         return
-    steps = rc.np("step")[rows]
-    key = _combine([steps, rc.codes("site", rows)])
-    first = first_rows(key)
-    # bincount sums in float64: exact while a group's bytes stay below 2**53 (8 PiB)
-    nbytes = np.bincount(key, weights=rc.np("bytes_allocated")[rows], minlength=len(first))
-    nbytes = nbytes.astype(np.int64)
-    counts = np.bincount(key, minlength=len(first))
-    order = np.argsort(first, kind="stable")  # groups in order of first copy
-    sites = rc.values("site", rows[first[order]])
+    steps, groups = found
+    starts = np.flatnonzero(np.diff(steps, prepend=steps[0] - 1))
+    ends = np.append(starts[1:], len(steps))
+    nbytes = np.add.reduceat(groups.bytes, starts).tolist()
+    copies = np.add.reduceat(groups.copies, starts).tolist()
     run = rc.run or 0
-    # plain lists: one Python int per group, not a numpy scalar per access
-    for step, site, b, c in zip(steps[first[order]].tolist(), sites, nbytes[order].tolist(),
-                                counts[order].tolist(), strict=True):  # fmt: skip
+    for step, b, c, lo, hi in zip(steps[starts].tolist(), nbytes, copies, starts.tolist(),
+                                  ends.tolist(), strict=True):  # fmt: skip
         total = totals.get((run, step))
         if total is None:
-            total = totals[(run, step)] = StepTotal(run=run, step=step)
-        total.bytes += b
+            totals[(run, step)] = StepTotal(run, step, b, c, None, groups, (lo, hi))
+            continue
+        total.bytes += b  # a run index seen before (events from memory): merged by text
         total.copies += c
-        row = total.sites.setdefault(site or "(unknown call site)", [0, 0])
-        row[0] += b
-        row[1] += c
+        for site, (sb, sc) in groups.sites(lo, hi).items():
+            row = total.sites.setdefault(site, [0, 0])
+            row[0] += sb
+            row[1] += sc
 
 
 def step_totals(source: Any) -> list[StepTotal]:
@@ -154,6 +179,22 @@ def _totals(source: Any) -> tuple[list[StepTotal], int]:
             _column_totals(rc, totals)
             runs += 1
     return [totals[k] for k in sorted(totals)], runs
+
+
+def _whole(totals: list[StepTotal]) -> StepTotal:
+    """All steps' copies as one total (call sites summed over the steps and runs)."""
+    whole = StepTotal(run=0, step=0)
+    whole.bytes = sum(t.bytes for t in totals)
+    whole.copies = sum(t.copies for t in totals)
+    if totals and all(t._sites is None and t._groups is not None for t in totals):
+        groups = whole_trace([(t._groups, *t._span) for t in totals])  # type: ignore[misc]
+        return StepTotal(0, 0, whole.bytes, whole.copies, None, groups, (0, len(groups.bytes)))
+    for t in totals:
+        for site, (b, c) in t.sites.items():
+            row = whole.sites.setdefault(site, [0, 0])
+            row[0] += b
+            row[1] += c
+    return whole
 
 
 def _label(t: StepTotal, many_runs: bool) -> str:
@@ -196,14 +237,7 @@ def check_budget(
             f"{_copies(worst.copies)}, top call sites: {worst.top_sites()}"
         )
     if budget.max_bytes is not None or budget.max_copies is not None:
-        whole = StepTotal(run=0, step=0)
-        for t in totals:
-            whole.bytes += t.bytes
-            whole.copies += t.copies
-            for site, (b, c) in t.sites.items():
-                row = whole.sites.setdefault(site, [0, 0])
-                row[0] += b
-                row[1] += c
+        whole = _whole(totals)
         if budget.max_bytes is not None and whole.bytes > budget.max_bytes:
             lines.append(
                 f"bytes allocated {format_bytes_exact(whole.bytes)} over max-bytes "

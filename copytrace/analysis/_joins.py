@@ -19,6 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from copytrace._units import format_bytes_exact
+from copytrace.analysis._columns import _combine
 from copytrace.analysis._dense import dense, distinct, first_rows
 from copytrace.analysis._evidence import OWN_RULE, Group, _Row, narrows, plural, what
 from copytrace.analysis._findings import Finding
@@ -181,11 +182,12 @@ def _chains(rc: Any, copies: np.ndarray) -> list[Finding]:
     a, b = a[keep], b[keep]
     # a first step that narrows the dtype rounds on purpose (x.to(bfloat16).float()): one
     # call straight to the last dtype would give other values. Decided once per dtype pair.
-    pairs = list(zip(rc.values("src_dtype", a), rc.values("dtype", a), strict=True))
-    lossy = {pair: narrows(*pair) for pair in set(pairs)}
-    if any(lossy.values()):
-        keep = np.array([not lossy[pair] for pair in pairs], dtype=bool)
-        a, b = a[keep], b[keep]
+    if len(a):
+        pair = _combine([rc.codes("src_dtype", a), rc.codes("dtype", a)])
+        firsts = first_rows(pair)  # a row of each dtype pair
+        lossy = np.array([narrows(*p) for p in zip(rc.values("src_dtype", a[firsts]),
+                                                   rc.values("dtype", a[firsts]), strict=True)])
+        a, b = a[~lossy[pair]], b[~lossy[pair]]
     alloc = rc.np("bytes_allocated")
     out = []
     _, pairs_of = _by_key(site[a])

@@ -31,7 +31,7 @@ from copytrace.analysis._evidence import (
 from copytrace.analysis._findings import Finding
 from copytrace.analysis._pairs import PAIR_RULES
 
-__all__ = ["RULES", "is_hot"]
+__all__ = ["RULES", "RULE_COLUMNS", "is_hot"]
 
 
 def _sites(*sites: Any) -> list[str]:
@@ -295,3 +295,14 @@ RULES: tuple[Callable[[Any], list[Finding]], ...] = (
     PAIR_RULES["clone-detach-order"],
     noop_conversion,
 )
+
+#: The columns the rules and the budget's totals read (each run's are read together first
+#: when every rule runs: :meth:`~copytrace.analysis._columns.RunColumns.prefetch`).
+RULE_COLUMNS = (
+    "op", "saved_by", "write_site", "group", "error", "retained_bytes", "snapshot", "stale",
+    "phase", "alias", "noop", "bytes_allocated", "src_storage", "src_version", "via",
+    "recompute", "inplace_writes", "step", "src_offset", "src_stride", "shape", "dtype",
+    "dst_device", "file", "line", "function", "lib_file", "lib_line", "lib_function",
+    "span_id", "dst_storage", "transfer", "dst_version", "src_dtype", "autocast_nocache",
+    "bytes_logical", "non_blocking", "pinned", "graph",
+)  # fmt: skip

@@ -66,9 +66,11 @@ def select_runs(table: Any, args: Any, path: Path | str, err: TextIO | None = No
     from copytrace.tracefile import run_groups
 
     err = err or sys.stderr
+    chosen = getattr(args, "run", None)
+    if chosen is None and len({r for p in table.parts for r in p.runs}) <= 1:
+        return table  # one process: one run at most (nothing to read)
     groups = run_groups(table)
     n = len(groups)
-    chosen = getattr(args, "run", None)
     if chosen is not None and not 1 <= chosen <= n:
         raise CopytraceError(f"--run {chosen}: {path} holds run{'s 1-' if n > 1 else ' '}{n}")
     if n <= 1:
