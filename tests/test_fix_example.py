@@ -2,18 +2,16 @@
 check the patch by tracing again (``fix --verify``), apply it, trace the patched example, and
 gate on the finding (``check --forbid``). The patched example prints exactly what it printed.
 
-Run with bash, in order, in a folder that holds a copy of ``examples/`` (the scratch copy the
-patch is applied to); ``CHARLM_STEPS`` shortens the run as in ``tests/test_readme.py``."""
+These commands are a part of the README's sequence: they are read from the session's one run of
+it (``tests/_readme_run.py``, in a folder that holds a copy of ``examples/``, the scratch copy
+the patch is applied to), so the example is not traced a second time for this test."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+import pytest
+from _readme_run import STEPS, readme_run
 
 #: The commands of the README's "patch a finding" section, in its order.
 SEQUENCE = [
@@ -27,27 +25,24 @@ SEQUENCE = [
 LINE = 193
 
 
-def test_the_example_fixed_end_to_end(tmp_path: Path) -> None:
-    shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    example = tmp_path / "examples" / "train_charlm.py"
-    original = example.read_text(encoding="utf-8")
+def test_the_example_fixed_end_to_end(tmp_path_factory: pytest.TempPathFactory) -> None:
+    run = readme_run(tmp_path_factory)
+    # the README shows these commands in this order (others between them)
+    positions = [run.commands.index(c) if c in run.commands else -1 for c in SEQUENCE]
+    assert -1 not in positions and positions == sorted(positions), positions
+    original = run.example_before
     assert original.splitlines()[LINE - 1].strip() == "loss_curve.append(torch.tensor(loss))"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COPYTRACE", "OTEL_"))}
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env["OMP_NUM_THREADS"] = "1"
-    env["CHARLM_STEPS"] = "6"
     procs = []
     for command in SEQUENCE:
-        proc = subprocess.run(
-            ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
-            timeout=600,
-        )  # fmt: skip
+        proc = run.procs.get(command)
+        assert proc is not None, f"{command}: not run; {run.failure()}"
         assert proc.returncode == 0, f"{command}\n{proc.stdout}\n{proc.stderr[-3000:]}"
         procs.append(proc)
     first, verify, apply, again, check = procs
+    example = run.example
 
     # the program's stdout (copytrace's own lines go to stderr), before and after the patch
-    assert "final: step=6" in first.stdout
+    assert f"final: step={STEPS}" in first.stdout
     assert again.stdout == first.stdout
 
     where = f"tensor-ctor-copy at examples/train_charlm.py:{LINE}"
@@ -68,8 +63,8 @@ def test_the_example_fixed_end_to_end(tmp_path: Path) -> None:
     assert changed == [LINE]
     assert "copytrace check: OK: 0 violation(s)" in check.stdout
     gate = subprocess.run(
-        ["bash", "-c", "copytrace check copytrace-out --forbid tensor-ctor-copy"], cwd=tmp_path,
-        env=env, capture_output=True, text=True, timeout=300,
+        ["bash", "-c", "copytrace check copytrace-out --forbid tensor-ctor-copy"], cwd=run.cwd,
+        env=run.env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert gate.returncode == 1, gate.stderr
     assert f"forbidden hazard tensor-ctor-copy (warning) at {example}:{LINE} main" in gate.stderr

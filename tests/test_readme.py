@@ -1,9 +1,8 @@
 """Every command the README shows works on its example, and its samples are what they show.
 
-The commands are read from README.md itself (its ``bash`` blocks, and the ``$ ...`` lines of
-its sample output), and run verbatim with bash, in order, in a directory holding a copy of
-``examples/``. ``CHARLM_STEPS`` shortens the example's run (it changes the default of
-``--steps``) so that the test stays fast; nothing else differs from a reader's run.
+The commands are read from README.md itself and run verbatim, in order, once per session
+(``tests/_readme_run.py``, shared with ``tests/test_fix_example.py``, which checks the example's
+fix on the same run).
 
 The README's complete program (a ``python`` block that starts with an import, followed by its
 output) is run as ``train.py`` and must print exactly the output shown. The call sites in the
@@ -15,54 +14,18 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _readme_run import BLOCK as _BLOCK
+from _readme_run import README, ROOT, STEPS, readme_commands, readme_run
+from _readme_run import env as _readme_env
+from _readme_run import readme as _readme
 
-ROOT = Path(__file__).resolve().parent.parent
-README = ROOT / "README.md"
 #: The house limit on the newcomer's page (its depth lives in docs/).
 README_MAX_BYTES = 15_000
-#: Set-up steps the test does not repeat (the test runs inside an installed environment), and
-#: the development commands, which .ci/run itself runs (the suite, the linter).
-_SETUP = (
-    "python3 -m venv", ". .venv/bin/activate", "pip install", "python -m pytest",
-    "COPYTRACE_REQUIRE_INTEGRATION=1 python -m pytest", "ruff check",
-)  # fmt: skip
-_BLOCK = re.compile(r"^```(\w*)\n(.*?)^```\n", flags=re.M | re.S)
-
-
-def _readme() -> str:
-    return README.read_text(encoding="utf-8")
-
-
-def _env(tmp_path: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("COPYTRACE", "OTEL_"))}
-    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
-    env["OMP_NUM_THREADS"] = "1"
-    return env
-
-
-def readme_commands(text: str) -> list[str]:
-    """The shell commands README.md shows, in order, each once."""
-    commands: list[str] = []
-    for lang, body in _BLOCK.findall(text):
-        for line in body.splitlines():
-            if lang == "bash":
-                line = re.sub(r"\s+#.*$", "", line).strip()
-            elif line.startswith("$ "):  # a command in sample output
-                line = line[2:].strip()
-            else:
-                continue
-            if not line or line.startswith("#"):
-                continue
-            for part in (p.strip() for p in line.split("&&")):
-                if part and not part.startswith(_SETUP) and part not in commands:
-                    commands.append(part)
-    return commands
 
 
 def readme_programs(text: str) -> list[tuple[str, str]]:
@@ -112,24 +75,17 @@ def test_readme_commands_are_found():
     ]
 
 
-def test_every_readme_command_works_on_the_example(tmp_path):
-    shutil.copytree(ROOT / "examples", tmp_path / "examples")
-    env = _env(tmp_path)
-    # 12 steps with the default --eval-every 100: one evaluation, at the last step, which
-    # therefore holds the most copies of any step (as in the full run's last step).
-    env["CHARLM_STEPS"] = "12"
-    commands = readme_commands(_readme())
-    for command in commands:
-        proc = subprocess.run(
-            ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
-            timeout=300,
-        )  # fmt: skip
-        assert proc.returncode == 0, f"{command}\n{proc.stdout}\n{proc.stderr}"
+def test_every_readme_command_works_on_the_example(tmp_path_factory):
+    run = readme_run(tmp_path_factory)
+    assert run.commands == readme_commands(_readme())
+    failure = run.failure()
+    assert failure is None, failure
+    for command, proc in run.procs.items():
         if command.startswith(("copytrace run", "COPYTRACE=1")):
-            assert "final: step=12" in proc.stdout, command
-    assert (tmp_path / "report.html").is_file()
-    assert (tmp_path / "copytrace-out" / "report.html").is_file()
-    assert list((tmp_path / "runs" / "ct").glob("copytrace-*.otlp.jsonl.gz"))
+            assert f"final: step={STEPS}" in proc.stdout, command
+    assert (run.cwd / "report.html").is_file()
+    assert (run.cwd / "copytrace-out" / "report.html").is_file()
+    assert list((run.cwd / "runs" / "ct").glob("copytrace-*.otlp.jsonl.gz"))
 
 
 def test_readme_program_prints_the_output_shown(tmp_path):
@@ -138,7 +94,7 @@ def test_readme_program_prints_the_output_shown(tmp_path):
     program, shown = programs[0]
     (tmp_path / "train.py").write_text(program, encoding="utf-8")
     proc = subprocess.run(
-        [sys.executable, "train.py"], cwd=tmp_path, env=_env(tmp_path), capture_output=True,
+        [sys.executable, "train.py"], cwd=tmp_path, env=_readme_env(), capture_output=True,
         text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
