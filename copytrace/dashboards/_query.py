@@ -43,7 +43,7 @@ __all__ = ["GROUP_BY", "MEMORY_LIMIT", "Query", "RunMeta", "StepSpan", "UNKNOWN_
 
 #: DuckDB's memory cap; beyond it, it spills to a temporary folder (and evicts the blocks
 #: of the tables stored in its database file there).
-MEMORY_LIMIT = "512MB"
+MEMORY_LIMIT = "384MB"
 UNKNOWN_SITE = "(unknown call site)"
 
 #: What the "where from" tables group by: the library's call site (where the event has one,
