@@ -39,11 +39,14 @@ from copytrace.schema import (
 )
 from copytrace.tracefile import META_SPANS, Event, EventTable
 
-__all__ = ["GROUP_BY", "MEMORY_LIMIT", "Query", "RunMeta", "StepSpan", "UNKNOWN_SITE"]
+__all__ = ["GROUP_BY", "LARGE_MEMORY_LIMIT", "LARGE_ROWS", "MEMORY_LIMIT", "Query", "RunMeta", "StepSpan", "UNKNOWN_SITE"]
 
-#: DuckDB's memory cap; beyond it, it spills to a temporary folder (and evicts the blocks
-#: of the tables stored in its database file there).
-MEMORY_LIMIT = "384MB"
+#: DuckDB's memory cap; beyond it, it spills to a temporary folder.
+MEMORY_LIMIT = "512MB"
+#: From this many rows on, DuckDB's own tables are stored compressed in a database file
+#: (see :class:`Query`), under :data:`LARGE_MEMORY_LIMIT`.
+LARGE_ROWS = 3_000_000
+LARGE_MEMORY_LIMIT = "384MB"
 UNKNOWN_SITE = "(unknown call site)"
 
 #: What the "where from" tables group by: the library's call site (where the event has one,
@@ -162,16 +165,17 @@ class Query:
         self.bad_lines = table.bad_lines
         self.files = list(table.files)
         self._spill = Path(tempfile.mkdtemp(prefix="copytrace-duckdb-"))
-        # a database file in the spill folder, not an in-memory one: the large tables (``ev``,
-        # the hazards' ``hz``, the timeline's ``cls``) are then stored compressed (dictionary,
-        # bit-packing), 3-4x smaller than the in-memory layout, and their blocks are
-        # evicted and read back as needed (10M events over 64 ranks: an in-memory ``ev`` is
-        # about 3 GB). Small tables stay TEMP (in memory).
-        self.con = duckdb.connect(
-            str(self._spill / "report.duckdb"),
-            config={"memory_limit": MEMORY_LIMIT, "temp_directory": str(self._spill),
-                    "preserve_insertion_order": False},
-        )  # fmt: skip
+        config: dict[str, Any] = {"memory_limit": MEMORY_LIMIT, "temp_directory": str(self._spill)}
+        where = ":memory:"
+        if sum(p.rows for p in table.parts) >= LARGE_ROWS:
+            # a database file in the spill folder: the large tables (``ev``, the hazards'
+            # ``hz``, the timeline's ``cls``) are then stored compressed (dictionary,
+            # bit-packing), several times smaller than in memory (10M events over 64 ranks:
+            # an in-memory ``ev`` is about 3 GB); compressing costs CPU, so a smaller trace
+            # keeps them in memory. Small tables stay TEMP (in memory).
+            where = str(self._spill / "report.duckdb")
+            config.update(memory_limit=LARGE_MEMORY_LIMIT, preserve_insertion_order=False)
+        self.con = duckdb.connect(where, config=config)
         self._spans_view()
         self.runs: list[RunMeta] = self._run_metas()
         #: The trace ids by start (run span's, else earliest span's), then trace id: the
