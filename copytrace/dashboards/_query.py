@@ -46,7 +46,7 @@ MEMORY_LIMIT = "512MB"
 #: From this many rows on, DuckDB's own tables are stored compressed in a database file
 #: (see :class:`Query`), under :data:`LARGE_MEMORY_LIMIT`.
 LARGE_ROWS = 3_000_000
-LARGE_MEMORY_LIMIT = "384MB"
+LARGE_MEMORY_LIMIT = "320MB"
 UNKNOWN_SITE = "(unknown call site)"
 
 #: What the "where from" tables group by: the library's call site (where the event has one,
