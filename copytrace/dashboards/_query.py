@@ -39,7 +39,8 @@ from copytrace.schema import (
 )
 from copytrace.tracefile import META_SPANS, Event, EventTable
 
-__all__ = ["GROUP_BY", "LARGE_MEMORY_LIMIT", "LARGE_ROWS", "MEMORY_LIMIT", "Query", "RunMeta", "StepSpan", "UNKNOWN_SITE"]
+__all__ = ["GROUP_BY", "LARGE_MEMORY_LIMIT", "LARGE_ROWS", "MEMORY_LIMIT", "Query", "RunMeta",
+           "StepSpan", "UNKNOWN_SITE"]  # fmt: skip
 
 #: DuckDB's memory cap; beyond it, it spills to a temporary folder.
 MEMORY_LIMIT = "512MB"
@@ -165,7 +166,8 @@ class Query:
         self.bad_lines = table.bad_lines
         self.files = list(table.files)
         self._spill = Path(tempfile.mkdtemp(prefix="copytrace-duckdb-"))
-        config: dict[str, Any] = {"memory_limit": MEMORY_LIMIT, "temp_directory": str(self._spill)}
+        config: dict[str, Any] = {"memory_limit": MEMORY_LIMIT,
+                                  "temp_directory": str(self._spill)}  # fmt: skip
         where = ":memory:"
         if sum(p.rows for p in table.parts) >= LARGE_ROWS:
             # a database file in the spill folder: the large tables (``ev``, the hazards'

@@ -105,7 +105,7 @@ def _lower_ids(ids: Any) -> Any:
         if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
             values = pc.cast(values, pa.string())
         if not pc.any(pc.match_substring_regex(values, "[A-Z]")).as_py():
-            return ids  # lower-case already (the tracer writes them so): no second copy
+            return type(ids)(values)  # lower-case already (as the tracer writes them): no copy
         return type(ids)(pc.utf8_lower(values))
     ids = _listify(ids)
     if not ids:
