@@ -254,6 +254,8 @@ def build_model(
         source.analysis_views = None  # and never held with the report's own tables
     table = table_from_trace(source) if isinstance(source, TraceData) else source
     q = Query(table, group_by)
+    if table is not source:  # the analysis numbered the loaded trace's runs in its own order
+        q.start_order_known = False
     try:
         points = max_points if timeline else -1
         model = _build(q, found, status, read_sources, progress, points, hazard_events, fixes)

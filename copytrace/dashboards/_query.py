@@ -5,8 +5,7 @@ per copy or alias event, deepcopy groups left out), so aggregation runs in DuckD
 vectorised engine and out of core: the Parquet caches are scanned, not loaded into Python,
 and DuckDB spills to disk past :data:`MEMORY_LIMIT`.
 
-Columns of ``ev``: ``eid`` (the event's position in run, then time order, once
-:meth:`Query.order_events` ran), ``run_idx`` (index into :attr:`Query.runs`), ``span_id``, ``t_ns``
+Columns of ``ev``: ``run_idx`` (index into :attr:`Query.runs`), ``span_id``, ``t_ns``
 (start, ns since the run start), ``dur`` (ns, never negative), ``step`` (-1 if unknown),
 ``kind`` (``copy``/``alias``/``noop``), ``op``, ``module``, ``site`` (``file:line function``
 of the site the report groups by: with ``group_by="library"`` the library's call site where
@@ -40,10 +39,15 @@ from copytrace.schema import (
 )
 from copytrace.tracefile import META_SPANS, Event, EventTable
 
-__all__ = ["GROUP_BY", "MEMORY_LIMIT", "Query", "RunMeta", "StepSpan", "UNKNOWN_SITE"]
+__all__ = ["GROUP_BY", "LARGE_MEMORY_LIMIT", "LARGE_ROWS", "MEMORY_LIMIT", "Query", "RunMeta",
+           "StepSpan", "UNKNOWN_SITE"]  # fmt: skip
 
 #: DuckDB's memory cap; beyond it, it spills to a temporary folder.
 MEMORY_LIMIT = "512MB"
+#: From this many rows on, DuckDB's own tables are stored compressed in a database file
+#: (see :class:`Query`), under :data:`LARGE_MEMORY_LIMIT`.
+LARGE_ROWS = 3_000_000
+LARGE_MEMORY_LIMIT = "320MB"
 UNKNOWN_SITE = "(unknown call site)"
 
 #: What the "where from" tables group by: the library's call site (where the event has one,
@@ -162,11 +166,26 @@ class Query:
         self.bad_lines = table.bad_lines
         self.files = list(table.files)
         self._spill = Path(tempfile.mkdtemp(prefix="copytrace-duckdb-"))
-        self.con = duckdb.connect(
-            config={"memory_limit": MEMORY_LIMIT, "temp_directory": str(self._spill)}
-        )
+        config: dict[str, Any] = {"memory_limit": MEMORY_LIMIT,
+                                  "temp_directory": str(self._spill)}  # fmt: skip
+        where = ":memory:"
+        if sum(p.rows for p in table.parts) >= LARGE_ROWS:
+            # a database file in the spill folder: the large tables (``ev``, the hazards'
+            # ``hz``, the timeline's ``cls``) are then stored compressed (dictionary,
+            # bit-packing), several times smaller than in memory (10M events over 64 ranks:
+            # an in-memory ``ev`` is about 3 GB); compressing costs CPU, so a smaller trace
+            # keeps them in memory. Small tables stay TEMP (in memory).
+            where = str(self._spill / "report.duckdb")
+            config.update(memory_limit=LARGE_MEMORY_LIMIT, preserve_insertion_order=False)
+        self.con = duckdb.connect(where, config=config)
         self._spans_view()
         self.runs: list[RunMeta] = self._run_metas()
+        #: The trace ids by start (run span's, else earliest span's), then trace id: the
+        #: analysis' run order over files (``Finding.run`` indexes it) ...
+        self.start_order: list[str] = [m.trace_id for m in self.runs]
+        #: ... when each file holds one run (a table of a trace loaded in memory: set False)
+        self.start_order_known = all(len(p.runs) == 1 for p in table.parts) and len(
+            {p.runs[0] for p in table.parts}) == len(table.parts)  # fmt: skip
 
     def build_events(self, order: list[int]) -> None:
         """Put the runs in report order (``order``: indices into :attr:`runs`) and build
@@ -289,25 +308,12 @@ class Query:
         )
         site, entry = _keys_sql("e.", self.group_by)
         con.execute(_EVENTS_SQL.format(meta=meta_names, site=site, entry=entry))
-        self._ordered = False
         if self.sql("SELECT count(*) FROM ev WHERE step < 0")[0][0]:
             # events without a step number or step parent: the step span they fall in
             con.execute(
                 "UPDATE ev SET step = s.step FROM steps s WHERE ev.step < 0 AND s.run = ev.run "
                 "AND ev.start_ns >= s.start_ns AND ev.start_ns < s.end_ns"
             )
-
-    def order_events(self) -> None:
-        """Number the events of ``ev`` in run, then time order (column ``eid``), once; only
-        the timeline needs it (``copytrace summary`` does not pay for the sort)."""
-        if getattr(self, "_ordered", True):
-            return
-        # sort the keys alone (a window over the whole rows sorts them all: 4x slower)
-        self.con.execute(
-            "UPDATE ev SET eid = o.eid FROM (SELECT rowid AS r, row_number() OVER (ORDER BY "
-            "run_idx, start_ns, end_ns, span_id) - 1 AS eid FROM ev) o WHERE ev.rowid = o.r"
-        )
-        self._ordered = True
 
     def count(self) -> int:
         """Number of events (groups not counted)."""
@@ -327,7 +333,7 @@ def _number_steps(steps: list[StepSpan]) -> None:
 
 # Events with their step filled in from the parent step or group span, else by time.
 _EVENTS_SQL = """
-CREATE TEMP TABLE ev AS
+CREATE TABLE ev AS
 WITH base AS (
   SELECT s.*, r.run_idx, r.start_ns AS run_start
   FROM spans s JOIN runs r USING (run)
@@ -355,8 +361,7 @@ SELECT
   COALESCE(e.src_device, '') AS src_device, COALESCE(e.dst_device, '') AS dst_device,
   COALESCE(NULLIF(e.transfer, ''), 'none') AS transfer,
   COALESCE(e.non_blocking, false) AS non_blocking, e.pinned,
-  COALESCE(g.object_type, '') AS grp, e.parent_id, e.start_ns, e.end_ns,
-  CAST(0 AS BIGINT) AS eid
+  COALESCE(g.object_type, '') AS grp, e.parent_id, e.start_ns, e.end_ns
 FROM stepped e
 LEFT JOIN grp g ON g.run = e.run AND g.span_id = e.parent_id
 """
