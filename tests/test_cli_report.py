@@ -62,7 +62,13 @@ def test_report_truncated_line_warns(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert err.startswith("copytrace: warning: skipped 1 unreadable line(s)")
 
 
-def test_report_cdn_and_max_points(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_report_cdn_and_max_points(
+    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from copytrace.dashboards import _progress
+
+    # progress lines appear when a stage takes over 5 s (a loaded machine): tested apart below
+    monkeypatch.setattr(_progress, "_PLAIN_DELAY_S", float("inf"))
     write_many(tmp_path / "t", 2000)
     out_html = tmp_path / "r.html"
     assert main(["report", str(tmp_path / "t"), "-o", str(out_html), "--cdn",
