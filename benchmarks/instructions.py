@@ -5,10 +5,10 @@ process from a plain one. Instructions retired do not depend on the load: this b
 runs the workloads of ``overhead.py`` under ``valgrind --tool=callgrind`` (one thread:
 ``OMP_NUM_THREADS=1``, ``torch.set_num_threads(1)``) and counts the instructions (callgrind's
 ``Ir``) of the measured steps alone. A small C helper, compiled here with ``cc`` against
-valgrind's ``callgrind.h``, gives Python callgrind's client requests: instrumentation starts
-after torch is imported and the models are built, and each measured part is zeroed before
-its first step and dumped after its last, so start-up, warm-up and entering or leaving the
-context are not counted.
+valgrind's ``callgrind.h``, gives Python callgrind's client requests: each measured part
+starts the instrumentation and zeroes the counts before its first step, and dumps them and
+stops the instrumentation after its last, so start-up, compiling, warm-up and entering or
+leaving the context are not counted (and run at valgrind's uninstrumented speed).
 
     python benchmarks/instructions.py                       # W1 and W5: plain, armed, ...
     python benchmarks/overhead.py --instructions --workloads W1    # the same, from overhead.py
@@ -47,6 +47,7 @@ HERE = Path(__file__).resolve().parent
 _MARK_C = r"""
 #include <valgrind/callgrind.h>
 void ct_start(void) { CALLGRIND_START_INSTRUMENTATION; }
+void ct_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; }
 void ct_zero(void) { CALLGRIND_ZERO_STATS; }
 void ct_dump(const char* name) { CALLGRIND_DUMP_STATS_AT(name); }
 int ct_on_valgrind(void) { return RUNNING_ON_VALGRIND; }
@@ -63,16 +64,13 @@ class Counter:
 
     def __init__(self, lib: str | None) -> None:
         self.lib = ctypes.CDLL(lib) if lib else None
-        self.started = False
         self._t0 = 0
 
     def begin(self) -> None:
         if self.lib is None:
             self._t0 = time.process_time_ns()
             return
-        if not self.started:
-            self.lib.ct_start()
-            self.started = True
+        self.lib.ct_start()  # instrumented only while measured: compiling W5 is not
         self.lib.ct_zero()
 
     def end(self, name: str, count: int) -> None:
@@ -81,6 +79,7 @@ class Counter:
             print(json.dumps({"part": name, "count": count, "ns": ns}), flush=True)
             return
         self.lib.ct_dump(f"{name}|{count}".encode())
+        self.lib.ct_stop()
 
 
 def _measure_steps(counter: Counter, step, make_ctx, steps: int, name: str) -> None:
@@ -235,17 +234,22 @@ def spread(values: list[float]) -> float:
 
 
 def print_steps(args: argparse.Namespace, counts: dict[str, float]) -> None:
+    """Per workload: the plain step's Ir and each variant's ratio to it; under it, each
+    variant's spread over the rounds."""
     print(f"instructions per step (callgrind Ir, 1 thread), {args.steps} steps x {args.rounds} "
           "rounds, median; ratio to plain; spread = (max - min) / median of the rounds")  # fmt: skip
     print(f"{'workload':8s} {'plain Ir':>12s} " + " ".join(f"{v:>10s}" for v in args.variants)
-          + "  spread (worst)   armed - plain")  # fmt: skip
+          + "   armed - plain")  # fmt: skip
     for w in args.workloads:
         med = {v: statistics.median(_rounds(counts, f"{w} {v}")) for v in args.variants}
-        plain = med.get("plain", float("nan"))
-        worst = max(spread(_rounds(counts, f"{w} {v}")) for v in args.variants)
+        plain = med["plain"]
         extra = f"{med['ct_armed'] - plain:+,.0f} Ir" if "ct_armed" in med else ""
         ratios = " ".join(f"{med[v] / plain:9.4f}x" for v in args.variants)
-        print(f"{w:8s} {plain:12,.0f} {ratios}  {worst * 100:6.3f}%        {extra}")
+        print(f"{w:8s} {plain:12,.0f} {ratios}   {extra}")
+        spreads = " ".join(
+            f"{spread(_rounds(counts, f'{w} {v}')) * 100:9.2f}%" for v in args.variants
+        )
+        print(f"{'  spread':8s} {'':12s} {spreads}")
 
 
 def print_boundaries(counts: dict[str, float], native: dict[str, float] | None) -> None:
