@@ -73,6 +73,13 @@ class Counter:
         self.lib.ct_start()  # instrumented only while measured: compiling W5 is not
         self.lib.ct_zero()
 
+    def settle(self) -> None:
+        """An empty part, not reported: the first part after a stretch of uninstrumented
+        work (building a model, compiling W5) can come out wrong, even below zero."""
+        if self.lib is not None:
+            self.begin()
+            self.end("settle", 0)
+
     def end(self, name: str, count: int) -> None:
         if self.lib is None:
             ns = time.process_time_ns() - self._t0
@@ -139,12 +146,14 @@ def child(args: argparse.Namespace) -> int:
     counter = Counter(args.lib)
     for wname in args.workloads:
         step = overhead.WORKLOADS[wname][1]()
+        counter.settle()
         for r in range(args.rounds):
             k = r % len(args.variants)
             for variant in args.variants[k:] + args.variants[:k]:
                 _measure_steps(
                     counter, step, overhead.VARIANTS[variant], args.steps, f"{wname} {variant} {r}"
                 )
+    counter.settle()
     for r in range(args.rounds if args.boundary else 0):
         _measure_boundaries(counter, args.boundary, r)
     return 0
@@ -211,7 +220,7 @@ def run_valgrind(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     if proc.returncode != 0:
         sys.stderr.write(proc.stdout[-4000:] + proc.stderr[-4000:])
         raise SystemExit(f"instructions.py: the run under valgrind failed ({proc.returncode})")
-    return {k: ir / n for k, (ir, n) in read_dumps(out).items()}
+    return {k: ir / n for k, (ir, n) in read_dumps(out).items() if n}
 
 
 def run_native(args: argparse.Namespace) -> dict[str, float]:
