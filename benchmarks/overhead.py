@@ -10,6 +10,9 @@ variant's median ratio to it.
     python benchmarks/overhead.py --workloads W5 --variants plain copytrace   # compiled step
     python benchmarks/overhead.py --workloads W1 W5 --variants plain ct_armed ct_step copytrace
         # production: armed and idle (goal <= 1.01x), t.step() as the README traces
+    python benchmarks/overhead.py --instructions --workloads W1 W5
+        # the same variants counted in instructions under valgrind (benchmarks/instructions.py):
+        # load does not change them, where the times above move by more than 1%
 
 W5 is a ``torch.compile``d model (inductor; ``--compile-backend aot_eager`` for a quicker
 compile): under copytrace its compiled region runs compiled, not traced op by op, so its cost
@@ -41,6 +44,7 @@ import argparse
 import contextlib
 import copy
 import statistics
+import sys
 import time
 
 import torch
@@ -257,7 +261,24 @@ def main(argv: list[str] | None = None) -> int:
         "steadier on a machine shared with other busy processes",
     )  # fmt: skip
     parser.add_argument("--threads", type=int, default=0, help="torch.set_num_threads (0: keep)")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--instructions", action="store_true",
+        help="count instructions per step under valgrind instead of timing (instructions.py; "
+        "W1 W5 and plain ct_armed ct_step copytrace unless --workloads / --variants given)",
+    )  # fmt: skip
+    args, rest = parser.parse_known_args(argv)
+    if args.instructions:
+        import instructions
+
+        given = argv if argv is not None else sys.argv[1:]
+        fwd = [a for a in given if a != "--instructions"]
+        if "--workloads" not in given:
+            fwd += ["--workloads", "W1", "W5"]
+        if "--variants" not in given:
+            fwd += ["--variants", *instructions.DEFAULT_VARIANTS]
+        return instructions.main([a for a in fwd if a not in ("--cpu-time",)])
+    if rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     if args.cpu_time:
         _CLOCK[0] = time.process_time
     if args.threads:

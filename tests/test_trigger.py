@@ -196,3 +196,51 @@ def test_an_arm_file_left_by_a_killed_process_is_not_taken_for_a_new_one():
         arm.unlink(missing_ok=True)
         proc.kill()
         proc.wait()
+
+
+def test_idle_steps_are_counted_in_c_and_the_signal_wakes_the_session():
+    # armed and idle, each optimizer.step() is counted by the C++ observer's step callback
+    # alone: the session's Python hook is not called, so its own step number stays 0 until
+    # something reads the count back
+    import copytrace
+
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.ones(2, 4)
+    with copytrace.trace(write=False, trigger="signal", trigger_steps=2) as t:
+        session = t.session
+        if session._step_native is None:
+            pytest.skip("no C++ observer: the Python path counts no untraced optimizer steps")
+        for _ in range(5):
+            model(x).sum().backward()
+            opt.step()
+        assert session._idle.on
+        assert session._rec.step_index == 0
+        assert t.stats["steps"] == 6  # steps 0-5: the 5 counted in C, read back
+        os.kill(os.getpid(), signal.SIGUSR2)
+        for _ in range(500):  # the Python handler runs at the next bytecode boundary
+            if not session._idle.on:
+                break
+            time.sleep(0.001)
+        assert not session._idle.on
+        model(x.clone()).sum().backward()
+        opt.step()  # step 5 ends: the window opens with step 6
+        assert session.trigger.windows.windows == [(6, 8)]
+        model(x.clone()).sum().backward()
+        opt.step()
+        assert session._engagement.engaged  # step 7, the window's last, is traced
+        model(x.clone()).sum().backward()
+        opt.step()  # step 7 ends the window: everything is taken off again
+        assert not session._engagement.engaged
+        assert t.stats["steps_traced"] == 2
+
+
+def test_explicit_steps_while_idle_are_counted():
+    import copytrace
+
+    with copytrace.trace(write=False, trigger="signal") as t:
+        assert t.step() == 1  # the first explicit step turns the automatic one off
+        assert t.session._idle.on
+        assert [t.step() for _ in range(3)] == [2, 3, 4]
+        assert t.stats["steps"] == 5

@@ -3,7 +3,8 @@
 An armed session installs nothing that costs per op: its schedule (:class:`Windows`) says
 ``NONE`` for every step until a window is opened, so the modes, wrappers, patches and the
 observer's kernels stay out (:mod:`copytrace.tracer._schedule`'s ``DISENGAGE``); only the
-optimizer step hooks stay, to notice the steps. The signal handler only counts the signal
+optimizer step hooks stay, to notice the steps, and while nothing is due they only count
+them, in C (the session's *idle*: ``set_step_idle`` of the C++ observer). The signal handler only counts the signal
 (:attr:`Trigger.pending`); the next step boundary opens a window of ``steps`` steps starting
 with the step that begins there (a window queued while one is open starts after it). The
 last step of a window is ``RECORD_AND_SAVE``: its records are flushed and the modes removed.
@@ -34,7 +35,9 @@ from typing import Any
 
 from copytrace.tracer import _schedule as S
 
-__all__ = ["Trigger", "Windows", "arm_dir", "arm_file", "request_file", "start_time"]
+__all__ = [
+    "Trigger", "Windows", "arm_dir", "arm_file", "request_file", "start_time", "window_written",
+]  # fmt: skip
 
 
 def arm_dir() -> Path:
@@ -109,6 +112,8 @@ class Trigger:
         signame: the signal's name (``SIGUSR2``).
         pending: signals arrived and not yet turned into a window.
         installed: copytrace's handler is in place.
+        wake: called (no arguments, raising nothing) after each signal: the session stops
+            counting its steps in C (idle) so that the next boundary opens the window.
     """
 
     def __init__(self, signame: str, steps: int) -> None:
@@ -116,11 +121,14 @@ class Trigger:
         self.windows = Windows(steps)
         self.pending = 0
         self.installed = False
+        self.wake: Any = None
         self._previous: Any = None
         self._arm: Path | None = None
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.pending += 1
+        if self.wake is not None:
+            self.wake()
         previous = self._previous
         if callable(previous):
             previous(signum, frame)  # the program's own handler still gets its call
@@ -208,3 +216,23 @@ class Trigger:
         except (OSError, ValueError, KeyError, TypeError):
             pass
         return self.windows.open(step, steps if steps and steps > 0 else None)
+
+
+def window_written(session: Any, last: int) -> None:
+    """On the export thread, once a trigger's window ending with step ``last`` is in
+    ``session``'s trace file: say so, and run its ``on_window`` hook (the report)."""
+    window = next((w for w in session.trigger.windows.windows if w[1] == last + 1), None)
+    if window is None:
+        return
+    sink = session._file_sink
+    path = sink.path if sink is not None else None
+    print(
+        f"copytrace: traced steps {window[0]}-{window[1] - 1}"
+        + (f" -> {path}" if path is not None else ""),
+        file=sys.stderr,
+    )
+    if session.on_window is not None:
+        try:
+            session.on_window(path, window)
+        except Exception as err:
+            session._rec.note_error(err)

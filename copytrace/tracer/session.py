@@ -31,7 +31,7 @@ from copytrace.export.file_sink import FileSink
 from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds, epoch_offset
 from copytrace.export.sdk_sink import SdkSink, make_resource
 from copytrace.schema import CopyEvent
-from copytrace.tracer import _native, _process, _recorder, _ring, _runattrs, _trigger
+from copytrace.tracer import _idle, _native, _process, _recorder, _ring, _runattrs, _trigger
 from copytrace.tracer import _schedule as S
 from copytrace.tracer._buffer import NATIVE_CODECS, Buffer, make_pipeline, new_trace_path
 from copytrace.tracer._engage import Engagement
@@ -126,6 +126,7 @@ class Session(contextlib.ContextDecorator):
         self._rec = _recorder.Recorder(max_events=max_events, auto_step=auto_step)
         self._engagement = Engagement(self.level)
         self._buf = Buffer()
+        self._idle = _idle.Idle()  # armed, nothing due: the boundaries only count (_idle)
         self._optim_hooks: list[Any] = []  # global optimizer hooks: none (see _install_step_hooks)
         self._step_native: Any = None  # the observer whose step callback is on
         self._delegate: Session | None = None
@@ -212,8 +213,10 @@ class Session(contextlib.ContextDecorator):
         if self.trigger is not None:
             sink = self._file_sink
             self.trigger.install(sink.path if sink is not None else None, self.output_dir)
+            self.trigger.wake = functools.partial(self._idle.wake, self)
         if self._ring_signal is not None:
             self._ring_signal.install(None, self.output_dir, arm=False)
+        self._idle.enter(self)
         return self
 
     def _reset(self) -> None:
@@ -285,9 +288,10 @@ class Session(contextlib.ContextDecorator):
         ``auto``: the boundary is an ``optimizer.step()``; the first one does not flush, so
         that a first explicit :meth:`step` right after it can still renumber the steps.
 
-        Cost: about 1-2 us when the next step's action is the same as this one's and nothing
-        is due to flush (the fast path below: no transition to run, no list to swap).
+        An armed session with nothing due goes idle at the end (:mod:`._idle`): its later
+        boundaries only count, until a signal or an explicit step brings it back here.
         """
+        self._idle.leave(self)
         rec, buf = self._rec, self._buf
         now = time.perf_counter_ns()
         ended = rec.step_index
@@ -322,30 +326,12 @@ class Session(contextlib.ContextDecorator):
             ):
                 then = None
                 if trig is not None and action == S.RECORD_AND_SAVE:
-                    then = functools.partial(self._window_written, ended)
+                    then = functools.partial(_trigger.window_written, self, ended)
                 buf.flush(rec, pipeline, self._engagement.compiled, self.pid, then)
         if nxt != action or nxt == S.WARMUP or (nxt == S.NONE and self._engagement.engaged):
             self._enter_action(nxt, S.transition(action, nxt))
+        self._idle.enter(self)
         return rec.step_index
-
-    def _window_written(self, last: int) -> None:
-        """On the export thread, once a trigger's window ending with step ``last`` is in the
-        trace file: say so, and run the ``on_window`` hook (the report)."""
-        window = next((w for w in self.trigger.windows.windows if w[1] == last + 1), None)  # type: ignore[union-attr]
-        if window is None:
-            return
-        sink = self._file_sink
-        path = sink.path if sink is not None else None
-        print(
-            f"copytrace: traced steps {window[0]}-{window[1] - 1}"
-            + (f" -> {path}" if path is not None else ""),
-            file=sys.stderr,
-        )
-        if self.on_window is not None:
-            try:
-                self.on_window(path, window)
-            except Exception as err:
-                self._rec.note_error(err)
 
     # -- stopping -------------------------------------------------------------------------------------
     def _write_final(self, end_ns: int, timeout: float) -> None:
@@ -379,6 +365,7 @@ class Session(contextlib.ContextDecorator):
             return
         self._closing = True
         self._exit, self._exit_error = name, name
+        self._idle.sync(self)
         self._write_final(time.perf_counter_ns(), _process.SIGNAL_TIMEOUT_S)
 
     def abandon_export(self) -> None:
@@ -394,6 +381,7 @@ class Session(contextlib.ContextDecorator):
             handle.remove()
         self._optim_hooks = []
         self._rec.step_scope = None
+        self._idle.leave(self)
         if self._step_native is not None:
             self._step_native.set_step_hooks(None, None)
             self._step_native = None
@@ -485,6 +473,9 @@ class Session(contextlib.ContextDecorator):
         if self._delegate is not None and self._delegate is not self:
             return self._delegate.step()
         rec, buf = self._rec, self._buf
+        if self._idle.on and not rec.auto_step:
+            return self._idle.step(self)  # armed, nothing due: count it (see _idle)
+        self._idle.leave(self)
         if rec.auto_step:
             rec.auto_step = False
             if rec.step_index > 0 and not buf.flushes and not buf.discarded:
@@ -523,6 +514,7 @@ class Session(contextlib.ContextDecorator):
         ``errors``, ``internal_detaches``, ``steps``, ``steps_traced``, ``discarded`` (warmup
         records), ``flushes``."""
         target = self._target()
+        target._idle.sync(target)
         rec, buf = target._rec, target._buf
         return {
             "events": buf.removed + len(rec.events),

@@ -99,6 +99,9 @@ PyMethodDef g_methods[] = {
     {"set_step_hooks", FN(py_set_step_hooks), METH_FASTCALL,
      "set_step_hooks(begin, end): call them around each optimizer step on this thread (torch's "
      "Optimizer.step# record scope); (None, None) removes them"},
+    {"set_step_idle", FN(py_set_step_idle), METH_FASTCALL,
+     "set_step_idle(on): count the steps in C without calling the hooks (on), or call them "
+     "again (off); returns the steps counted since the last call"},
     // frames.cpp
     {"call_site", FN(call_site), METH_FASTCALL,
      "call_site(classify): the user's (file, line, function, via, library) or None (see "

@@ -231,6 +231,7 @@ PyObject* py_sizes_strides_policy(PyObject*, PyObject* t);
 PyObject* py_sizes_default(PyObject*, PyObject* t);
 // steps.cpp
 COPYTRACE_FAST(py_set_step_hooks)
+COPYTRACE_FAST(py_set_step_idle)
 // frames.cpp
 COPYTRACE_NOARGS(py_clear_sites) COPYTRACE_FAST(py_frame_var)
 // record.cpp

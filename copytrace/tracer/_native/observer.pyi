@@ -66,6 +66,11 @@ def set_step_hooks(begin: Callable[[], object] | None, end: Callable[[], object]
     RecordFunction callback on torch's ``Optimizer.step#<Class>.step`` scope); ``(None, None)``
     removes the callback. Returns whether it is on."""
 
+def set_step_idle(on: bool, /) -> int:
+    """Idle (``on``): the step callback only counts the optimizer steps that end (the
+    outermost scopes), calling neither hook; off: it calls them again. Returns the steps
+    counted since the previous call (then counts from 0)."""
+
 def copy_slots(proto: object, /) -> Any:
     """A shallow copy of a __slots__ object (a new CopyEvent from a prototype), not tracked by
     the cycle collector."""
