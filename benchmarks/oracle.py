@@ -79,7 +79,13 @@ def _print(report: _harness.Report, seconds: float, show: int) -> None:
     print(f"samples run:        {report.samples} (each untraced twice, then traced x {len(report.configs)})")
     print(f"observer paths:     {sorted(report.observer_paths)}")
     print(f"unstable keys:      {report.unstable} (untraced runs disagree; not compared)")
+    uninit = report.uninitialised
+    print(f"uninitialised:      {len(uninit)} (torch read uninitialised memory: equal once it is filled)")
+    if uninit:
+        print("  " + ", ".join(sorted({f"{d.case} [{d.config}]" for d in uninit}))[:600])
     print(f"differences:        {len(report.differences)} in {len(report.by_case())} case(s)")
+    if report.differences:
+        print("  " + ", ".join(sorted(report.by_case()))[:600])
     for kind, n in report.by_kind().items():
         print(f"  {kind:<18}{n}")
     print(f"internal errors:    {report.internal_errors}")
