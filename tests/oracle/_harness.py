@@ -241,8 +241,12 @@ def storage_index(tensors: Iterable[Any]) -> dict[int, int]:
 class Probe:
     """What one case saw, as fingerprints keyed ``step/kind/name`` (kind one of :data:`KINDS`)."""
 
-    def __init__(self, warnlog: list, base_modes: tuple[int, int], relative: bool) -> None:
+    def __init__(
+        self, warnlog: list, base_modes: tuple[int, int], relative: bool, config: Config = UNTRACED,
+    ) -> None:
         self.seen: dict[str, Any] = {}
+        #: the configuration the case runs under
+        self.config = config
         self._log = warnlog
         self._base = base_modes
         self._relative = relative
@@ -359,7 +363,7 @@ def _run(config: Config, cases: list[Case], log: list, obs: Observation) -> list
         obs.session["start/hooks"] = global_hooks()
         for name, scenario in cases:
             seed_all()
-            probe = Probe(log, base, config.modes_are_mechanism)
+            probe = Probe(log, base, config.modes_are_mechanism, config)
             try:
                 scenario(probe)
             except Exception as err:  # the harness's own trouble shows as a difference
@@ -502,6 +506,8 @@ class Report:
     observer_paths: set = field(default_factory=set)
     #: config name -> copytrace's internal errors counted in its traces
     errors_by_config: dict[str, int] = field(default_factory=dict)
+    #: value differences that are torch's reads of uninitialised memory (``_recheck``)
+    uninitialised: list[Difference] = field(default_factory=list)
 
     def by_kind(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -525,7 +531,10 @@ _FROZEN: list[bool] = []
 
 def run_cases(report: Report, group: str, build: Callable[[], list[Case]]) -> None:
     """Run one group of cases untraced twice, then under each of ``report.configs``, and add
-    the samples run, unstable keys, differences and internal errors to ``report``."""
+    the samples run, unstable keys, differences and internal errors to ``report``. A value
+    difference is looked at again (:mod:`._recheck`): one that is torch's reading of
+    uninitialised memory goes to ``report.uninitialised``, one on which more untraced runs
+    disagree counts as unstable."""
     if not _FROZEN:  # the databases' objects move out of the collector's way (gc.collect: ms)
         gc.collect()
         gc.freeze()
@@ -534,12 +543,17 @@ def run_cases(report: Report, group: str, build: Callable[[], list[Case]]) -> No
     again = observe(UNTRACED, build, group)
     report.groups += 1
     report.samples += len(base.records)
+    from . import _recheck  # it runs groups again with observe: imported here, not above
+
     extra: list[Observation] = []
+    filled: list[Observation] = []
     for config in report.configs:
         traced = observe(config, build, group)
         report.observer_paths.add((config.name, traced.observer_path))
         diffs, unstable = compare(base, again, traced)
-        diffs, flaky = _confirm(diffs, base, extra, build, group)
+        diffs, uninitialised = _recheck.uninitialised(diffs, base, config, build, group, filled)
+        report.uninitialised.extend(uninitialised)
+        diffs, flaky = _recheck.confirm(diffs, base, extra, build, group)
         unstable += flaky
         for d in diffs:
             if d.case == "<session>" and d.kind != "internal_error":
@@ -552,33 +566,6 @@ def run_cases(report: Report, group: str, build: Callable[[], list[Case]]) -> No
             report.first_errors.append(f"[{config.name}] {group}: {traced.first_error}")
         if traced.errors:
             report.differences[-1].case = f"{group} <session>"
-
-
-#: untraced runs more, made only for a group with a difference in a value
-RECHECK = 3
-_VALUE_KINDS = ("output", "grad", "state")
-
-
-def _confirm(
-    diffs: list[Difference], base: Observation, extra: list[Observation], build: Callable[[], list[Case]],
-    group: str,
-) -> tuple[list[Difference], int]:
-    """Keep the value differences on which :data:`RECHECK` more untraced runs (made once per
-    group, in ``extra``) agree with the first: a kernel whose bits change from run to run now
-    and then (``linalg.lstsq`` on the CPU: BLAS paths that depend on the buffers' alignment)
-    may agree with itself in the first two untraced runs. Returns the differences kept and
-    how many were unstable."""
-    kept, flaky = [], 0
-    for d in diffs:
-        if d.kind in _VALUE_KINDS and d.case in base.records:
-            if not extra:
-                extra.extend(observe(UNTRACED, build, group) for _ in range(RECHECK))
-            first = base.records[d.case].get(d.key, "<absent>")
-            if any(o.records.get(d.case, {}).get(d.key, "<absent>") != first for o in extra):
-                flaky += 1
-                continue
-        kept.append(d)
-    return kept, flaky
 
 
 def format_exception() -> str:
