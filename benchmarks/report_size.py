@@ -169,7 +169,7 @@ def generate_trace(
 
     from copytrace.export.file_sink import FileSink
     from copytrace.export.hazard_span import append_hazard_span
-    from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds
+    from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds, expand
     rng = random.Random(seed)
     tpls = _template_events()
     choice = rng.choices(range(len(tpls)), weights=[w for w, _ in tpls], k=n_events)
@@ -183,8 +183,8 @@ def generate_trace(
 
     class _Sink(FileSink):  # notes the span ids of the d2h copies, for the hazard
         def write(self, items, chunk, keep):  # type: ignore[no-untyped-def]
-            items = list(items)
-            for sid, _, ev, _ in items:
+            items = list(items)  # PlanItems, and PlanRuns (blocks of plain copies) as they are
+            for sid, _, ev, _ in expand(items):
                 if ev is not None and ev.op == "cpu" and len(hazard_ids) < 1000:
                     hazard_ids.append(sid)
             super().write(items, chunk, keep)
