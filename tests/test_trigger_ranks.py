@@ -55,6 +55,9 @@ for i in range(20):
         say(f"rank {rank} waiting")
         while not os.path.exists(sys.argv[1]):
             time.sleep(0.01)
+# both ranks done before the group goes: gloo's teardown while the other rank still talks
+# can abort a rank ("terminate called without an active exception"), traced or not
+dist.barrier()
 dist.destroy_process_group()
 """
 
