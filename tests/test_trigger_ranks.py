@@ -108,10 +108,15 @@ def test_trigger_all_ranks_of_a_torchrun_job(tmp_path):
     cmd = [*_torchrun(), "--standalone", "--nproc_per_node=2", str(script)]
     plain_go = tmp_path / "plain-go"
     plain_go.touch()
-    plain = subprocess.run(
-        [*cmd, str(plain_go)], capture_output=True, text=True, cwd=tmp_path, env=_env(),
-        timeout=300,
-    )  # fmt: skip
+    for _attempt in range(3):
+        plain = subprocess.run(
+            [*cmd, str(plain_go)], capture_output=True, text=True, cwd=tmp_path, env=_env(),
+            timeout=300,
+        )  # fmt: skip
+        # The untraced reference only: gloo's teardown has aborted a rank of it after all 20
+        # iterations ("terminate called without an active exception"), copytrace not loaded.
+        if plain.returncode == 0 or "terminate called without an active" not in plain.stderr:
+            break
     assert plain.returncode == 0, plain.stdout + plain.stderr
 
     out, go = tmp_path / "out", tmp_path / "go"
