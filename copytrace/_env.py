@@ -287,16 +287,39 @@ def parse_trigger(value: Any, name: str = "trigger") -> str:
     return "none" if value is None else _one_of(TRIGGERS)(name, str(value))
 
 
+#: Signal names of POSIX and Windows: a name here that this platform's :mod:`signal` lacks
+#: is accepted (the session says once that it has no such signal); any other is refused.
+_SIGNAL_NAMES = frozenset(
+    "SIGHUP SIGQUIT SIGILL SIGTRAP SIGABRT SIGBUS SIGFPE SIGUSR1 SIGSEGV SIGUSR2 SIGPIPE "
+    "SIGALRM SIGTERM SIGCHLD SIGCONT SIGTSTP SIGTTIN SIGTTOU SIGURG SIGXCPU SIGXFSZ SIGVTALRM "
+    "SIGPROF SIGWINCH SIGIO SIGPOLL SIGPWR SIGSYS SIGEMT SIGINFO SIGBREAK".split()
+)
+#: Signals a setting may not name: SIGKILL and SIGSTOP cannot be handled (the kernel acts on
+#: them alone), and SIGINT is Ctrl-C, whose handler raises KeyboardInterrupt in the program.
+_UNTAKEN = {
+    "SIGKILL": "SIGKILL cannot be handled",
+    "SIGSTOP": "SIGSTOP cannot be handled",
+    "SIGINT": "SIGINT is Ctrl-C: the program's KeyboardInterrupt",
+}
+
+
 def parse_signal(value: Any, name: str = "signal") -> str:
-    """A signal name (``SIGUSR2``, ``usr2``) -> ``"SIGUSR2"``; whether this platform has it is
-    decided where it is installed (a missing one is said once, never an error).
+    """A signal name (``SIGUSR2``, ``usr2``) -> ``"SIGUSR2"``. A POSIX or Windows name that
+    this platform lacks is accepted (the session says so once where it installs it).
 
     Raises:
-        SettingError: not a signal name (``COPYTRACE_TRIGGER_SIGNAL: not 'FOO'; use ...``).
+        SettingError: not a signal name, or SIGKILL, SIGSTOP or SIGINT (one line naming
+            ``name``: ``COPYTRACE_RING_SIGNAL: not 'SIGBOGUS'; use a signal name ...``).
     """
+    import signal
+
     text = str(value).strip().upper()
     sig = text if text.startswith("SIG") else "SIG" + text
-    if not sig[3:].isalnum() or not sig[3:] or sig[3:].isdigit():
+    if sig in _UNTAKEN:
+        raise _refuse(name, str(value), f"another signal such as SIGUSR2 or SIGUSR1 "
+                      f"({_UNTAKEN[sig]})")  # fmt: skip
+    known = sig in _SIGNAL_NAMES or isinstance(getattr(signal, sig, None), signal.Signals)
+    if not known or sig.startswith(("SIG_", "SIGRT")):
         raise _refuse(name, str(value), "a signal name such as SIGUSR2 or SIGUSR1")
     return sig
 

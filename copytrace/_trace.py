@@ -9,6 +9,7 @@ summary. The recording side imports none of them.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import sys
@@ -61,6 +62,14 @@ def _window_report(path: Path | None, window: tuple[int, int]) -> None:
         except Exception as err:
             print(f"copytrace: could not write the window's report: {err}", file=sys.stderr)
 
+    # DuckDB's import registers an atexit hook after which a query that may run Python code
+    # (a registered Arrow table, once pandas is loaded) is refused: imported now, before the
+    # report's thread, with the wait for the reports registered after it, so that at exit
+    # the reports finish before that hook runs (atexit runs the last registered first)
+    import duckdb  # noqa: F401
+
+    atexit.unregister(_wait_for_window_reports)
+    atexit.register(_wait_for_window_reports)
     thread = threading.Thread(target=write, name="copytrace-window-report", daemon=True)
     _WINDOW_REPORTS.append(thread)
     thread.start()
@@ -135,7 +144,8 @@ class Trace(contextlib.ContextDecorator):
         flush_events: flush at the first step boundary with this many records buffered
             (default 4096, ``$COPYTRACE_FLUSH_EVENTS``; 0: only when the trace stops).
         flush_seconds: also flush at a step boundary this long after the last flush
-            (default 5, ``$COPYTRACE_FLUSH_SECONDS``).
+            (default 5, ``$COPYTRACE_FLUSH_SECONDS``); copytrace's own set-up (installing
+            its modes and hooks) is not counted.
         level: one of ``copytrace._env.LEVELS`` (default ``"lean"``, ``$COPYTRACE_LEVEL``);
             see :func:`trace`.
         observer: one of ``copytrace._env.OBSERVERS`` (default ``"auto"``,

@@ -14,7 +14,8 @@ and the ``copy_budget`` fixture traces a block::
             train_step(model, batch)
         assert block.findings == []
 
-Limits (all optional): ``max_bytes`` / ``max_copies`` (whole body), ``max_bytes_per_step`` /
+Limits (all optional): ``max_bytes`` / ``max_copies`` (whole body; bytes as ``4096`` or the
+CLI's strings, ``"4KiB"``, ``"64MiB"``), ``max_bytes_per_step`` /
 ``max_copies_per_step`` (per ``optimizer.step()`` or ``t.step()``), ``forbid`` (hazard codes,
 a list or a comma-separated string, ``"all"``), ``fail_on`` (``"error"``, ``"warning"``,
 ``"info"``: any hazard that severe or worse). A test fails when the code under it goes over
@@ -165,28 +166,49 @@ def _short(site: str, root: str | None) -> str:
     return site
 
 
-def _verdict(events: list[Any], limits: dict[str, Any], where: str, root: str | None) -> str:
-    """The failure message for ``events`` under ``limits``, or ``""`` within budget."""
-    from copytrace.analysis import Budget, analyze, check, normalize_codes, severity_codes
+def _budget(limits: dict[str, Any], where: str) -> tuple[Any, list[str]]:
+    """``(Budget, forbidden codes)`` of a marker's or a block's ``limits``.
+
+    Byte limits take what the CLI takes (``4096``, ``"4KiB"``, ``"64MiB"``); counts take
+    non-negative integers.
+
+    Raises:
+        pytest.UsageError: one line naming ``where`` and the bad limit.
+    """
+    from copytrace.analysis import Budget, normalize_codes, parse_bytes, severity_codes
 
     unknown = sorted(set(limits) - set(_LIMITS))
     if unknown:
         raise pytest.UsageError(
-            f"copytrace budget: unknown limit(s) {', '.join(unknown)}; use {', '.join(_LIMITS)}"
+            f"copytrace budget of {where}: unknown limit(s) {', '.join(unknown)}; "
+            f"use {', '.join(_LIMITS)}"
         )
+    values: dict[str, Any] = {}
     try:
+        for name in ("max_bytes", "max_bytes_per_step"):
+            if limits.get(name) is not None:
+                values[name] = parse_bytes(limits[name])
+        for name in ("max_copies", "max_copies_per_step", "warmup_steps"):
+            value = limits.get(name)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} takes a count >= 0, got {value!r}")
+            values[name] = value
         forbid = normalize_codes(limits.get("forbid") or ())
         if limits.get("fail_on"):
             forbid += [c for c in severity_codes(limits["fail_on"]) if c not in forbid]
     except ValueError as err:
-        raise pytest.UsageError(f"copytrace budget: {err}") from None
-    budget = Budget(
-        max_bytes_per_step=limits.get("max_bytes_per_step"),
-        max_copies_per_step=limits.get("max_copies_per_step"),
-        max_bytes=limits.get("max_bytes"),
-        max_copies=limits.get("max_copies"),
-        warmup_steps=limits.get("warmup_steps") or 0,
-    )
+        raise pytest.UsageError(f"copytrace budget of {where}: {err}") from None
+    values["warmup_steps"] = values.get("warmup_steps") or 0
+    return Budget(**values), forbid
+
+
+def _verdict(events: list[Any], limits: dict[str, Any], where: str, root: str | None) -> str:
+    """The failure message for ``events`` under ``limits``, or ``""`` within budget."""
+    from copytrace.analysis import analyze, check
+
+    budget, forbid = _budget(limits, where)
     findings = analyze(events)
     lines, _ = check(events, budget, findings)
     for f in findings:
@@ -206,6 +228,20 @@ def _short_all(line: str, root: str | None) -> str:
 
 def _root(config: pytest.Config) -> str:
     return str(config.rootpath) + os.sep
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Check every marker's limits before any test runs (a bad one stops the session)."""
+    for item in items:
+        marker = item.get_closest_marker(MARKER)
+        if marker is None:
+            continue
+        if marker.args:
+            raise pytest.UsageError(
+                f"@pytest.mark.{MARKER} of {item.nodeid} takes keyword arguments only "
+                f"({', '.join(_LIMITS)})"
+            )
+        _budget(dict(marker.kwargs), item.nodeid)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -280,6 +316,7 @@ class CopyBudget:
         self._root = root
 
     def __call__(self, **limits: Any) -> _Block:
+        _budget(limits, self._where)  # a bad limit fails before the block runs
         return _Block(limits, self._where, self._root)
 
 

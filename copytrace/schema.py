@@ -259,8 +259,9 @@ class CopyEvent:
         transfer: ``"none"``, ``"h2d"``, ``"d2h"`` or ``"d2d"``.
         non_blocking: ``non_blocking=True`` was passed.
         requires_grad, src_requires_grad: of the result / of the input.
-        grad_fn: class name of the result's ``grad_fn`` (``"CloneBackward0"``) or ``None``.
-        is_leaf: the result is an autograd leaf.
+        grad_fn: class name of the result's ``grad_fn`` (``"CloneBackward0"``) or ``None``;
+            on a failed ``deepcopy`` of a non-leaf tensor, the tensor's own.
+        is_leaf: the result is an autograd leaf (on a failed ``deepcopy``: the input).
         graph: ``"attached"`` (result is in the input's autograd graph), ``"detached"`` (the
             input required grad but the result is cut from its graph) or ``"none"``.
         phase: ``"forward"``, ``"backward"``, ``"optimizer"`` or ``"other"``.
@@ -300,9 +301,12 @@ class CopyEvent:
             then ran: the gradient they computed used the changed values.
         write_site: ``file:line function`` of that in-place write (or rebinding); on an
             advanced-indexing copy, of the first in-place write into it when it then died
-            unused (a lost write).
+            unused (a lost write); on an alias from a no-op conversion, a ``reshape`` view or
+            ``copy.copy``, of the first in-place write through it or its input while the
+            program held both.
         src_name: ``Module.path.param`` of the written tensor, when it is a parameter or
-            buffer of a module seen in forward.
+            buffer of a module seen in forward; on a failed ``deepcopy`` of a non-leaf tensor,
+            where the deep-copied object held it (``Net.last_hidden``, ``dict['logits']``).
         load_site: on a ``snapshot`` event handed over by ``load_state_dict``, ``file:line
             function`` of the user's load call that made the receiver share the storage
             (``load_state_dict(sd, assign=True)``, an optimizer's load keeping the tensors).

@@ -10,6 +10,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from copytrace.analysis._findings import HAZARDS, Finding
+from copytrace.analysis._rules import alias_write_text, deepcopy_nonleaf_text
 from copytrace.analysis._view import Ev
 
 __all__ = ["RULES", "analyze_reference"]
@@ -476,6 +477,54 @@ def deepcopy_in_loop(events: list[Ev]) -> list[Finding]:
     return out
 
 
+# --- alias-write --------------------------------------------------------------------------------
+#: ops whose alias result the tracer watches for an in-place write
+_ALIAS_WRITE_OPS = CONVERSION_OPS | {"reshape", "copy"}
+
+
+def alias_write(events: list[Ev]) -> list[Finding]:
+    accs = _accs(
+        ((e.write_site, e.site), e, e.bytes_logical, (e.write_site, e.site))
+        for e in events
+        if e.op in _ALIAS_WRITE_OPS and e.alias and e.write_site and e.error is None
+        and not e.group
+    )  # fmt: skip
+    out = []
+    for acc in accs.values():
+        e = acc.events[0]
+        returned, fix = alias_write_text(e.op, e.noop, e.dtype, e.dst_device)
+        out.append(
+            acc.finding(
+                "alias-write",
+                f"{returned}: the result ({_what(e)}) shares its data with the input, and an "
+                "in-place write into one of them changed the other while the program still "
+                "held both "
+                f"({_plural(acc.count, 'time')}, {format_bytes(acc.bytes)} written)",
+                fix,
+            )
+        )
+    return out
+
+
+# --- deepcopy-nonleaf ------------------------------------------------------------------------------
+def deepcopy_nonleaf(events: list[Ev]) -> list[Finding]:
+    accs = _accs(
+        ((e.site, e.src_name), e, e.bytes_logical, ())
+        for e in events
+        if e.op == "deepcopy" and not e.group and e.error is not None and e.grad_fn
+    )
+    return [
+        acc.finding(
+            "deepcopy-nonleaf",
+            deepcopy_nonleaf_text(acc.events[0].src_name, acc.events[0].grad_fn,
+                                  _what(acc.events[0])) + f" ({_plural(acc.count, 'time')})",
+            "Store a detached tensor (`self.last = h.detach()`), or drop the attribute before "
+            "copying; where the values must travel with the copy, keep `h.detach().clone()`.",
+        )
+        for acc in accs.values()
+    ]
+
+
 # --- tensor-ctor-copy -----------------------------------------------------------------------------------
 def tensor_ctor_copy(events: list[Ev]) -> list[Finding]:
     accs = _accs(
@@ -584,12 +633,14 @@ RULES: tuple[Callable[[list[Ev]], list[Finding]], ...] = (
     data_inplace,
     lost_inplace_write,
     graph_retaining_copy,
+    alias_write,
     aliasing_snapshot,
     stale_kept_copy,
     redundant_copy,
     round_trip,
     pageable_transfer,
     deepcopy_in_loop,
+    deepcopy_nonleaf,
     tensor_ctor_copy,
     clone_detach_order,
     noop_conversion,

@@ -129,6 +129,7 @@ class RunInfo:
     windows: list[str] = field(default_factory=list)
     ring: int | None = None
     ring_reason: str = ""
+    ring_skipped: int = 0
 
 
 @dataclass
@@ -782,6 +783,7 @@ def _run_info(run: Run, index: int) -> RunInfo:
         windows=[str(w) for w in attrs.get("copytrace.windows") or []],
         ring=_opt_int(attrs.get("copytrace.ring")),
         ring_reason=_str(attrs.get("copytrace.ring_reason")),
+        ring_skipped=_int(attrs.get("copytrace.ring_skipped")),
     )
 
 

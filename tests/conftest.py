@@ -14,6 +14,7 @@ _COPY = copy.copy
 _SWAP = torch.utils.swap_tensors
 _FROM_NUMPY = torch.from_numpy
 _PARAM_DEEPCOPY = torch.nn.Parameter.__deepcopy__
+_STEP_CODE = torch.optim.Optimizer._optimizer_step_code.__code__
 
 
 @pytest.fixture(autouse=True)
@@ -26,6 +27,7 @@ def _no_tracer_left_behind():
     assert torch.utils.swap_tensors is _SWAP, "torch.utils.swap_tensors was left patched"
     assert torch.from_numpy is _FROM_NUMPY, "torch.from_numpy was left patched"
     assert torch.nn.Parameter.__deepcopy__ is _PARAM_DEEPCOPY, "Parameter.__deepcopy__ left patched"
+    assert torch.optim.Optimizer._optimizer_step_code.__code__ is _STEP_CODE, "step code left"
     from copytrace.tracer import _recorder, session
 
     assert _recorder.active_recorder() is None

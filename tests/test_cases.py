@@ -652,18 +652,16 @@ def _softmax_without_dim(x: torch.Tensor) -> torch.Tensor:
     return F.softmax(x)  # the implicit-dim deprecation warning belongs to this line
 
 
-# On the Python fallback path the mode's handler is a Python frame: a C++ warning (the
-# tensor-from-tensor one) names it. A Python-level torch function's warning (softmax's implicit
-# dim) names the user's line: the fallback's warnings shim counts its stacklevel past the mode.
-_PYTHON_HANDLER = pytest.mark.xfail(
-    not NATIVE, strict=True, raises=AssertionError, reason="Python fallback handler frame"
-)
+# Both paths name the user's line: a C++ warning (the tensor-from-tensor one) on the Python
+# fallback too, whose mode calls torch from a frame placed at the program's line
+# (tracer/_warnplace.py); a Python-level torch function's warning (softmax's implicit dim)
+# through the fallback's warnings shim, which counts its stacklevel past the mode.
 
 
 @pytest.mark.parametrize(
     "call",
     [
-        pytest.param(_construct, marks=_PYTHON_HANDLER),
+        _construct,
         _softmax_without_dim,
     ],
 )

@@ -217,3 +217,32 @@ def test_subprocess_report_and_errors(tmp_path: Path) -> None:
     proc = _run("report", str(bad))
     assert proc.returncode == 2
     assert "no readable copytrace spans" in _error_line(proc.stderr)
+
+
+@pytest.mark.parametrize(
+    "args, flag",
+    [
+        (("report", "{trace}", "-o", "{out}"), "-o"),
+        (("diff", "{trace}", "{trace}", "-o", "{out}"), "-o"),
+        (("export", "{trace}", "--parquet", "{out}"), "--parquet"),
+        (("export", "{trace}", "--chrome-trace", "{out}"), "--chrome-trace"),
+        (("export", "{trace}", "--dataset", "{folder}"), "--dataset"),
+    ],
+)
+def test_unwritable_output_is_refused_before_any_work(
+    tmp_path: Path, args: tuple[str, ...], flag: str
+) -> None:
+    # the output's folder lies under a file (ENOTDIR); the trace is unreadable, so an error
+    # about the output shows it was checked before the trace was read
+    (tmp_path / "blocker").write_text("")
+    folder = tmp_path / "blocker" / "out"
+    trace = tmp_path / "bad.otlp.jsonl"
+    trace.write_bytes(os.urandom(2048))
+    values = {"trace": str(trace), "out": str(folder / "x.out"), "folder": str(folder)}
+    proc = _run(*(a.format(**values) for a in args))
+    assert proc.returncode == 2
+    given = values["folder" if flag == "--dataset" else "out"]
+    assert _error_line(proc.stderr) == (
+        f"copytrace: error: {flag} {given}: output directory {folder} is not writable "
+        "(Not a directory)"
+    )

@@ -161,3 +161,28 @@ def test_the_c_encoder_writes_the_text_of_arrows_string_kernels() -> None:
         assert got.type == pa.large_string()  # written in C, not by the kernels
         assert got.to_pylist() == want
     assert '\\ud83d\\ude00 x' in "".join(want)  # json.dumps' surrogate pair
+
+
+def test_the_c_encoder_copies_only_equal_attributes_from_the_last_span_of_its_name() -> None:
+    """``span_json`` copies an attribute's text from the last span of the same name when the
+    values are equal: spans of one name whose attributes differ one at a time, come and go
+    (an empty list, None), or change length (lists), give the Arrow kernels' text."""
+    base = [ev for ev in _events() if not ev.group and ev.parent in (None, -1)]
+    changes = [("file", "other.py"), ("file", None), ("line", 7), ("shape", (3, 3, 3)),
+               ("shape", ()), ("aten", ["aten::clone", "aten::copy_"]), ("aten", []),
+               ("requires_grad", False), ("step", 12), ("module", "M.a"), ("error", "E"),
+               ("src_stride", (100, 1)), ("grad_fn", None), ("thread_name", "t")]  # fmt: skip
+    events = []
+    for i in range(120):  # each name's spans: a change, then back, then two at once
+        ev = copy.copy(base[i % len(base)])
+        for name, value in (changes[i % len(changes)], changes[(i * 5) % len(changes)])[: 1 + i % 2]:
+            setattr(ev, name, value)
+        events.append(ev)
+    ids = [f"{i:016x}" for i in range(len(events))]
+    batch = columnar.event_columns(events, "f" * 32, ids, ["0" * 16] * len(events), 0, 7,
+                                   _extract())  # fmt: skip
+    assert batch is not None
+    want = columnar.span_texts(batch, "f" * 32).to_pylist()
+    got = columnar.span_texts(batch, "f" * 32, _observer().span_json)
+    assert got.type == pa.large_string()
+    assert got.to_pylist() == want

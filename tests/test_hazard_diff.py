@@ -1,7 +1,10 @@
 """The columnar hazard analyser finds exactly what the per-event rules found: every finding's
 code, severity, message, fix, call sites, bytes, steps, events, run and span ids.
 
-The per-event rules are kept in ``tests/_reference_hazards.py``. Both run over:
+The per-event rules are kept in ``tests/_reference_hazards.py``. The rules as SQL
+(``copytrace.analysis._sql_hazards``: what ``summary``/``check --engine spark`` compute) give
+one row per finding on DuckDB over the trace's dataset: its code, call sites, number of events
+and bytes, checked against the columnar findings of every trace file below. All run over:
 
 - real traced programs, one per hazard code and one near miss each (a trace file and the
   events in memory);
@@ -16,6 +19,7 @@ from __future__ import annotations
 import copy
 import random
 import sys
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
@@ -30,11 +34,13 @@ import copytrace
 from copytrace import CopyEvent
 from copytrace.analysis import HAZARDS, Budget, analyze, analyze_with_totals, step_totals
 from copytrace.analysis._budget import check_budget
+from copytrace.analysis._sql import duckdb_results
 from copytrace.analysis._view import runs_of
 from copytrace.export.file_sink import FileSink
 from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds
 from copytrace.export.sdk_sink import make_resource
 from copytrace.tracefile import event_table, load_trace
+from copytrace.tracefile._dataset import write_dataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from report_size import generate_trace  # noqa: E402
@@ -63,12 +69,25 @@ def _same_totals(source: Any) -> None:
     assert runs == len(views)
 
 
+def _same_sql(path: Path, found: list[Any]) -> None:
+    """The SQL rules on DuckDB over the dataset of trace ``path`` give one row per finding of
+    ``found``: ``(code, call sites joined by "; ", events, bytes)``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        write_dataset(event_table(path, cache=False), Path(tmp))
+        rows = duckdb_results(Path(tmp), ["hazards"])["hazards"]
+    sql = sorted((code, site, n, nbytes) for code, _run, site, n, nbytes in rows)
+    # (these traces name no library call sites: a finding's call sites are its own)
+    assert sql == sorted((f.code, "; ".join(f.call_sites) or "(unknown call site)",
+                          len(f.event_seqs), f.bytes) for f in found)  # fmt: skip
+
+
 def _same_file(path: Path) -> list[Any]:
     """Both analysers over a trace file's event table (each its own table) and its loaded
-    trace; the budgets' step totals too."""
+    trace; the budgets' step totals too; and the SQL rules over its dataset."""
     found = _same(event_table(path, cache=False), event_table(path, cache=False))
     _same(load_trace(path))
     _same_totals(event_table(path, cache=False))
+    _same_sql(path, found)
     return found
 
 
@@ -146,7 +165,31 @@ def _programs() -> list[Any]:
             (torch.ones(1, 4, dtype=torch.float64) @ w64.t()).sum().backward()
             opt.step()
 
-    return [data_inplace, history, snapshot, copies, lost_write, pageable, kept_cast]
+    def alias_writes(t: Any) -> None:
+        x = torch.zeros(8)
+        for _ in range(2):
+            staging = x.to("cpu")  # alias-write: the no-op result is x itself
+            staging += 1.0
+            view = x.reshape(2, 4)  # alias-write: a view of x, which is still held
+            view[0].zero_()
+            shallow = copy.copy(x)  # alias-write: a new tensor on x's storage
+            shallow[0] = 2.0
+            real = x.to("cpu", copy=True)  # near miss: a real copy
+            real += 1.0
+            t.step()
+
+    def nonleaf_deepcopy(t: Any) -> None:
+        lin = nn.Linear(4, 2)
+        for cached in (lin(torch.randn(3, 4)), lin(torch.randn(3, 4)).detach()):
+            lin.cache = cached  # a non-leaf (deepcopy-nonleaf), then a detached one (clean)
+            try:
+                copy.deepcopy(lin)
+            except RuntimeError:
+                pass
+            t.step()
+
+    return [data_inplace, history, snapshot, copies, lost_write, pageable, kept_cast,
+            alias_writes, nonleaf_deepcopy]  # fmt: skip
 
 
 def test_real_programs_file_and_memory(tmp_path: Path) -> None:
@@ -155,6 +198,7 @@ def test_real_programs_file_and_memory(tmp_path: Path) -> None:
         out = tmp_path / str(i)
         with copytrace.trace(out) as t:
             program(t)
+        assert t.stats["flushes"] == 0  # so memory holds every event the file has
         from_memory = _same(t.events)
         from_file = _same_file(out)
         found |= {f.code for f in from_file}

@@ -121,4 +121,8 @@ def test_flight_recorder_writes_its_last_events_and_report_on_a_crash(tmp_path):
     assert 8 <= len(steps) <= 16 and steps == list(range(30 - len(steps), 30)), steps
     assert run["copytrace.ring_reason"]["stringValue"] == "RuntimeError"
     html = (out / "report.html").read_text(encoding="utf-8")
-    assert "this trace shows the last 8 events before RuntimeError" in html
+    assert (
+        "flight recorder dump (COPYTRACE_RING=8, which keeps the last 8 to 16 events): this "
+        f"trace holds the last {len(steps)} events before RuntimeError; {30 - len(steps)} "
+        "older event(s) were let go"
+    ) in html

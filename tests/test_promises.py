@@ -1,7 +1,8 @@
 """What the README and docs promise and no other test checked: ``Trace.report()``, the
-``@copytrace.trace()`` decorator, top-level ``copytrace.analyze``, time-based flushing, the
-run span's ERROR status through SDK exporters, the ``copytrace.hazards`` span's full contents
-and its size cap, and ``graph-retaining-copy`` when tracing stops mid-step."""
+``@copytrace.trace()`` decorator, top-level ``copytrace.analyze``, time-based flushing (the
+program's time, not copytrace's set-up), the run span's ERROR status through SDK exporters,
+the ``copytrace.hazards`` span's full contents and its size cap, and ``graph-retaining-copy``
+when tracing stops mid-step."""
 
 from __future__ import annotations
 
@@ -162,6 +163,52 @@ def test_without_flush_seconds_no_time_based_flush(tmp_path: Path) -> None:
             t.step()
     (run,) = copytrace.load_trace(t.trace_path).runs
     assert run.attrs["copytrace.flushes"] == 0
+
+
+def _slow_engage(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """Make each engage last ``seconds`` longer, as the first one in a process does on a
+    loaded host (it imports ``torch._dynamo``: 5 to 9 s of wall time there)."""
+    from copytrace.tracer import _engage
+
+    preload = _engage._preload_dynamo
+
+    def slow_preload() -> None:
+        time.sleep(seconds)
+        preload()
+
+    monkeypatch.setattr(_engage, "_preload_dynamo", slow_preload)
+
+
+def test_flush_seconds_does_not_count_copytraces_set_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _slow_engage(monkeypatch, 1.5)
+    x = torch.ones(4)
+    with copytrace.trace(tmp_path, flush_events=10**6, flush_seconds=0.75) as t:
+        x.clone()  # step 0 starts 1.5 s after the trace, but the program ran for milliseconds
+        t.step()
+        x.clone()
+        flushes_before_stop = t.stats["flushes"]
+    assert flushes_before_stop == 0
+    assert [ev.step for ev in t.events] == [0, 1]  # both still in memory, none flushed out
+
+
+def test_flush_seconds_does_not_count_an_engage_at_a_step_boundary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _slow_engage(monkeypatch, 1.5)
+    x = torch.ones(4)
+    with copytrace.trace(
+        tmp_path, flush_events=10**6, flush_seconds=0.75, schedule="wait=1,active=2"
+    ) as t:
+        for _ in range(3):  # step 0 waits; the 0 -> 1 boundary engages (1.5 s); 1 and 2 traced
+            x.clone()
+            t.step()
+        flushes_before_stop = t.stats["flushes"]
+    # one flush: the active window's end (2 -> 3); none at 1 -> 2, 1.5 s after the last one
+    assert flushes_before_stop == 1
+    (run,) = copytrace.load_trace(t.trace_path).runs
+    assert [ev.step for ev in run.events] == [1, 2]
 
 
 # --- the run span's status through SDK exporters -------------------------------------------------

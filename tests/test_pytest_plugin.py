@@ -270,3 +270,67 @@ def test_baseline_missing_and_bad_options(pytester: pytest.Pytester) -> None:
     assert result.ret == pytest.ExitCode.USAGE_ERROR
     assert "--copytrace-max-increase: not a percentage or a size: 'ten'" in "\n".join(
         result.errlines)  # fmt: skip
+
+
+def test_byte_limits_take_the_cli_byte_strings(pytester: pytest.Pytester) -> None:
+    # one float32 copy of 2048 elements = 8192 bytes: over "4KiB" (4096), within "64MiB"
+    result = run(
+        pytester,
+        """
+@pytest.mark.copytrace(max_bytes="64MiB")
+def test_within():
+    torch.zeros(2048).clone()
+
+@pytest.mark.copytrace(max_bytes="4KiB")
+def test_over():
+    torch.zeros(2048).clone()
+""",
+    )
+    result.assert_outcomes(passed=1, failed=1)
+    over = "bytes allocated 8192 B (8.0 KiB) over max-bytes 4096 B (4.0 KiB)"
+    assert over in failure_text(result)
+
+
+@pytest.mark.parametrize(
+    ("limit", "said"),
+    [
+        ('max_bytes="4 parsecs"', "not a byte count: '4 parsecs'"),
+        ('max_copies="two"', "max_copies takes a count >= 0, got 'two'"),
+        ('forbid=["no-such-hazard"]', "no-such-hazard"),
+    ],
+)
+def test_bad_limit_is_one_usage_line_before_any_test_runs(
+    pytester: pytest.Pytester, limit: str, said: str
+) -> None:
+    result = run(
+        pytester,
+        f"""
+def test_first():
+    pass
+
+@pytest.mark.copytrace({limit})
+def test_bad():
+    pass
+""",
+    )
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    errors = [line for line in result.errlines if line.startswith("ERROR:")]
+    assert len(errors) == 1 and said in errors[0], result.errlines
+    assert "test_budget.py::test_bad" in errors[0]
+    assert "Traceback" not in "\n".join(result.errlines + result.outlines)
+    result.assert_outcomes()  # nothing ran
+
+
+def test_fixture_bad_limit_fails_before_the_block(pytester: pytest.Pytester) -> None:
+    result = run(
+        pytester,
+        """
+ran = []
+
+def test_block(copy_budget):
+    with copy_budget(max_bytes_per_step="lots"):
+        ran.append(1)
+""",
+    )
+    assert result.ret != 0
+    assert "not a byte count: 'lots'" in "\n".join(result.outlines + result.errlines)

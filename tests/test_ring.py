@@ -88,6 +88,22 @@ def test_ring_after_an_exception(tmp_path):
     assert run["copytrace.ring"] == str(RING)  # OTLP/JSON: ints as strings
     assert run["copytrace.ring_reason"] == "MemoryError"
     assert int(run["copytrace.ring_skipped"]) == 42 - len(steps)  # 21 steps x 2 clones
+    # summary and report say what the dump holds: the file's own count (N to 2 N), not N
+    said = (
+        f"flight recorder dump (COPYTRACE_RING={RING}, which keeps the last {RING} to "
+        f"{2 * RING} events): this trace holds the last {len(steps)} events before MemoryError; "
+        f"{42 - len(steps)} older event(s) were let go"
+    )
+    cli = [sys.executable, "-m", "copytrace"]
+    summary = subprocess.run([*cli, "summary", str(path)], capture_output=True, text=True,
+                             timeout=180, env=_env())  # fmt: skip
+    assert summary.returncode == 0, summary.stderr
+    assert f"  {said}" in summary.stdout.splitlines()
+    html = tmp_path / "r.html"
+    report = subprocess.run([*cli, "report", str(path), "-o", str(html)], capture_output=True,
+                            text=True, timeout=180, env=_env())  # fmt: skip
+    assert report.returncode == 0, report.stderr
+    assert said in html.read_text(encoding="utf-8")
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGTERM"), reason="no SIGTERM")

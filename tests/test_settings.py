@@ -131,7 +131,9 @@ def test_level_constant_is_the_accepted_set(monkeypatch):
 @pytest.mark.parametrize(
     "var, value",
     [("COPYTRACE_AUTO_STEP", "banana"), ("COPYTRACE_SCHEDULE", "garbage"),
-     ("COPYTRACE_LEVEL", "fast"), ("COPYTRACE_MAX_EVENTS", "-5")],
+     ("COPYTRACE_LEVEL", "fast"), ("COPYTRACE_MAX_EVENTS", "-5"),
+     ("COPYTRACE_RING_SIGNAL", "SIGBOGUS"), ("COPYTRACE_RING_SIGNAL", "SIGKILL"),
+     ("COPYTRACE_TRIGGER_SIGNAL", "SIGINT"), ("COPYTRACE_TRIGGER_SIGNAL", "stop")],
 )  # fmt: skip
 def test_copytrace_run_refuses_a_bad_setting_before_the_program_starts(tmp_path, var, value):
     (tmp_path / "prog.py").write_text(_PROGRAM)
@@ -178,6 +180,38 @@ def test_hook_says_it_once_per_launch_and_runs_the_program_untraced(tmp_path):
         "copytrace: COPYTRACE_COMPRESSION: not 'zstd'; use gzip or none; tracing disabled"
     ]
     assert not (tmp_path / "copytrace-out").exists()
+
+
+def test_hook_refuses_sigint_as_the_ring_signal_and_runs_untraced(tmp_path):
+    (tmp_path / "prog.py").write_text(_PROGRAM)
+    proc = subprocess.run(
+        [sys.executable, "prog.py"], capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env=_env_vars(COPYTRACE="1", COPYTRACE_RING="10", COPYTRACE_RING_SIGNAL="SIGINT"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "ran.txt").exists()
+    assert proc.stderr.splitlines() == [
+        "copytrace: COPYTRACE_RING_SIGNAL: not 'SIGINT'; use another signal such as SIGUSR2 or "
+        "SIGUSR1 (SIGINT is Ctrl-C: the program's KeyboardInterrupt); tracing disabled"
+    ]
+
+
+@pytest.mark.skipif(hasattr(__import__("signal"), "SIGINFO"), reason="this platform has SIGINFO")
+def test_a_signal_this_platform_lacks_is_said_once_per_setting(tmp_path):
+    # SIGINFO is BSD's and macOS's: a real signal name, absent on Linux
+    (tmp_path / "prog.py").write_text(_PROGRAM)
+    proc = subprocess.run(
+        [sys.executable, "-m", "copytrace", "run", "--no-report", "prog.py"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+        env=_env_vars(COPYTRACE_RING="10", COPYTRACE_RING_SIGNAL="info"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "ran.txt").exists()
+    said = [line for line in proc.stderr.splitlines() if "SIGINFO" in line]
+    assert said == [
+        "copytrace: this platform has no SIGINFO (COPYTRACE_RING_SIGNAL): the ring is written "
+        "only on a failure, SIGTERM or the run's end"
+    ]
 
 
 def test_hook_refuses_an_unwritable_output_directory_before_the_program(tmp_path):

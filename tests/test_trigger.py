@@ -244,3 +244,131 @@ def test_explicit_steps_while_idle_are_counted():
         assert t.session._idle.on
         assert [t.step() for _ in range(3)] == [2, 3, 4]
         assert t.stats["steps"] == 5
+
+
+class _Outer:
+    """An optimizer that steps another (as ZeroRedundancyOptimizer steps its local one): two
+    nested ``Optimizer.step#`` scopes and two ``_optimizer_step_code`` calls per step."""
+
+    @staticmethod
+    def make(params):
+        import torch
+
+        class Outer(torch.optim.Optimizer):
+            def __init__(self, params):
+                params = list(params)
+                super().__init__(params, {})
+                self.inner = torch.optim.SGD(params, lr=0.1)
+
+            def step(self, closure=None):
+                return self.inner.step(closure)
+
+        return Outer(params)
+
+
+def test_idle_counts_at_torchs_step_hook_point_and_gives_it_back():
+    # armed and idle, the steps are counted at Optimizer._optimizer_step_code (torch's
+    # profiler hook point) with the RecordFunction callback off: same function object, name,
+    # signature, file and first line; torch's own code again after stop; an optimizer that
+    # steps another counts once per outer step, as the record scopes are counted
+    import inspect
+
+    import copytrace
+
+    torch = pytest.importorskip("torch")
+    fn = torch.optim.Optimizer._optimizer_step_code
+    original = fn.__code__
+    signature = inspect.signature(fn)
+    model = torch.nn.Linear(4, 4)
+    opt = _Outer.make(model.parameters())
+    x = torch.ones(2, 4)
+    with copytrace.trace(write=False, trigger="signal") as t:
+        if t.session._step_native is None:
+            pytest.skip("no C++ observer: the Python path counts no untraced optimizer steps")
+        ours = fn.__code__
+        assert torch.optim.Optimizer._optimizer_step_code is fn
+        assert ours is not original and inspect.signature(fn) == signature
+        assert (ours.co_name, ours.co_qualname, ours.co_filename, ours.co_firstlineno) == (
+            original.co_name, original.co_qualname, original.co_filename,
+            original.co_firstlineno,
+        )  # fmt: skip
+        assert fn.__doc__.startswith("Entry point for `torch.profile.profiler`")
+        for _ in range(4):
+            model(x).sum().backward()
+            opt.step()
+        assert t.session._idle.on
+        assert t.stats["steps"] == 5  # steps 0-4: four ended by the outer optimizer's step()
+    assert fn.__code__ is original
+
+
+def test_a_signal_inside_a_step_ends_that_step_at_its_boundary():
+    # the signal lands inside step 2's optimizer.step() (its record scope began with no
+    # callback, while idle): that step still ends there, so the window is steps 3-4, and each
+    # traced step has its boundary (no step lost, none counted twice)
+    import copytrace
+
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.ones(2, 4)
+    calls = []
+
+    def signal_in_step_2(optimizer, args, kwargs):
+        calls.append(1)
+        if len(calls) == 3:  # inside step 2 (0-based): the handler runs before step() returns
+            os.kill(os.getpid(), signal.SIGUSR2)
+
+    opt.register_step_pre_hook(signal_in_step_2)
+    with copytrace.trace(write=False, trigger="signal", trigger_steps=2) as t:
+        if t.session._step_native is None:
+            pytest.skip("no C++ observer")
+        for _ in range(7):
+            model(x.clone()).sum().backward()
+            opt.step()
+        assert t.session.trigger.windows.windows == [(3, 5)]
+        assert t.stats["steps"] == 8  # steps 0-6 ended, step 7 open
+        assert t.stats["steps_traced"] == 2
+
+
+def test_a_compiled_optimizer_step_counts_and_compiles_as_untraced():
+    # torch.compile ignores the Optimizer.step# record scope, so an armed session counts no
+    # compiled step (as before the step code); the code's branch is dead under dynamo
+    # (torch.compiler.is_compiling): the same graphs, calls and graph breaks as untraced, no
+    # recompile while armed nor after stop
+    import copytrace
+
+    torch = pytest.importorskip("torch")
+    from torch._dynamo.utils import counters
+
+    def run(armed: bool) -> tuple[dict, int]:
+        torch._dynamo.reset()
+        counters.clear()
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        step = torch.compile(opt.step, backend="eager")
+        x = torch.ones(2, 4)
+        steps = -1
+        if armed:
+            with copytrace.trace(write=False, trigger="signal") as t:
+                for _ in range(3):
+                    model(x).sum().backward()
+                    step()
+                steps = t.stats["steps"]
+        for _ in range(3 if armed else 6):
+            model(x).sum().backward()
+            step()
+        seen = {
+            "graphs": counters["stats"]["unique_graphs"],
+            "calls": counters["stats"]["calls_captured"],
+            "breaks": sum(counters["graph_break"].values()),
+            "recompiles": sum(counters["recompiles"].values()),
+        }
+        return seen, steps
+
+    untraced, _ = run(False)
+    armed, steps = run(True)
+    torch._dynamo.reset()
+    assert armed == untraced
+    assert untraced["graphs"] >= 1 and untraced["recompiles"] == 0
+    assert steps == 1  # only the open step 0: no compiled step counted

@@ -87,6 +87,9 @@ HAZARDS: dict[str, Hazard] = {
                "in-place write into the fresh copy advanced indexing returned, then dropped"),
         Hazard("graph-retaining-copy", "warning",
                "attached copy outlives its step, keeping its autograd graph alive"),
+        Hazard("alias-write", "warning",
+               "in-place write through a no-op `.to()`, a reshape view or `copy.copy`: "
+               "the input changed too"),
         Hazard("aliasing-snapshot", "warning",
                "`state_dict()` kept as a snapshot without copying, then changed in place"),
         Hazard("stale-kept-copy", "error",
@@ -98,6 +101,8 @@ HAZARDS: dict[str, Hazard] = {
         Hazard("pageable-transfer", "warning",
                "host-to-device copy from pageable memory without non_blocking, every step"),
         Hazard("deepcopy-in-loop", "warning", "copy.deepcopy every step"),
+        Hazard("deepcopy-nonleaf", "warning",
+               "copy.deepcopy of an object holding a tensor still in the autograd graph"),
         Hazard("tensor-ctor-copy", "warning", "torch.tensor(t) / t.new_tensor(t) of a tensor"),
         Hazard("clone-detach-order", "info", "clone().detach() instead of detach().clone()"),
         Hazard("noop-conversion", "info",

@@ -166,6 +166,51 @@ def lost_inplace_write(rc: Any) -> list[Finding]:
     return out
 
 
+# --- alias-write -------------------------------------------------------------------------------
+#: ops whose alias result is watched for an in-place write (the tracer's RULES.alias_watched)
+ALIAS_WRITE_OPS = frozenset((*CONVERSION_OPS, "reshape", "copy"))
+
+
+def alias_write_text(op: str, noop: bool, dtype: str | None, device: str | None) -> tuple[str, str]:
+    """What the call returned, and the fix, for an ``alias-write`` finding of ``op``."""
+    if op == "copy":
+        return ("`copy.copy(t)` returned a new tensor on the same storage (a tensor has no "
+                "`__copy__`: it is rebuilt on its input's memory)",
+                "Copy with `t.clone()` (or `copy.deepcopy(t)`) where a private copy is meant.")  # fmt: skip
+    if op == "reshape":
+        return ("`reshape()` returned a view of its input (its strides allowed one; for a "
+                "non-contiguous input the same line copies)",
+                "Write `t.reshape(...).clone()` where a private copy is meant, or `t.view(...)` "
+                "where sharing is meant.")  # fmt: skip
+    already = "contiguous" if op == "contiguous" else f"already {dtype or '?'} on {device or '?'}"
+    fix = ("`t.contiguous().clone()`" if op == "contiguous" else
+           f"`t.to(..., copy=True)` or `t.{op}().clone()`" if op != "to" else
+           "`t.to(..., copy=True)` or `t.clone()`")  # fmt: skip
+    return (f"`.{op}()` returned its input itself ({already}; on another device or dtype the "
+            "same line copies)",
+            f"Make the copy explicit where a private copy is meant: {fix}; where sharing is "
+            "meant, write into the input itself.")  # fmt: skip
+
+
+def alias_write(rc: Any) -> list[Finding]:
+    mask = rc.isin("op", ALIAS_WRITE_OPS) & rc.flag("alias") & rc.truthy("write_site") & _ok(rc)
+    out = []
+    for g in _groups(rc, mask, ("write_site", "site"), "bytes_logical"):
+        e = g.first
+        returned, fix = alias_write_text(e.op, e.noop, e.dtype, e.dst_device)
+        out.append(
+            g.finding(
+                "alias-write",
+                f"{returned}: the result ({what(e)}) shares its data with the input, and an "
+                "in-place write into one of them changed the other while the program still "
+                "held both "
+                f"({plural(g.count, 'time')}, {format_bytes_exact(g.bytes)} written)",
+                fix,
+            )
+        )
+    return out
+
+
 # --- pageable-transfer ------------------------------------------------------------------------------
 def pageable_transfer(rc: Any) -> list[Finding]:
     mask = (
@@ -227,6 +272,40 @@ def deepcopy_in_loop(rc: Any) -> list[Finding]:
     return out
 
 
+# --- deepcopy-nonleaf ------------------------------------------------------------------------------
+def deepcopy_nonleaf_text(holder: str | None, grad_fn: str | None, kind: str) -> str:
+    """The message of a ``deepcopy-nonleaf`` finding."""
+    held = f"`{holder}`" if holder else f"a {kind} tensor"
+    if holder and "[" not in holder:  # a module attribute
+        kept = ("a forward that stores an activation on its module also keeps that forward's "
+                "graph (and its saved tensors) alive, and every later deepcopy of the module "
+                "fails")  # fmt: skip
+    else:
+        kept = "while it is held, it also keeps its forward's graph (and its saved tensors) alive"
+    return (
+        f"`copy.deepcopy` raised on {held}, a tensor still in the autograd graph "
+        f"({grad_fn}): `Tensor.__deepcopy__` copies graph leaves only; {kept}"
+    )
+
+
+_DEEPCOPY_NONLEAF_FIX = (
+    "Store a detached tensor (`self.last = h.detach()`), or drop the attribute before copying; "
+    "where the values must travel with the copy, keep `h.detach().clone()`."
+)
+
+
+def deepcopy_nonleaf(rc: Any) -> list[Finding]:
+    mask = (rc.eq("op", "deepcopy") & ~rc.flag("group") & ~rc.null("error")
+            & rc.truthy("grad_fn"))  # fmt: skip
+    out = []
+    for g in _groups(rc, mask, ("site", "src_name"), "bytes_logical"):
+        e = g.first
+        out.append(g.finding("deepcopy-nonleaf", deepcopy_nonleaf_text(
+            e.src_name, e.grad_fn, what(e)) + f" ({plural(g.count, 'time')})",
+            _DEEPCOPY_NONLEAF_FIX))  # fmt: skip
+    return out
+
+
 # --- tensor-ctor-copy -----------------------------------------------------------------------------------
 def tensor_ctor_copy(rc: Any) -> list[Finding]:
     mask = rc.isin("op", ("tensor_ctor", "new_tensor")) & _ok(rc) & ~rc.truthy("via")
@@ -285,12 +364,14 @@ RULES: tuple[Callable[[Any], list[Finding]], ...] = (
     PAIR_RULES["data-inplace"],
     lost_inplace_write,
     graph_retaining_copy,
+    alias_write,
     PAIR_RULES["aliasing-snapshot"],
     stale_kept_copy,
     PAIR_RULES["redundant-copy"],
     PAIR_RULES["round-trip"],
     pageable_transfer,
     deepcopy_in_loop,
+    deepcopy_nonleaf,
     tensor_ctor_copy,
     PAIR_RULES["clone-detach-order"],
     noop_conversion,
@@ -304,5 +385,5 @@ RULE_COLUMNS = (
     "recompute", "inplace_writes", "step", "src_offset", "src_stride", "shape", "dtype",
     "dst_device", "file", "line", "function", "lib_file", "lib_line", "lib_function",
     "span_id", "dst_storage", "transfer", "dst_version", "src_dtype", "autocast_nocache",
-    "bytes_logical", "non_blocking", "pinned", "graph",
+    "bytes_logical", "non_blocking", "pinned", "graph", "grad_fn", "src_name",
 )  # fmt: skip

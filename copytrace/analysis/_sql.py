@@ -10,17 +10,18 @@ negative), ``site`` (``file:line function``), ``step`` (the event's, else its de
 else -1) and ``rnk`` (the rank). Each query of :data:`QUERIES` returns rows sorted on all
 their columns, so two engines' answers compare as lists.
 
-Hazard rules computed here are the ones that are plain filters and group-bys over ``ev``
-(:data:`SQL_HAZARDS`): ``graph-retaining-copy``, ``lost-inplace-write`` and
-``tensor-ctor-copy``, one finding per run and call site as the in-process rules group them. The
-others need event order (the pair rules' joins on storage and version, the hot-loop test over a
-site's steps, a deepcopy's parent group) and run on DuckDB/Arrow in-process only.
+The query ``hazards`` is every hazard rule (:data:`SQL_HAZARDS`), one row per finding, over
+the view ``hz`` of :mod:`copytrace.analysis._sql_hazards` (every event in its run's order):
+filters and group-bys, the hot-loop test over a group's steps, and the pair rules' joins on
+storage and version along the event order, as window functions.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
+
+from copytrace.analysis._sql_hazards import HAZARDS_SQL, HZ_SQL, SQL_CODES
 
 __all__ = ["EV_SQL", "QUERIES", "SQL_HAZARDS", "duckdb_results", "spark_sql", "transpile"]
 
@@ -58,27 +59,9 @@ _COUNTS = (
 # a copy that counts against a budget (copytrace.analysis._budget): not an alias, a no-op, a
 # group or a failed call
 _COUNTED = "kind = 'copy' AND err = 0"
-_OK = "err = 0"
 
-#: The hazard rules computed in SQL: code -> (filter, grouping column, bytes column).
-SQL_HAZARDS = {
-    "graph-retaining-copy": ("retained > 0", "site", "retained"),
-    "lost-inplace-write": (
-        "op IN ('index', 'index_select', 'masked_select', 'take', 'gather', 'take_along_dim')"
-        f" AND write_site <> '' AND {_OK}", "write_site || ' <- ' || site", "bl",
-    ),  # fmt: skip
-    "tensor-ctor-copy": (f"op IN ('tensor_ctor', 'new_tensor') AND {_OK} AND via = ''", "site",
-                         "ba"),  # fmt: skip
-}
-
-
-def _hazard_sql() -> str:
-    parts = [
-        f"SELECT '{code}' AS code, run, {key} AS site, count(*) AS events, sum({nbytes}) AS bytes "
-        f"FROM ev WHERE {where} GROUP BY run, {key}"
-        for code, (where, key, nbytes) in SQL_HAZARDS.items()
-    ]
-    return "SELECT * FROM (" + " UNION ALL ".join(parts) + ") AS h ORDER BY 1, 2, 3, 4, 5"
+#: The hazard codes computed in SQL (all of them: :mod:`copytrace.analysis._sql_hazards`).
+SQL_HAZARDS = SQL_CODES
 
 
 #: name -> DuckDB SQL over ``ev``. Rows come sorted on every column.
@@ -99,7 +82,7 @@ QUERIES = {
         f"SELECT run, step, site, sum(ba) AS bytes, count(*) AS copies FROM ev "
         f"WHERE {_COUNTED} GROUP BY run, step, site ORDER BY 1, 2, 3"
     ),
-    "hazards": _hazard_sql(),
+    "hazards": HAZARDS_SQL,
 }
 
 
@@ -140,6 +123,7 @@ def duckdb_results(root: Path, names: Any = None) -> dict[str, list[tuple[Any, .
             "hive_partitioning=true, union_by_name=true)"
         )
         con.execute(f"CREATE VIEW ev AS {EV_SQL}")
+        con.execute(f"CREATE VIEW hz AS {HZ_SQL}")
         return {name: [tuple(_plain(v) for v in row)
                        for row in con.execute(QUERIES[name]).fetchall()]
                 for name in names or QUERIES}  # fmt: skip
@@ -162,12 +146,18 @@ def spark_sql(spark: Any, root: Path, names: Any = None) -> dict[str, list[tuple
     frame.createOrReplaceTempView("events")
     spark.sql("DROP VIEW IF EXISTS ev")
     spark.sql(f"CACHE TABLE ev AS {transpile(EV_SQL, 'spark')}")
+    names = list(names or QUERIES)
+    spark.sql("DROP VIEW IF EXISTS hz")
+    if "hazards" in names:  # read by each rule: computed once
+        spark.sql(f"CACHE TABLE hz AS {transpile(HZ_SQL, 'spark')}")
     out = {}
-    for name in names or QUERIES:
+    for name in names:
         rows = spark.sql(transpile(QUERIES[name], "spark")).collect()
         out[name] = [tuple(_plain(v) for v in row) for row in rows]
     spark.sql("UNCACHE TABLE IF EXISTS ev")
     spark.sql("DROP VIEW IF EXISTS ev")
+    spark.sql("UNCACHE TABLE IF EXISTS hz")
+    spark.sql("DROP VIEW IF EXISTS hz")
     return out
 
 

@@ -14,6 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from copytrace._errors import CopytraceError
 
@@ -23,12 +24,40 @@ __all__ = ["main", "console_main"]
 _PROGRAM_AFTER_DASHES = ("fix",)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with one-line errors: ``copytrace run: error: unrecognized arguments:
+    --bogus (see copytrace run --help)`` on stderr and exit status 2, without the usage
+    block. Subcommand parsers are of this class too (``add_subparsers`` passes it on)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+    def parse_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """As argparse's, except that arguments no parser knows are blamed on the
+        subcommand they were given to (``copytrace run``), not on ``copytrace``."""
+        args = list(sys.argv[1:] if args is None else args)
+        parsed, extras = self.parse_known_args(args, namespace)
+        if extras:
+            where = self._subparser(args, args.index(extras[0]) if extras[0] in args else 0)
+            where.error(f"unrecognized arguments: {' '.join(extras)}")
+        return parsed
+
+    def _subparser(self, args: list[str], at: int) -> argparse.ArgumentParser:
+        """The parser of the subcommand named in ``args`` before index ``at``, or this one."""
+        for action in self._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                named = [a for a in args[:at] if a in action.choices]
+                if named:
+                    return action.choices[named[0]]  # type: ignore[no-any-return]
+        return self
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Return the top-level parser with every subcommand registered."""
     from copytrace._version import __version__
     from copytrace.cli import check, diff, doctor, export, fix, report, run, summary, trigger
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="copytrace",
         description="Trace PyTorch tensor copies and aliases; write OpenTelemetry traces and HTML reports.",
     )
@@ -59,6 +88,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if program is not None:
         args.program = program
     try:
+        from copytrace.cli._common import check_outputs
+
+        check_outputs(args)
         return int(args.handler(args))
     except CopytraceError as err:
         print(f"copytrace: error: {err}", file=sys.stderr)
@@ -86,10 +118,21 @@ class _NoPandas:
 def skip_pandas(argv: Sequence[str]) -> None:
     """Make pandas unimportable in this process when ``argv`` is a read-side command on the
     embedded engine (Spark's client needs pandas; ``run`` and ``fix`` run the user's
-    program, which may)."""
+    program, which may), and take Arrow's memory from the C library's allocator there."""
     if argv[:1] and argv[0] in _READ_COMMANDS and not any("spark" in a for a in argv):
         if "pandas" not in sys.modules and _NoPandas not in sys.meta_path:
             sys.meta_path.insert(0, _NoPandas)  # type: ignore[arg-type]
+        _system_pool()
+
+
+def _system_pool() -> None:
+    """Arrow's buffers from the C library's allocator, whose freed memory the report gives
+    back (``malloc_trim``) before DuckDB builds its tables: with mimalloc, Arrow's default,
+    what the hazard analysis freed stayed in the process, in the peak with DuckDB's tables
+    (``docs/scale.md``; the same user CPU, less system time)."""
+    import pyarrow as pa
+
+    pa.set_memory_pool(pa.system_memory_pool())
 
 
 def console_main() -> None:

@@ -7,7 +7,44 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-__all__ = ["add_group_by", "add_trace_command", "select_runs", "warn_unreadable"]
+__all__ = [
+    "add_group_by", "add_trace_command", "check_outputs", "select_runs", "warn_unreadable",
+]  # fmt: skip
+
+#: Per subcommand, the options that name something it writes: ``(attribute, flag, folder)``;
+#: ``folder`` is True when the value is itself the folder written into (else its parent is).
+#: (``run -o`` is checked by ``run`` itself, with the settings.)
+OUTPUTS: dict[str, tuple[tuple[str, str, bool], ...]] = {
+    "report": (("output", "-o", False),),
+    "diff": (("output", "-o", False),),
+    "export": (
+        ("parquet", "--parquet", False), ("chrome_trace", "--chrome-trace", False),
+        ("dataset", "--dataset", True),
+    ),
+}  # fmt: skip
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Refuse, before any work, an output whose folder cannot be created or written to.
+
+    Raises:
+        CopytraceError: ``-o /sys/r.html: output directory /sys is not writable (...)``.
+    """
+    from copytrace._env import unwritable
+    from copytrace._errors import CopytraceError
+
+    # the subcommand, by its handler's module (``run``'s ``command`` is the program's argv)
+    command = getattr(getattr(args, "handler", None), "__module__", "").rpartition(".")[2]
+    for attr, flag, folder in OUTPUTS.get(command, ()):
+        value = getattr(args, attr, None)
+        if not value:
+            continue
+        path = Path(value)
+        if folder and path.exists() and not path.is_dir():
+            raise CopytraceError(f"{flag} must name a directory, not a file: {value}")
+        problem = unwritable(path if folder else (path.parent if path.parent.parts else "."))
+        if problem:
+            raise CopytraceError(f"{flag} {value}: {problem}")
 
 
 def add_trace_command(

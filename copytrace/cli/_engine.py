@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["CHECK_QUERIES", "SUMMARY_QUERIES", "add_engine_options", "engine_results",
-           "engine_violations", "format_engine_summary",
-           "is_dataset", "spark_forbid_error"]
+           "engine_violations", "format_engine_summary", "is_dataset"]
 
 #: Spark master URLs accepted by ``--spark-master`` (Spark's own forms).
 _MASTER = re.compile(
@@ -76,6 +75,13 @@ def _preflight(master: str | None) -> None:
                                  "(17 or later): none on PATH or in JAVA_HOME")  # fmt: skip
 
 
+def _partitions(master: str) -> str:
+    """Shuffle partitions for ``master``: ``N`` of ``local[N]`` (one task per core and stage),
+    else 4."""
+    cores = re.match(r"^local\[(\d+)", master)
+    return cores.group(1) if cores and int(cores.group(1)) > 0 else "4"
+
+
 def spark_session(master: str | None) -> Any:
     """A Spark session: ``master`` (a local or cluster master URL), else ``SPARK_REMOTE``.
 
@@ -92,9 +98,12 @@ def spark_session(master: str | None) -> Any:
             builder.master(master)
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.sql.shuffle.partitions", "4")
+            .config("spark.sql.shuffle.partitions", _partitions(master))
             .config("spark.sql.session.timeZone", "UTC")
         )
+        if master.startswith("local"):  # one machine, few partitions: re-planning each
+            # stage costs more than it saves (the hazards query: about 20 % of its JVM CPU)
+            builder = builder.config("spark.sql.adaptive.enabled", "false")
     try:
         spark = builder.getOrCreate()
         spark.sparkContext.setLogLevel("ERROR")
@@ -166,7 +175,7 @@ def engine_results(args: Any, names: Any, err: Any = None) -> dict[str, list[tup
 def format_engine_summary(res: dict[str, list[tuple[Any, ...]]], top_n: int) -> str:
     """The summary's tables from :func:`engine_results`: the headline, the top call sites and
     modules by bytes copied and by copy time, the ops, the ranks side by side and the hazards
-    computed in SQL. Ends with a newline."""
+    (one line per finding: code, events, bytes, call sites). Ends with a newline."""
     from copytrace.cli.summary import _pct, _table, rank_lines
     from copytrace.dashboards._model import NO_MODULE, format_bytes, format_ns
 
@@ -201,7 +210,7 @@ def format_engine_summary(res: dict[str, list[tuple[Any, ...]]], top_n: int) -> 
     )  # fmt: skip
     lines += rank_lines([(f"rank {r[2]} on {r[1]}", r[3], r[4], r[5]) for r in res["ranks"]])
     if res["hazards"]:
-        lines += ["", "hazards (the rules computed in SQL):"]
+        lines += ["", "hazards:"]
         lines += _table(["code", "events", "bytes", "call site"],
                         [[c, str(n), format_bytes(b), s] for c, _run, s, n, b in res["hazards"]],
                         right={1, 2})  # fmt: skip
@@ -210,7 +219,7 @@ def format_engine_summary(res: dict[str, list[tuple[Any, ...]]], top_n: int) -> 
 
 def engine_violations(res: dict[str, list[tuple[Any, ...]]], budget: Any) -> tuple[list[str], Any]:
     """``check``'s violations from :func:`engine_results`: the budget's limits over the
-    per-step totals, and the forbidden codes among the hazards computed in SQL.
+    per-step totals, and the forbidden codes among the hazards (every rule, in SQL).
 
     Returns:
         ``(violations, step totals)``.
@@ -234,14 +243,3 @@ def engine_violations(res: dict[str, list[tuple[Any, ...]]], budget: Any) -> tup
         for code, _run, site, n, b in res["hazards"]
     ]  # fmt: skip
     return check_budget(None, findings, budget, (steps, max(len(runs), 1))), steps
-
-
-def spark_forbid_error(forbid: list[str]) -> str | None:
-    """The one-line error when ``forbid`` names a hazard code not computed in SQL, else None."""
-    from copytrace.analysis._sql import SQL_HAZARDS
-
-    missing = [c for c in forbid if c not in SQL_HAZARDS]
-    if not missing:
-        return None
-    return (f"--engine spark computes the hazards {', '.join(SQL_HAZARDS)} only; "
-            f"{', '.join(missing)} need(s) the embedded engine (--engine duckdb)")  # fmt: skip

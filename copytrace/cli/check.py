@@ -207,18 +207,9 @@ def _against_baseline(args: argparse.Namespace, trace: Any, limit: Any, err: Tex
 
 def _engine_check(args: argparse.Namespace, budget: object, out: TextIO, err: TextIO) -> int:
     """``check`` on the SQL aggregates (``--engine spark``, or a dataset folder): the budget's
-    limits and the hazards computed in SQL (a forbidden code that is not: exit 2 first)."""
-    from copytrace._errors import CopytraceError
-    from copytrace.cli._engine import (
-        CHECK_QUERIES,
-        engine_results,
-        engine_violations,
-        spark_forbid_error,
-    )
+    limits and the hazards, every rule computed in SQL."""
+    from copytrace.cli._engine import CHECK_QUERIES, engine_results, engine_violations
 
-    problem = spark_forbid_error(list(budget.forbid))  # type: ignore[attr-defined]
-    if problem:
-        raise CopytraceError(problem)
     res = engine_results(args, CHECK_QUERIES, err)
     violations, steps = engine_violations(res, budget)
     if args.findings:

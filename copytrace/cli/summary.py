@@ -151,6 +151,8 @@ def _run_lines(model: ReportModel) -> list[str]:
             f"internal detaches {r.internal_detaches}{overhead}"
             + ("" if r.complete else " (no run span: trace incomplete)")
         )
+        if r.ring:
+            lines.append(f"  {r.ring_line()}")
     if model.bad_lines:
         lines.append(f"unreadable lines skipped: {model.bad_lines}")
     return lines

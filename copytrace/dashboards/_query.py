@@ -5,8 +5,9 @@ per copy or alias event, deepcopy groups left out), so aggregation runs in DuckD
 vectorised engine and out of core: the Parquet caches are scanned, not loaded into Python,
 and DuckDB spills to disk past :data:`MEMORY_LIMIT`.
 
-Columns of ``ev``: ``run_idx`` (index into :attr:`Query.runs`), ``span_id``, ``t_ns``
-(start, ns since the run start), ``dur`` (ns, never negative), ``step`` (-1 if unknown),
+Columns of ``ev``: ``run_idx`` (index into :attr:`Query.runs`; table ``runs`` gives its trace
+id, ``run``, and start, ``start_ns``), ``span_id``, ``dur`` (ns, never negative), ``step`` (-1
+if unknown),
 ``kind`` (``copy``/``alias``/``noop``), ``op``, ``module``, ``site`` (``file:line function``
 of the site the report groups by: with ``group_by="library"`` the library's call site where
 the event has one, else the user's; with ``"user"`` the user's), ``entry`` (the other site:
@@ -15,8 +16,10 @@ the user's line beside a library site, the library site beside a user's line; ''
 ``ba`` (bytes allocated; ``bc`` is 0 for a call that raised and for a copy of a meta or
 fake tensor, ``copytrace.fake``, which moves no data), ``bl`` (bytes logical), ``src_device``, ``dst_device``,
 ``transfer``, ``non_blocking``, ``pinned``, ``grp`` (object type of the enclosing deepcopy
-group, '' if none), ``run`` (trace id), ``parent_id``, ``start_ns`` and ``end_ns``. The other
-fields of an event are read from the view ``spans`` for the few events that need them.
+group, '' if none), ``grp_id`` (that group's span id, else null), ``start_ns`` and
+``end_ns``. The other fields of an event are read from the view ``spans`` for the few events
+that need them (each column stored costs CPU: 10M events over 64 ranks are stored
+compressed).
 """
 
 from __future__ import annotations
@@ -162,6 +165,7 @@ class Query:
         # what pyarrow freed (the hazard analysis' columns) goes back to the system before
         # DuckDB builds its tables: the two never add up in the peak
         pa.default_memory_pool().release_unused()
+        _trim_heap()
         self.table = table
         self.bad_lines = table.bad_lines
         self.files = list(table.files)
@@ -251,21 +255,23 @@ class Query:
                 meta.files.append(part.path)
         meta_names = ", ".join(_quote(n) for n in sorted(META_SPANS))
         rows = self.sql(
-            f"SELECT run, name, span_id, start_ns, end_ns, step, attrs_json, events_json "
-            f"FROM spans WHERE name IN ({meta_names}) ORDER BY start_ns, span_id"
+            f"SELECT run, name, span_id, start_ns, end_ns, step, CASE WHEN name <> "
+            f"{_quote(SPAN_STEP)} THEN attrs_json END, CASE WHEN name <> {_quote(SPAN_STEP)} "
+            f"THEN events_json END FROM spans WHERE name IN ({meta_names}) "
+            f"ORDER BY start_ns, span_id"
         )
         for run, name, span_id, start, end, step, attrs_json, events_json in rows:
             meta = metas.setdefault(run, RunMeta(run))
-            attrs = json.loads(attrs_json) if attrs_json else {}
-            if name == SPAN_RUN:
-                meta.attrs.update(attrs)
-                meta.has_run_span, meta.start_ns, meta.end_ns = True, start, end
-            elif name == SPAN_STEP:
+            if name == SPAN_STEP:  # the most of them (100k on 64 ranks): no attributes read
                 meta.steps.append(StepSpan(-1 if step is None else step, start, end, span_id))
+            elif name == SPAN_RUN:
+                meta.attrs.update(json.loads(attrs_json) if attrs_json else {})
+                meta.has_run_span, meta.start_ns, meta.end_ns = True, start, end
             elif name == SPAN_HAZARDS and events_json:
                 meta.hazards.extend(a for n, _t, a in json.loads(events_json)
                                     if n == "copytrace.hazard")  # fmt: skip
             elif name in (SPAN_COMPILED, SPAN_COMPILED_GRAPH):
+                attrs = json.loads(attrs_json) if attrs_json else {}
                 events = tuple(tuple(e) for e in json.loads(events_json)) if events_json else ()
                 span = Event(name, span_id, None, start, end, attrs, events)
                 (meta.compiled if name == SPAN_COMPILED else meta.compiled_graphs).append(span)
@@ -311,13 +317,28 @@ class Query:
         if self.sql("SELECT count(*) FROM ev WHERE step < 0")[0][0]:
             # events without a step number or step parent: the step span they fall in
             con.execute(
-                "UPDATE ev SET step = s.step FROM steps s WHERE ev.step < 0 AND s.run = ev.run "
+                "UPDATE ev SET step = s.step FROM steps s JOIN runs r USING (run) "
+                "WHERE ev.step < 0 AND r.run_idx = ev.run_idx "
                 "AND ev.start_ns >= s.start_ns AND ev.start_ns < s.end_ns"
             )
 
     def count(self) -> int:
         """Number of events (groups not counted)."""
         return self.sql("SELECT count(*) FROM ev")[0][0]
+
+
+def _trim_heap() -> None:
+    """Give the C heap's free memory back to the system (glibc's ``malloc_trim``; nothing
+    elsewhere): numpy's freed arrays of the hazard analysis stay in the heap otherwise, and
+    add up with DuckDB's tables in the peak."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _number_steps(steps: list[StepSpan]) -> None:
@@ -335,7 +356,7 @@ def _number_steps(steps: list[StepSpan]) -> None:
 _EVENTS_SQL = """
 CREATE TABLE ev AS
 WITH base AS (
-  SELECT s.*, r.run_idx, r.start_ns AS run_start
+  SELECT s.*, r.run_idx
   FROM spans s JOIN runs r USING (run)
   WHERE s.name NOT IN ({meta}) AND NOT COALESCE(s."group", false)
 ),
@@ -347,9 +368,8 @@ stepped AS (
   LEFT JOIN steps gs ON gs.run = b.run AND gs.span_id = g.parent_id
 )
 SELECT
-  e.run_idx, e.span_id, e.start_ns - e.run_start AS t_ns,
-  greatest(e.end_ns - e.start_ns, 0) AS dur,
-  COALESCE(e.step0, -1) AS step, e.run,
+  e.run_idx, e.span_id, greatest(e.end_ns - e.start_ns, 0) AS dur,
+  COALESCE(e.step0, -1) AS step,
   CASE WHEN e.noop THEN 'noop' WHEN e.alias THEN 'alias' ELSE 'copy' END AS kind,
   COALESCE(e.op, '') AS op, COALESCE(e.module, '') AS module, {site} AS site,
   {entry} AS entry,
@@ -361,7 +381,7 @@ SELECT
   COALESCE(e.src_device, '') AS src_device, COALESCE(e.dst_device, '') AS dst_device,
   COALESCE(NULLIF(e.transfer, ''), 'none') AS transfer,
   COALESCE(e.non_blocking, false) AS non_blocking, e.pinned,
-  COALESCE(g.object_type, '') AS grp, e.parent_id, e.start_ns, e.end_ns
+  COALESCE(g.object_type, '') AS grp, g.span_id AS grp_id, e.start_ns, e.end_ns
 FROM stepped e
 LEFT JOIN grp g ON g.run = e.run AND g.span_id = e.parent_id
 """

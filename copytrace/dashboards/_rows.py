@@ -59,7 +59,8 @@ class RunInfo:
         windows: steps traced on a trigger signal, ``"first-last"`` each
             (``copytrace.windows``; empty when not armed).
         ring: the flight recorder's size when the trace holds only its last records
-            (``copytrace.ring``), with what wrote it (``ring_reason``).
+            (``copytrace.ring``), with what wrote it (``ring_reason``) and the older records
+            it let go (``ring_skipped``).
     """
 
     label: str
@@ -86,6 +87,20 @@ class RunInfo:
     windows: list[str] = field(default_factory=list)
     ring: int | None = None
     ring_reason: str = ""
+    ring_skipped: int = 0
+
+    def ring_line(self) -> str:
+        """What a flight recorder's dump holds, in one sentence ("" for another trace): the
+        ring keeps from N to 2 N records (it lets go of the oldest N at a step boundary
+        where 2 N are buffered, :mod:`copytrace.tracer._ring`), so the count is the file's."""
+        if not self.ring:
+            return ""
+        skipped = f"; {self.ring_skipped:,} older event(s) were let go" if self.ring_skipped else ""
+        return (
+            f"flight recorder dump (COPYTRACE_RING={self.ring:,}, which keeps the last "
+            f"{self.ring:,} to {2 * self.ring:,} events): this trace holds the last "
+            f"{self.events_loaded:,} events before {self.ring_reason or 'the dump'}{skipped}"
+        )
 
 
 #: The two byte totals, defined once (the summary, the report and docs/trace-format.md say

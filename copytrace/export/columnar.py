@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 
 from copytrace import schema as S
 
-__all__ = ["event_columns", "span_lines", "span_texts"]
+__all__ = ["event_columns", "span_line_parts", "span_lines", "span_texts"]
 
 _NONE = type(None)
 _TYPES = {"str": (str,), "int": (int,), "bool": (bool,)}
@@ -494,8 +494,17 @@ def span_texts(batch: pa.RecordBatch, trace: str, encode: Encode | None = None) 
 
 def span_lines(head: str, tail: str, texts: pa.Array, max_bytes: int) -> Iterator[bytes]:
     """Request lines of at most ``max_bytes`` bytes (a span longer than that gets a line of
-    its own) from :func:`span_texts`' texts, each line ``head + spans + tail + "\\n"``; the
-    spans are sliced out of the texts' buffer, not joined one by one."""
+    its own) from :func:`span_texts`' texts, each line ``head + spans + tail + "\\n"``: the
+    lines of :func:`span_line_parts`, joined."""
+    for parts in span_line_parts(head, tail, texts, max_bytes):
+        yield b"".join(parts)
+
+
+def span_line_parts(
+    head: str, tail: str, texts: pa.Array, max_bytes: int
+) -> Iterator[tuple[bytes, memoryview, bytes]]:
+    """The lines of :func:`span_lines` as ``(head, spans, tail + "\\n")``: the spans are a
+    view of the texts' buffer (no copy; the view keeps the buffer alive)."""
     if not len(texts):
         return
     texts = texts.cast(pa.large_string())
@@ -511,6 +520,5 @@ def span_lines(head: str, tail: str, texts: pa.Array, max_bytes: int) -> Iterato
         limit = offsets[start] + room  # each text's comma stands for the separator
         stop = int(np.searchsorted(offsets, limit, side="right")) - 1
         stop = min(max(stop, start + 1), n)
-        chunk = view[int(offsets[start]) : int(offsets[stop]) - 1]  # no copy
-        yield b"".join((head_b, chunk, tail_b))
+        yield head_b, view[int(offsets[start]) : int(offsets[stop]) - 1], tail_b
         start = stop

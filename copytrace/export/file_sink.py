@@ -121,22 +121,26 @@ class TraceFile:
             self.write_bytes(("\n".join(lines) + "\n").encode("utf-8", "surrogatepass"))
 
     def write_bytes(self, data: bytes) -> None:
-        """Write whole lines already encoded (each ending in ``\\n``). A gzip file
-        compresses them on its own thread (``copytrace-gzip``: zlib releases the GIL, so the
-        encoding of the next lines goes on meanwhile); :meth:`flush` waits for it, and
-        re-raises its error."""
-        if not data or self._closed:
+        """Write whole lines already encoded (each ending in ``\\n``)."""
+        if data:
+            self.write_parts([data], data.count(b"\n"), len(data))
+
+    def write_parts(self, parts: Sequence[Any], lines: int, nbytes: int) -> None:
+        """Write ``parts`` (bytes-like objects, in order: ``lines`` whole lines of ``nbytes``
+        bytes in all), as they are: no joined copy. A gzip file compresses them on its own
+        thread (``copytrace-gzip``: ISA-L and zlib release the GIL, so the encoding of the
+        next lines goes on meanwhile), which holds the parts until they are written;
+        :meth:`flush` waits for it, and re-raises its error."""
+        if not parts or self._closed:
             return
         fh = self._gz or (self._raw if self.compression != "gzip" else None) or self._open()
-        self.lines += data.count(b"\n")
-        self.bytes_uncompressed += len(data)
-        if fh is not self._gz:
-            fh.write(data)
+        self.lines += lines
+        self.bytes_uncompressed += nbytes
+        if fh is not self._gz or (self._thread is None and not self._start_thread()):
+            for part in parts:
+                fh.write(part)
             return
-        if self._thread is None and not self._start_thread():
-            fh.write(data)
-            return
-        self._queue.put((fh, data))  # waits while MAX_PENDING blocks are queued
+        self._queue.put((fh, parts))  # waits while MAX_PENDING blocks are queued
 
     def _start_thread(self) -> bool:
         """The gzip thread; False where no thread can start (interpreter shutdown)."""
@@ -156,7 +160,8 @@ class TraceFile:
                 if item is None:
                     return
                 if self._error is None:
-                    item[0].write(item[1])
+                    for part in item[1]:
+                        item[0].write(part)
             except BaseException as err:  # re-raised by _drain on the writing thread
                 self._error = err
             finally:
@@ -259,6 +264,9 @@ def trace_file_name(pid: int | None = None, compression: str | None = None) -> s
 
 
 # --- the file sink: events -> OTLP/JSON text, no SDK objects ----------------------------------------
+_COPY_EVENT = {CopyEvent}
+
+
 class _SidecarRows:
     """One flush's spans for the columnar sidecar, in file order: runs of copy events (span
     ids, parents, names, times, span attributes), the other spans as ``meta_row`` arguments."""
@@ -327,6 +335,29 @@ class _Run:
         return out
 
 
+def _load_arrow(sidecar: bool) -> None:
+    """Import the bulk path's and the sidecar's modules and let pyarrow look for pandas now,
+    on the thread that starts the trace, with the program's warnings state kept
+    (:func:`copytrace._warnstate.frozen_warnings`). pyarrow imports pandas the first time
+    it converts a Python value (its pandas shim), and pandas' import sets filters about 50
+    times: done on the export thread in the middle of a run, that made the program's
+    once-per-location warnings show again (``docs/observer-effects.md``). A failure here
+    is left to the export thread, which counts it."""
+    from copytrace._warnstate import frozen_warnings
+
+    try:
+        with frozen_warnings():
+            import pyarrow as pa
+
+            from copytrace.export import columnar  # noqa: F401
+
+            if sidecar:
+                from copytrace.export import sidecar as _sidecar  # noqa: F401
+            pa.scalar(0)  # the shim's one look for pandas (pyarrow's pandas-shim.pxi)
+    except Exception:
+        return
+
+
 class FileSink:
     """Writes the trace file (see :class:`TraceFile`); spans encoded straight from events.
     A :class:`~copytrace.export.pipeline.Sink`.
@@ -380,6 +411,8 @@ class FileSink:
         self._encode_c = encode
         self.sidecar_seconds = 0.0
         self.spans = 0
+        if bulk or sidecar:
+            _load_arrow(sidecar)
 
     @property
     def path(self) -> Path:
@@ -393,30 +426,32 @@ class FileSink:
         self, items: Iterable[PlanItem | PlanRun], chunk: Chunk, keep: Callable[[], set[str]]
     ) -> None:
         rows = _SidecarRows() if self._want_sidecar else None
-        block: list[bytes] = []
-        size = 0
-        for line in self._lines(items, chunk, rows):
-            block.append(line)
-            size += len(line)
+        block: list[Any] = []
+        size = lines = 0
+        for parts in self._lines(items, chunk, rows):
+            block += parts
+            size += sum(map(len, parts))
+            lines += 1
             if size >= BLOCK_BYTES:  # the gzip thread takes whole blocks
-                self.file.write_bytes(b"".join(block))
-                block, size = [], 0
-        self.file.write_bytes(b"".join(block))
+                self.file.write_parts(block, lines, size)
+                block, size, lines = [], 0, 0
+        self.file.write_parts(block, lines, size)
         self.file.flush()
         if rows is not None:
             self._to_sidecar(rows)
 
     def _lines(
         self, items: Iterable[PlanItem | PlanRun], chunk: Chunk, rows: _SidecarRows | None
-    ) -> Iterator[bytes]:
-        """The chunk's request lines: runs of copy events (up to :data:`BULK_EVENTS`) in
+    ) -> Iterator[tuple[Any, ...]]:
+        """The chunk's request lines, each as its parts (bytes-like, the last one ending in
+        ``\\n``): runs of copy events (up to :data:`BULK_EVENTS`) in
         bulk from their columns (:mod:`copytrace.export.columnar`), the other spans (and a
         run the bulk path does not take) one at a time."""
         run = _Run()
         other: list[PlanItem] = []
         for item in items:
             plain = type(item) is PlanRun and self._bulk
-            if plain and all(type(ev) is CopyEvent for ev in item.events):  # type: ignore[union-attr]
+            if plain and set(map(type, item.events)) <= _COPY_EVENT:  # type: ignore[union-attr]
                 if other:
                     yield from self._one_by_one(other, None, rows)
                     other = []
@@ -439,14 +474,15 @@ class FileSink:
 
     def _one_by_one(
         self, items: list[PlanItem], chunk: Chunk | None, rows: _SidecarRows | None
-    ) -> Iterator[bytes]:
+    ) -> Iterator[tuple[bytes]]:
         for line in iter_lines(*self._frame, self._encode(items, chunk, rows), self._max):
-            yield (line + "\n").encode("utf-8", "surrogatepass")
+            yield ((line + "\n").encode("utf-8", "surrogatepass"),)
 
     def _bulk_lines(
         self, run: tuple[list[str], list[str], list[CopyEvent]], rows: _SidecarRows | None
-    ) -> Iterator[bytes]:
-        """Lines of a run of copy events from their columns; the sidecar gets the columns."""
+    ) -> Iterator[tuple[Any, ...]]:
+        """Lines of a run of copy events from their columns, as their parts (the spans a
+        view of the texts' buffer, not copied); the sidecar gets the columns."""
         assert self._run is not None
         from copytrace.export import columnar
 
@@ -459,7 +495,7 @@ class FileSink:
             return
         self.spans += len(events)
         texts = columnar.span_texts(batch, r.trace_hex, self._encode_c)
-        yield from columnar.span_lines(*self._frame, texts, self._max)
+        yield from columnar.span_line_parts(*self._frame, texts, self._max)
         if rows is not None:
             rows.batch(batch)
 
@@ -544,7 +580,11 @@ class FileSink:
         """Append the run's ``copytrace.hazards`` span to the closed file."""
         assert self._run is not None
         append_hazard_span(self.path, self.file.compression, self._run, end_ns, findings,
-                           span_id=span_id)  # fmt: skip
+                           span_id=span_id, gzip_open=self._gzip_member)  # fmt: skip
+
+    def _gzip_member(self, raw: IO[bytes]) -> IO[bytes]:
+        """A gzip member at the trace file's level and with its writer (:func:`gzip_writer`)."""
+        return gzip_writer(raw, self.file.level)
 
     def abandon(self) -> None:
         self._want_sidecar = False

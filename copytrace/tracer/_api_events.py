@@ -33,6 +33,7 @@ from copytrace.tracer._rules import (
     _transfer,
     settle_unreal,
 )
+from copytrace.tracer._warnplace import call_placed
 
 if TYPE_CHECKING:
     from copytrace.tracer._node_tags import NodeTags
@@ -131,13 +132,13 @@ class ApiEvents:
         with _NoTorchFunction():
             token = self.api_before(op, func, args, kwargs)
         if token is None:
-            return func(*args, **kwargs)
+            return call_placed(func, args, kwargs)
         native = self.native
         if native is not None:
             native.begin_fold()
         start = _perf_ns()
         try:
-            result = func(*args, **kwargs)
+            result = call_placed(func, args, kwargs)  # a C++ warning names the program's line
         except BaseException as err:
             end = _perf_ns()
             with _NoTorchFunction():
@@ -238,8 +239,7 @@ class ApiEvents:
         else:
             ev = CopyEvent(op=op, aten=aten, error=error)
         ev.seq = len(self.events) + self.dropped
-        ev.start_ns = start
-        ev.end_ns = end
+        ev.start_ns, ev.end_ns = start, end
         ev.src_dtype = src_dtype = fs.dtype
         ev.src_device = src_device = fs.device
         src_rg = fs.requires_grad if src_requires_grad is None else src_requires_grad
@@ -247,8 +247,7 @@ class ApiEvents:
         if kwargs:
             ev.non_blocking = bool(kwargs.get("non_blocking", False))
         fo = grad_fn = None
-        if error is not None or op == "numpy":
-            # Failed call, or an ndarray view of the tensor's memory (an alias).
+        if error is not None or op == "numpy":  # failed, or an ndarray on its memory (alias)
             ev.shape = fs.shape
             ev.dtype = src_dtype
             ev.dst_device = dst_device = src_device
@@ -263,6 +262,8 @@ class ApiEvents:
             ev.requires_grad = False
             if src_rg and alias:
                 ev.graph = "detached"
+            if op == "deepcopy":  # (a failed one: no numpy)
+                _failed_deepcopy(self, ev, src)
         else:
             fo = native.facts(out, True) if native is not None else None
             if fo is None:
@@ -332,12 +333,8 @@ class ApiEvents:
         elif op in _ALWAYS_ALIAS:
             alias = ev.alias = True
         else:
-            src_storage = fs.storage  # same_storage(), inlined:
-            alias = ev.alias = (
-                storage is not None
-                and src_storage is not None
-                and (storage is src_storage or storage._cdata == src_storage._cdata)
-            )
+            # the same storage: the same key (its StorageImpl's address, both alive)
+            alias = ev.alias = storage is not None and storage == fs.storage
             if not alias and fake:
                 ev.fake = True  # a copy of no real memory: logical bytes only
             elif not alias:
@@ -348,11 +345,10 @@ class ApiEvents:
                     if grad is not None:
                         nbytes += _storage_nbytes(grad)
                 if group is not None and storage is not None:
-                    ptr = storage._cdata
-                    if ptr in group.storages:
+                    if storage in group.storages:
                         nbytes = 0  # storage shared inside the copied object: copied once
                     else:
-                        group.storages.add(ptr)
+                        group.storages.add(storage)
                 ev.bytes_allocated = nbytes
         if grad_fn is not None or (noop and rg):
             ev.graph = "attached"
@@ -364,6 +360,21 @@ class ApiEvents:
 #: torch/overrides.py's function through which a Python-level torch function (``Tensor.
 #: share_memory_``) hands its own call to a function mode
 _ENTRY = "handle_torch_function"
+
+
+def _failed_deepcopy(rec: Any, ev: CopyEvent, src: Any) -> None:
+    """A deepcopy of ``src`` that raised: where ``src`` is not a graph leaf (the case
+    ``Tensor.__deepcopy__`` refuses, ``torch/_tensor.py``), ``grad_fn`` and ``is_leaf`` are
+    its own (no result exists), and the enclosing deepcopy group notes its identity, for the
+    name of the attribute that held it (``Recorder._close_group``)."""
+    grad_fn = getattr(src, "grad_fn", None) if isinstance(src, _Tensor) else None
+    if grad_fn is None:
+        return
+    ev.grad_fn = type(grad_fn).__name__
+    ev.is_leaf = False
+    group = rec.group
+    if group is not None and group.failed is None:
+        group.failed = (id(src), src._cdata, ev)
 
 
 def _past_entry(ev: CopyEvent) -> None:

@@ -6,8 +6,11 @@ struct sequence with the same fields) reads it for plain tensors (``torch.Tensor
 ``nn.Parameter``, strided, not nested, no symbolic sizes) without going through torch's Python
 bindings; for every other tensor, and where the observer is not loaded, :func:`py_facts` reads
 the same fields with the Python readers below. Both read metadata only: no tensor data, no device sync,
-and the tuple holds the tensor's storage object and grad_fn for as long as the caller keeps
-it (never beyond the event being recorded).
+and the tuple holds the tensor's grad_fn for as long as the caller keeps it (never beyond the
+event being recorded). The storage is named by its key, its StorageImpl's address
+(:mod:`copytrace.tracer._storage_ref`): with the C++ observer no Python storage object is made
+(torch would keep it for the storage's whole life, one more strong reference, which changes
+what autograd does in place).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import Any, NamedTuple
 import torch
 
 from copytrace.tracer import _native
+from copytrace.tracer._storage_ref import storage_of
 
 __all__ = [
     "Facts", "batch_size", "facts", "is_wrapped", "own_sizes", "py_facts", "strides_in_python",
@@ -37,7 +41,7 @@ class Facts(NamedTuple):
     is_leaf: bool | None
     grad_fn: Any  #: the autograd node, or None
     grad_fn_name: str | None  #: "CloneBackward0"
-    storage: Any  #: the storage's Python object (``untyped_storage()``), None where none
+    storage: int | None  #: the storage's key (its StorageImpl's address), None where none
     storage_bytes: int  #: bytes
     logical_bytes: int  #: numel x element size, bytes
     offset: int | None  #: storage offset (elements); None for nested tensors, no storage
@@ -51,7 +55,7 @@ _new_facts = tuple.__new__  # Facts from a tuple without NamedTuple's per-call _
 
 # Indexes into Facts (for the readers that index).
 SHAPE, DTYPE, DEVICE, REQUIRES_GRAD, IS_LEAF, GRAD_FN, GRAD_FN_NAME = 0, 1, 2, 3, 4, 5, 6
-#: the storage's Python object (``untyped_storage()``), None where there is none
+#: the storage's key (its StorageImpl's address, ``_storage_ref``), None where there is none
 STORAGE = 7
 STORAGE_BYTES, LOGICAL_BYTES = 8, 9  # bytes
 #: storage offset (elements) and strides; None for nested tensors and where no storage is
@@ -235,17 +239,14 @@ def py_facts(t: torch.Tensor, with_grad_fn: bool = False) -> Facts:
     else:  # a subclass answers its sizes in Python: never ask it (None: unknown)
         dims, numel, own_offset = own if own is not None else ((), 0, None)
         logical = numel * real.element_size()
-    try:
-        storage = real.untyped_storage()
-    except Exception:  # sparse, nested, some subclasses: no single storage
-        storage = None
-    storage_bytes = logical
+    found = storage_of(real)  # sparse, nested, some subclasses: no single storage (None)
+    storage = storage_bytes = None
+    if found is not None:
+        storage, storage_bytes = found
+    if storage_bytes is None:
+        storage_bytes = logical
     offset = stride = None
     if storage is not None:
-        try:
-            storage_bytes = storage.nbytes()
-        except Exception:
-            pass
         if not real.is_nested:  # nested tensors have no single view
             offset = real.storage_offset() if own is _ASK else own_offset
             # not read where the subclass answers it in Python: the read would reach it

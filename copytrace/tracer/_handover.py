@@ -37,7 +37,7 @@ import torch
 
 from copytrace.schema import CopyEvent
 from copytrace.tracer._callsite import user_frame
-from copytrace.tracer._storage_ref import StorageRef
+from copytrace.tracer._storage_ref import StorageRef, storage_key
 
 if TYPE_CHECKING:
     from copytrace.tracer._recorder import Recorder
@@ -87,15 +87,14 @@ def _held_by(holder: Any) -> list[_Tensor]:
     return out
 
 
-def _storage(t: _Tensor) -> Any:
-    try:
-        return t.untyped_storage()
-    except Exception:  # sparse, nested, some subclasses: no single storage
-        return None
+def _storage(t: _Tensor) -> int | None:
+    """The key of ``t``'s storage (its StorageImpl's address; no Python storage object made,
+    :mod:`copytrace.tracer._storage_ref`); None where it has no single storage."""
+    return storage_key(t)
 
 
 def _versions(holder: Any, keys: set[int]) -> dict[int, int]:
-    """``id(storage) -> sum of the version counters`` of ``holder``'s tensors on ``keys``."""
+    """``storage key -> sum of the version counters`` of ``holder``'s tensors on ``keys``."""
     out: dict[int, int] = {}
     seen: set[int] = set()
     for t in _held_by(holder):
@@ -103,13 +102,13 @@ def _versions(holder: Any, keys: set[int]) -> dict[int, int]:
             continue
         seen.add(id(t))
         storage = _storage(t)
-        if storage is None or id(storage) not in keys:
+        if storage is None or storage not in keys:
             continue
         try:
             version = t._version
         except Exception:  # inference tensors have no version counter
             continue
-        out[id(storage)] = out.get(id(storage), 0) + version
+        out[storage] = out.get(storage, 0) + version
     return out
 
 
@@ -119,7 +118,7 @@ class _Handover:
     def __init__(self, src: Any, dst: Any, storages: dict[int, StorageRef]) -> None:
         self.src = weakref.ref(src)
         self.dst = weakref.ref(dst)
-        self.storages = storages  # id(storage) -> torch's weak handle on the storage
+        self.storages = storages  # storage key -> torch's weak handle on it
         self.base: dict[int, int] = {}
         self.events: list[CopyEvent] = []
 
@@ -129,7 +128,7 @@ class Handovers:
 
     def __init__(self, rec: Recorder) -> None:
         self.rec = rec
-        #: id(storage) -> (weak handle on the storage, weakref to its source, snapshot events)
+        #: storage key -> (weak handle on the storage, weakref to its source, snapshot events)
         self.sources: dict[int, tuple[StorageRef, weakref.ref, list[CopyEvent]]] = {}
         self._limit = 4096
         self.watched: list[_Handover] = []
@@ -158,7 +157,7 @@ class Handovers:
             storage = _storage(t)
             if storage is not None:
                 sid = ids.of(t)
-                sources[id(storage)] = (StorageRef(storage), src_ref, snaps.get(sid, []))
+                sources[storage] = (StorageRef(storage), src_ref, snaps.get(sid, []))
 
     # -- load_state_dict() ----------------------------------------------------------------------
     def loaded(self, receiver: Any, given: dict[int, _Tensor], buffer: list, first: int) -> None:
@@ -169,16 +168,16 @@ class Handovers:
         load_site = f"{site[0]}:{site[1]} {site[2]}" if site is not None else None
         for t in _held_by(receiver):
             storage = _storage(t)
-            if storage is None or id(storage) not in given:
+            if storage is None or storage not in given:
                 continue
-            entry = self.sources.get(id(storage))
+            entry = self.sources.get(storage)
             if entry is None or not entry[0].holds(storage):
                 continue  # not from a live state_dict() (torch.load, a copy...)
             source = entry[1]()
             if source is None or source is receiver:
                 continue
             group = by_source.setdefault(id(source), (source, {}, []))
-            group[1][id(storage)] = entry[0]
+            group[1][storage] = entry[0]
             group[2].append(t)
         for source, storages, tensors in by_source.values():
             if len(self.watched) >= _MAX_HANDOVERS:
@@ -204,8 +203,7 @@ class Handovers:
                 found.append(ev)
                 wanted.pop(ev.dst_storage)
         for key in list(wanted):
-            storage_key = id(_storage(wanted[key]))
-            entry = self.sources.get(storage_key)
+            entry = self.sources.get(_storage(wanted[key]))
             snaps = [e for e in entry[2] if not e.stale] if entry is not None else []
             if snaps:
                 found.extend(snaps)
@@ -311,7 +309,7 @@ def _wrap_load(orig: Any, here: Any) -> Any:
                 for t in _tensors_in(state_dict):
                     storage = _storage(t)
                     if storage is not None:
-                        given[id(storage)] = t
+                        given[storage] = t
         except Exception as err:
             rec.note_error(err)
         buffer, first = rec.events, len(rec.events)

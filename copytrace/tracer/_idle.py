@@ -2,16 +2,20 @@
 
 While an armed session (:mod:`copytrace.tracer._trigger`) records nothing and nothing is
 due (no window open or queued, no signal pending, nothing buffered), a step boundary has
-nothing to do but count. The session then goes *idle*: the C++ observer's step callback
-counts the optimizer steps itself (its ``set_step_idle``) and calls no Python at all, and
-an explicit :meth:`~copytrace.Trace.step` only adds one. Python work at each optimizer
-step was most of what an armed process paid (``benchmarks/instructions.py`` counts it).
+nothing to do but count. The session then goes *idle*: the C++ observer counts the
+optimizer steps itself (its ``set_step_idle``) and calls no Python at all, and an explicit
+:meth:`~copytrace.Trace.step` only adds one. The observer counts them at torch's profiler
+hook point, ``Optimizer._optimizer_step_code`` (:mod:`copytrace.tracer._stepcode`), with its
+``RecordFunction`` callback taken off: a registered callback costs at every autograd node
+(``tracer/_native/steps.cpp``). Python work at each optimizer step, then that callback,
+were most of what an armed process paid (``benchmarks/instructions.py`` counts it).
 
 The session leaves idle, adding the steps counted in C to its own, before anything that
 needs the step number or may open a window: the trigger's signal (``Trigger.wake``, from
 the signal handler, at any point of the program), an explicit step while the automatic
-one is on, the end of tracing. It enters idle again at the end of each boundary where the
-conditions hold. A signal that arrives while it enters is seen by the check that ends
+one is on, the end of tracing. Leaving puts the callback back; a step that was open then ends at its
+``_optimizer_step_code`` call, where its callback would have ended it. It enters idle again
+at the end of each boundary where the conditions hold. A signal that arrives while it enters is seen by the check that ends
 :meth:`Idle.enter`, whichever bytecode it lands on.
 """
 

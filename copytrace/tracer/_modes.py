@@ -22,31 +22,22 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from copytrace.tracer import _mode_values
+from copytrace.tracer._mode_values import GRAD_NODE, MATMUL, VALUE_CALLS, matmul_differs
 from copytrace.tracer._rules import _ALIAS, _BASIC_INDEX, _GETITEM, _aten_name, _basic_index
+from copytrace.tracer._warnplace import call_placed
 from copytrace.tracer.compiled.stepaside import call_without
 
 if TYPE_CHECKING:
     from copytrace.tracer._recorder import Recorder
 
-__all__ = ["FunctionMode", "DispatchMode", "warm_up"]
+__all__ = ["FunctionMode", "DispatchMode", "lift_for_node", "warm_up"]
 
 _perf_ns = time.perf_counter_ns
 _NoTorchFunction = torch._C.DisableTorchFunction
 _Tensor = torch.Tensor
-# torch functions whose forward kernel computes more while any dispatch mode is on: torch's
-# _may_require_fw_or_bw_grad (aten/src/ATen/native/BatchLinearAlgebra.cpp, LinearAlgebra.cpp)
-# is true for every input then (isTensorSubclassLike: c10::impl::dispatch_mode_enabled()), so
-# svdvals/eigvalsh ask LAPACK for the vectors too and return other bits. The Python fallback
-# runs them with its dispatch mode stepped aside (their implicit copies go unrecorded).
-_MODE_SENSITIVE = frozenset(
-    (
-        torch.linalg.svdvals, torch.linalg.eigvalsh, torch.linalg.eigvals, torch.linalg.cond,
-        torch.linalg.matrix_rank, torch.linalg.matrix_norm, torch.linalg.norm,
-        torch.nuclear_norm, torch.norm, _Tensor.norm, torch.svd, _Tensor.svd,
-    )
-)  # fmt: skip
-
-
+_C = torch._C
+_is_compiling = torch.compiler.is_compiling
 #: torch's record scope calls (``torch.autograd.profiler.record_function``): the optimizer steps
 _SCOPE_ENTER = torch.ops.profiler._record_function_enter_new
 _SCOPE_EXIT = torch.ops.profiler._record_function_exit._RecordFunction
@@ -69,8 +60,10 @@ class FunctionMode(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
-        if self.dispatch is not None and func in _MODE_SENSITIVE:
-            return call_without(self.dispatch, func, args, kwargs)
+        dispatch = self.dispatch
+        if dispatch is not None and func in VALUE_CALLS:  # see _mode_values
+            if func not in MATMUL or matmul_differs(func, args, kwargs):
+                return call_without(dispatch, call_placed, (func, args, kwargs), {})
         try:
             op = self._table.get(func)
         except TypeError:  # an unhashable callable
@@ -81,10 +74,24 @@ class FunctionMode(TorchFunctionMode):
         if op is None or self._rec.active is not None:
             if func is _SCOPE_ENTER or func is _SCOPE_EXIT:
                 return self._scope(func, args, kwargs)
-            return func(*args, **kwargs)
+            out = call_placed(func, args, kwargs)  # a C++ warning names the program's line
+            if dispatch is not None and dispatch.grad_since is not None:
+                self._hook_nodes(dispatch, out)
+            return out
         if func is _GETITEM and (type(args[1]) in _BASIC_INDEX or _basic_index(args)):
-            return func(*args, **kwargs)  # x[i], x[a:b]: a view, no event
+            return call_placed(func, args, kwargs)  # x[i], x[a:b]: a view, no event
         return self._rec.api_call(op, func, args, kwargs)
+
+    def _hook_nodes(self, dispatch: DispatchMode, out) -> None:
+        """The call made nodes whose backward branches on the dispatch mode: hook them
+        (:func:`copytrace.tracer._mode_values.hook_nodes`)."""
+        since = dispatch.grad_since
+        dispatch.grad_since = None
+        try:
+            with _NoTorchFunction():
+                _mode_values.hook_nodes(out, since, lift_for_node)
+        except Exception as err:
+            self._rec.note_error(err)
 
     def _scope(self, func, args, kwargs):
         """torch's record scope ``Optimizer.step#<Class>.step`` around an optimizer's
@@ -129,18 +136,26 @@ class DispatchMode(TorchDispatchMode):
     def __init__(self, rec: Recorder) -> None:
         super().__init__()
         self._rec = rec
-        self._table = rec.aten_table
+        # the copy and alias ops, and the ops whose node's backward branches on the mode
+        self._table = {**rec.aten_table, **_mode_values.grad_node_ops()}
         self._watch = rec.watch
+        #: the sequence number of the first such node made since the function mode last
+        #: looked (None: none)
+        self.grad_since: int | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if kwargs is None:
             kwargs = {}
         watch = self._watch
-        if watch.aliases or watch.snap_watch:  # while a `.data` or state_dict() alias is watched
+        if watch.aliases or watch.snap_watch or watch.surprise:  # while an alias is watched
             with _NoTorchFunction():
                 self._watch.before_op(func, args, kwargs)
         kind = self._table.get(func)
         if kind is None:
+            return func(*args, **kwargs)
+        if kind == GRAD_NODE:  # its autograd node exists already, the newest on this thread
+            if self.grad_since is None:
+                self.grad_since = _mode_values.sequence_nr()
             return func(*args, **kwargs)
         rec = self._rec
         pending = rec.active
@@ -160,6 +175,30 @@ class DispatchMode(TorchDispatchMode):
             rec.note_error(err)
         rec.overhead_ns += _perf_ns() - end
         return out
+
+
+def lift_for_node(grad_outputs):
+    """Pre-hook of a node whose backward formula branches on the dispatch mode
+    (:data:`copytrace.tracer._mode_values.GRAD_NODES`): takes the fallback's dispatch mode off
+    torch's stack while the node runs, so it computes what it computes untraced.
+
+    Only where the mode is alone on the stack (another mode would make torch take the same
+    branch untraced) and the engine runs the node under its per-node guard, which puts the
+    thread-local state, mode stack included, back after the node, also when it raises
+    (``NodeGuard`` and ``ThreadLocalStateGuard`` in engine.cpp ``thread_main``; a node run
+    by compiled autograd has no current node and is left alone). Returns None: the gradients
+    pass unchanged. Compiled autograd traces it as a hook returning None (dynamo's
+    ``is_compiling()``: no mode to lift in a compiled graph, and nothing it cannot trace)."""
+    if _is_compiling() or _C._len_torch_dispatch_stack() != 1:
+        return None
+    mode = _C._get_dispatch_stack_at(0)
+    if type(mode) is DispatchMode:
+        try:
+            if _C._current_autograd_node() is not None:
+                _C._pop_torch_dispatch_stack(None)
+        except Exception as err:
+            mode._rec.note_error(err)
+    return None
 
 
 class _NullDispatch(TorchDispatchMode):

@@ -161,8 +161,11 @@ def _api_callables(table: dict[Any, str]) -> list[tuple[Any, str, Any]]:
     # not torch.autograd.backward/grad: a mode would receive the replacement as `func` (they
     # pass themselves, read from their module, to handle_torch_function)
     owners = (torch.Tensor, torch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # deprecated torch attributes warn when read
+    from copytrace._warnstate import frozen_warnings
+
+    # deprecated torch attributes warn when read; frozen: no filters-version bump
+    with frozen_warnings(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
         for owner in owners:
             for name in dir(owner):
                 if name.startswith("__") and name not in _DUNDERS:

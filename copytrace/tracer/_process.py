@@ -57,6 +57,24 @@ def set_active(session: Any) -> None:
     _ACTIVE[0] = session
 
 
+_NESTED_SAID: list[bool] = [False]
+
+
+def say_nested(inner_dir: Any, outer: Any) -> None:
+    """Say once per process that a trace to be written into ``inner_dir`` was started while
+    ``outer`` (a session) records: it records into ``outer`` and writes no file of its own."""
+    if _NESTED_SAID[0]:
+        return
+    _NESTED_SAID[0] = True
+    sink = getattr(outer, "_file_sink", None)
+    where = f"its file {sink.path}" if sink is not None else "which writes no file"
+    print(
+        f"copytrace: a trace for {inner_dir} was started inside a running trace: it writes "
+        f"no file of its own, its events go to the running one ({where})",
+        file=sys.stderr,
+    )
+
+
 def finishing() -> Any:
     """The session whose ``stop()`` is writing its trace, or None."""
     return _FINISHING[0]

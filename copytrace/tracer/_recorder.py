@@ -94,7 +94,7 @@ _nbytes = _F.nbytes
 class _Group:
     """An outermost ``copy.deepcopy`` of a non-tensor object in progress."""
 
-    __slots__ = ("seq", "start_ns", "storages", "bytes", "tensors", "children")
+    __slots__ = ("seq", "start_ns", "storages", "bytes", "tensors", "children", "failed")
 
     def __init__(self, seq: int, start_ns: int) -> None:
         self.seq = seq
@@ -103,7 +103,27 @@ class _Group:
         self.bytes = 0
         self.tensors = 0
         self.children = 0
+        #: (id, TensorImpl address, event) of the non-leaf tensor whose deepcopy raised
+        self.failed: tuple[int, int, CopyEvent] | None = None
 
+
+
+def _holder(x: Any, key: int, cdata: int) -> str | None:
+    """Where deep-copied object ``x`` holds the tensor ``(id, TensorImpl address)``: a module
+    attribute (``Net.last_hidden``, ``Net.enc.cache``) or a dict key (``dict['out']``); None
+    when not found there. Called when a deepcopy of ``x`` raised only."""
+    items: list[tuple[str, Any]] = []
+    if isinstance(x, torch.nn.Module):
+        root = type(x).__name__
+        for path, module in x.named_modules():
+            prefix = f"{root}.{path}" if path else root
+            items.extend((f"{prefix}.{k}", v) for k, v in vars(module).items())
+    elif isinstance(x, dict):
+        items = [(f"{type(x).__name__}[{k!r}]", v) for k, v in x.items()]
+    for name, value in items:
+        if id(value) == key and isinstance(value, torch.Tensor) and value._cdata == cdata:
+            return name
+    return None
 
 
 #: autograd nodes of a copy (``tools/autograd/derivatives.yaml``: ``_to_copy``, ``clone``;
@@ -319,4 +339,7 @@ class Recorder(ApiEvents, ImplicitEvents):
         ev.src_device = ev.dst_device = ""
         self._context(ev)
         ev.parent = -1
+        if error is not None and group.failed is not None:
+            failed = group.failed
+            failed[2].src_name = _holder(x, failed[0], failed[1])
 

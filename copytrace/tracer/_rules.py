@@ -22,6 +22,7 @@ import torch
 
 from copytrace.tracer import _facts as _F
 from copytrace.tracer._fresh import INDEX_OPS
+from copytrace.tracer._storage_ref import storage_of
 
 __all__ = [
     "RULES", "RecordRules", "HOST_TO_DEVICE", "ALIAS", "COPY", "COPY_INTO", "api_table",
@@ -162,11 +163,12 @@ def _aten_name(op: Any) -> str:
 
 
 def _storage_nbytes(t: torch.Tensor) -> int:
-    """Bytes of ``t``'s storage (its logical bytes where it has none)."""
-    try:
-        return t.untyped_storage().nbytes()
-    except Exception:
+    """Bytes of ``t``'s storage (its logical bytes where it has none), read without a Python
+    storage object on the C++ observer (:mod:`copytrace.tracer._storage_ref`)."""
+    found = storage_of(t)
+    if found is None or found[1] is None:
         return _F.nbytes(t)
+    return found[1]
 
 
 class RecordRules(NamedTuple):
@@ -191,6 +193,10 @@ class RecordRules(NamedTuple):
       internal to torch): no in-place write watch (``_fresh.py``).
     * ``no_memory_devices``: device names whose tensors have no real storage (``meta``): a
       copy to or from one allocates nothing and moves nothing (transfer ``"none"``).
+    * ``alias_watched``: ops whose alias result may be watched for an in-place write (a call
+      that copies on another device, dtype or layout but returned its input or a view of it:
+      ``alias-write``, :mod:`copytrace.tracer.watch._surprise`): their alias events take the
+      Python tail, which decides by call site.
     """
 
     always_alias: frozenset[str]
@@ -201,6 +207,7 @@ class RecordRules(NamedTuple):
     watched: frozenset[str]
     not_fresh: frozenset[str]
     no_memory_devices: frozenset[str]
+    alias_watched: frozenset[str]
 
 
 RULES = RecordRules(
@@ -212,6 +219,7 @@ RULES = RecordRules(
     watched=frozenset(("data_get", "data_set", "detach")),
     not_fresh=frozenset(("copy_", "deepcopy", "implicit", "data_set", "swap_tensors")),
     no_memory_devices=frozenset(("meta",)),
+    alias_watched=frozenset((*_CONVERSIONS, "reshape", "copy")),
 )
 _HOST = RULES.host_device
 _TRANSFERS = RULES.transfers

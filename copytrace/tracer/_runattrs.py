@@ -12,7 +12,7 @@ from copytrace import _env
 from copytrace._redact import redact_args
 from copytrace._version import __version__
 
-__all__ = ["run_attributes", "say_losses"]
+__all__ = ["run_attributes", "say_losses", "session_stats"]
 
 
 def _compiled_frames() -> int:
@@ -101,3 +101,20 @@ def say_losses(rec: Any) -> None:
             f"(last: {rec.last_error}); the traced program was not affected",
             file=sys.stderr,
         )
+
+
+def session_stats(target: Any) -> dict[str, int]:
+    """The counters of :attr:`Session.stats` for the session that records (``target``); the
+    steps an idle armed session counted in C are added first."""
+    target._idle.sync(target)
+    rec, buf = target._rec, target._buf
+    return {
+        "events": buf.removed + len(rec.events),
+        "dropped": rec.dropped,
+        "errors": rec.errors,
+        "internal_detaches": rec.internal_detaches,
+        "steps": rec.step_index + 1,
+        "steps_traced": buf.steps_traced,
+        "discarded": buf.discarded,
+        "flushes": buf.flushes,
+    }

@@ -3,8 +3,9 @@
 An armed session installs nothing that costs per op: its schedule (:class:`Windows`) says
 ``NONE`` for every step until a window is opened, so the modes, wrappers, patches and the
 observer's kernels stay out (:mod:`copytrace.tracer._schedule`'s ``DISENGAGE``); only the
-optimizer step hooks stay, to notice the steps, and while nothing is due they only count
-them, in C (the session's *idle*: ``set_step_idle`` of the C++ observer). The signal handler only counts the signal
+optimizer steps are followed, and while nothing is due they are only counted, in C, at
+torch's ``Optimizer._optimizer_step_code`` (the session's *idle*: :mod:`._idle`,
+:mod:`._stepcode`). The signal handler only counts the signal
 (:attr:`Trigger.pending`); the next step boundary opens a window of ``steps`` steps starting
 with the step that begins there (a window queued while one is open starts after it). The
 last step of a window is ``RECORD_AND_SAVE``: its records are flushed and the modes removed.
@@ -116,8 +117,15 @@ class Trigger:
             counting its steps in C (idle) so that the next boundary opens the window.
     """
 
-    def __init__(self, signame: str, steps: int) -> None:
+    def __init__(self, signame: str, steps: int, setting: str = "COPYTRACE_TRIGGER_SIGNAL") -> None:
         self.signame = signame
+        #: the variable that named the signal, and what is lost when it cannot be armed
+        self.setting = setting
+        self._idle = (
+            "the trigger stays idle"
+            if setting == "COPYTRACE_TRIGGER_SIGNAL"
+            else "the ring is written only on a failure, SIGTERM or the run's end"
+        )
         self.windows = Windows(steps)
         self.pending = 0
         self.installed = False
@@ -138,10 +146,13 @@ class Trigger:
         ``arm`` is False: the flight recorder's signal, :mod:`copytrace.tracer._ring`)."""
         sig = getattr(signal, self.signame, None)
         if sig is None:
-            _say_once(self.signame, f"this platform has no {self.signame}: the trigger stays idle")
+            _say_once(
+                self.signame,
+                f"this platform has no {self.signame} ({self.setting}): {self._idle}",
+            )
             return False
         if threading.current_thread() is not threading.main_thread():
-            _say_once("thread", "a trigger is armed only from the main thread: staying idle")
+            _say_once("thread", f"{self.setting} is armed only from the main thread: {self._idle}")
             return False
         try:
             current = signal.getsignal(sig)
@@ -155,7 +166,10 @@ class Trigger:
             self._previous = current if callable(current) else None
             signal.signal(sig, self._handler)
         except (ValueError, OSError) as err:
-            _say_once(self.signame, f"cannot arm {self.signame} ({err}): the trigger stays idle")
+            _say_once(
+                self.signame,
+                f"cannot arm {self.signame} ({self.setting}: {err}): {self._idle}",
+            )
             return False
         self.installed = True
         if arm:

@@ -15,7 +15,9 @@ installs :func:`_python_warn`, which counts the stacklevel the same way, past th
 copytrace's Python function mode, ``handle_torch_function`` and the outer call of the same
 torch function, so that the warning names the file and line it names untraced. Being a
 Python function it is one frame more in the traceback of a warning turned into an error
-(``-W error``), a traceback that on the fallback already shows the mode's frames.
+(``-W error``), a traceback that on the fallback already shows the mode's frames. A warning
+torch raises in C++ inside a call the fallback's function mode re-issues is placed by
+:mod:`copytrace.tracer._warnplace`.
 """
 
 from __future__ import annotations

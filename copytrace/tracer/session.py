@@ -27,13 +27,24 @@ from pathlib import Path
 from typing import Any
 
 from copytrace import _env
+from copytrace._warnstate import frozen_warnings
 from copytrace.export.file_sink import FileSink
-from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds, epoch_offset
-from copytrace.export.sdk_sink import SdkSink, make_resource
+from copytrace.export.pipeline import ExportPipeline, RunIds, epoch_offset
+from copytrace.export.sdk_sink import make_resource
 from copytrace.schema import CopyEvent
-from copytrace.tracer import _idle, _native, _process, _recorder, _ring, _runattrs, _trigger
+from copytrace.tracer import (
+    _export_now,
+    _idle,
+    _native,
+    _process,
+    _recorder,
+    _ring,
+    _runattrs,
+    _trigger,
+)
 from copytrace.tracer import _schedule as S
-from copytrace.tracer._buffer import NATIVE_CODECS, Buffer, make_pipeline, new_trace_path
+from copytrace.tracer import _stepcode as _stepcode
+from copytrace.tracer._buffer import Buffer, make_pipeline, new_trace_path
 from copytrace.tracer._engage import Engagement
 from copytrace.tracer._rules import settle_unreal_events
 
@@ -162,7 +173,9 @@ class Session(contextlib.ContextDecorator):
         self.ring = int(ring if ring is not None else _env.setting(_env.COPYTRACE_RING))
         _env.ring_and_trigger(self.ring, "none" if self.trigger is None else "signal", *names)
         ring_signal = _env.setting(_env.COPYTRACE_RING_SIGNAL)
-        self._ring_signal = _trigger.Trigger(ring_signal, 0) if self.ring else None
+        self._ring_signal = (
+            _trigger.Trigger(ring_signal, 0, _env.COPYTRACE_RING_SIGNAL) if self.ring else None
+        )
 
     def _target(self) -> Session:
         """The session that records: the active one this session delegates to, or itself."""
@@ -170,6 +183,12 @@ class Session(contextlib.ContextDecorator):
 
     # -- lifecycle --------------------------------------------------------------------------------
     def start(self) -> Session:
+        """Install the modes, hooks and patches; return the session that records (see
+        :meth:`_start`). The program's warnings state is kept (:mod:`copytrace._warnstate`)."""
+        with frozen_warnings():
+            return self._start()
+
+    def _start(self) -> Session:
         """Install the modes, hooks and patches; return the session that records.
 
         Returns:
@@ -178,6 +197,8 @@ class Session(contextlib.ContextDecorator):
         """
         active = _process.active()
         if active is not None:
+            if self.write and active is not self:
+                _process.say_nested(self.output_dir, active)
             self._delegate = active
             return active  # type: ignore[no-any-return]
         if self.running:
@@ -272,7 +293,9 @@ class Session(contextlib.ContextDecorator):
         eng, buf, rec = self._engagement, self._buf, self._rec
         for step in steps:
             if step == S.ENGAGE:
+                began = time.perf_counter_ns()
                 eng.engage(rec, self._native(), self._optim_hooks)
+                buf.not_counting(began)  # copytrace's own set-up is not the program's time
                 buf.keep()
             elif step == S.DISENGAGE:
                 if eng.disengage(rec):
@@ -383,8 +406,10 @@ class Session(contextlib.ContextDecorator):
         self._rec.step_scope = None
         self._idle.leave(self)
         if self._step_native is not None:
+            self._step_native.set_step_code(None)
             self._step_native.set_step_hooks(None, None)
             self._step_native = None
+            _stepcode.remove()
         self.running = False
         if self.trigger is not None:
             self.trigger.uninstall()
@@ -394,6 +419,11 @@ class Session(contextlib.ContextDecorator):
             _process.set_active(None)
 
     def stop(self) -> Path | None:
+        """:meth:`_stop`, keeping the program's warnings state (:mod:`copytrace._warnstate`)."""
+        with frozen_warnings():
+            return self._stop()
+
+    def _stop(self) -> Path | None:
         """Remove everything :meth:`start` installed and write the rest of the trace.
 
         Returns:
@@ -513,19 +543,7 @@ class Session(contextlib.ContextDecorator):
         """Counters: ``events`` (recorded in traced steps, flushed or not), ``dropped``,
         ``errors``, ``internal_detaches``, ``steps``, ``steps_traced``, ``discarded`` (warmup
         records), ``flushes``."""
-        target = self._target()
-        target._idle.sync(target)
-        rec, buf = target._rec, target._buf
-        return {
-            "events": buf.removed + len(rec.events),
-            "dropped": rec.dropped,
-            "errors": rec.errors,
-            "internal_detaches": rec.internal_detaches,
-            "steps": rec.step_index + 1,
-            "steps_traced": buf.steps_traced,
-            "discarded": buf.discarded,
-            "flushes": buf.flushes,
-        }
+        return _runattrs.session_stats(self._target())
 
     # -- output -----------------------------------------------------------------------------------
     def export(self, exporter: Any = None, directory: Path | None = None) -> Path | None:
@@ -534,27 +552,7 @@ class Session(contextlib.ContextDecorator):
         :attr:`output_dir` (for a trace that writes no file of its own)."""
         if exporter is None and self._file_sink is not None:
             return self.trace_path
-        rec = self._rec
-        end = self._end_ns or time.perf_counter_ns()
-        resource = self._resource if self._resource is not None else make_resource()
-        run = RunIds(self._start_ns or end, self._epoch_offset or epoch_offset(), resource)
-        path = None
-        if exporter is None:
-            path = new_trace_path(directory or self.output_dir, self.compression)
-            sink: Any = FileSink(path, compression=self.compression, **NATIVE_CODECS)
-        else:
-            sink = SdkSink([exporter], resource=resource)
-        recording = self._action in S.RECORDING
-        steps = self._buf.steps_until(rec.step_index, recording, end, run.start_ns)
-        pipeline = ExportPipeline(run, [sink])
-        pipeline.begin()
-        final = RunEnd(end, self.run_attributes(), self._exit_error)
-        chunk = Chunk(list(rec.events), steps, final=final)
-        compiled = self._engagement.compiled
-        if compiled is not None:
-            chunk.compiled = [*compiled.calls, *compiled.graph_spans()]
-        pipeline.close(chunk)
-        return path
+        return _export_now.export_buffered(self, exporter, directory)
 
     def run_attributes(self) -> dict[str, Any]:
         """The ``copytrace.run`` span's attributes (``docs/trace-format.md``)."""
@@ -569,6 +567,8 @@ class Session(contextlib.ContextDecorator):
         native = self._native()
         if native is not None and native.set_step_hooks(self._on_optim_pre, self._on_optim_post):
             self._step_native = native
+            if self.trigger is not None:  # armed: idle counts at torch's hook point (_stepcode)
+                native.set_step_code(_stepcode.install(native))
             return
         self._rec.step_scope = (self._on_optim_pre, self._on_optim_post)
 

@@ -15,7 +15,7 @@ SELECT r.run_idx, COALESCE(g.step, ps.step), g.object_type, g.tensors,
   count(e.span_id), COALESCE(sum(e.ba), 0), greatest(g.end_ns - g.start_ns, 0), g.site
 FROM grp g JOIN runs r USING (run)
 LEFT JOIN steps ps ON ps.run = g.run AND ps.span_id = g.parent_id
-LEFT JOIN ev e ON e.run_idx = r.run_idx AND e.parent_id = g.span_id
+LEFT JOIN ev e ON e.run_idx = r.run_idx AND e.grp_id = g.span_id
 GROUP BY r.run_idx, g.step, ps.step, g.object_type, g.tensors, g.start_ns, g.end_ns,
   g.site, g.span_id
 ORDER BY r.run_idx, g.start_ns, g.end_ns, g.span_id

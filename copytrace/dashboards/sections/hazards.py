@@ -164,26 +164,35 @@ def sort_hazards(hazards: list[HazardRow]) -> tuple[list[HazardRow], list[int]]:
 
 
 def attach_events(
-    q: Query, hazards: list[HazardRow], first_of: dict[str, int] | None, labels: list[str]
+    q: Query,
+    hazards: list[HazardRow],
+    first_of: dict[str, int] | None,
+    labels: list[str],
+    by_value: bool = False,
 ) -> None:
     """Register ``span id -> hazard index`` as table ``hz`` (None: ``hz`` is registered
     already) and fill in each hazard's call sites, steps and runs from its events (what the
-    finding left out), in event order."""
+    finding left out), in event order. Leaves table ``hzev``: each event a hazard names,
+    ``r`` its row in ``ev`` and ``hz`` the hazard (the timeline joins it by row).
+    ``by_value``: ``hz`` keys the ids by their value (see :func:`_register_events`); an event
+    whose id is not 16 hex digits is then named by none."""
     import pyarrow as pa
 
     if first_of is not None:
         q.put("hz", {"span_id": (pa.string(), list(first_of)),
                      "hz": (pa.int32(), list(first_of.values()))})  # fmt: skip
-        if not first_of:
-            return
-    elif not q.sql("SELECT count(*) FROM hz")[0][0]:
-        return
     # the events joined once (three joins of 10M events with the span ids hazards name took
     # 3x as long), then grouped three ways
+    none = first_of == {} or (first_of is None and not q.sql("SELECT count(*) FROM hz")[0][0])
+    on = (f"h.sid = {_ID_VALUE.replace('span_id', 'e.span_id')} AND length(e.span_id) = 16"
+          if by_value else "h.span_id = e.span_id")  # fmt: skip
     q.con.execute(
-        "CREATE OR REPLACE TABLE hzev AS SELECT h.hz, e.site, e.step, e.run_idx, "
-        "e.start_ns, e.end_ns, e.span_id FROM ev e JOIN hz h USING (span_id)"
+        "CREATE OR REPLACE TABLE hzev AS SELECT h.hz, e.rowid AS r, e.site, e.step, e.run_idx, "
+        f"e.start_ns, e.end_ns, e.span_id FROM ev e JOIN hz h ON {on}"
+        + (" WHERE false" if none else "")
     )
+    if none:
+        return
     rows = q.sql(
         "SELECT hz, site, min((run_idx, start_ns, end_ns, span_id)) AS o "
         "FROM hzev GROUP BY ALL ORDER BY hz, o"
@@ -199,7 +208,6 @@ def attach_events(
     for hz, run_idx in q.sql("SELECT DISTINCT hz, run_idx FROM hzev ORDER BY ALL"):
         if labels[run_idx] not in hazards[hz].runs:
             hazards[hz].runs.append(labels[run_idx])
-    q.con.execute("DROP TABLE hzev")
     for h in hazards:
         h.steps.sort()
 
@@ -375,8 +383,8 @@ def hazard_rows(
             rows[new].runs = runs_of[i]
         attach_events(q, rows, {}, labels)  # an empty ``hz``
         return rows
-    _register_events(q, rows, new_pos)
-    attach_events(q, rows, None, labels)
+    by_value = _register_events(q, rows, new_pos)
+    attach_events(q, rows, None, labels, by_value)
     return rows
 
 
@@ -404,10 +412,18 @@ def _finding_runs(
     return out
 
 
-def _register_events(q: Query, rows: list[HazardRow], new_pos: list[int]) -> None:
+#: A span id of 16 lower-case hex digits (OTLP's, as the tracer writes it), and its value.
+_HEX_ID = ("length(span_id) = 16 AND span_id = lower(span_id) AND "
+           "TRY_CAST('0x' || span_id AS UBIGINT) IS NOT NULL")  # fmt: skip
+_ID_VALUE = "TRY_CAST('0x' || span_id AS UBIGINT)"
+
+
+def _register_events(q: Query, rows: list[HazardRow], new_pos: list[int]) -> bool:
     """Table ``hz``: each span id a hazard names, and the hazard's position in ``rows``; an
     event named by several hazards takes the first finding's, in the findings' own order.
-    Built in Arrow and DuckDB (no Python object per event)."""
+    Built in Arrow and DuckDB (no Python object per event). Returns whether the ids are
+    keyed by their value (column ``sid``, UBIGINT: every id is 16 lower-case hex digits),
+    else by their text (``span_id``)."""
     import numpy as np
     import pyarrow as pa
 
@@ -429,9 +445,15 @@ def _register_events(q: Query, rows: list[HazardRow], new_pos: list[int]) -> Non
         "own": np.concatenate(own) if own else np.zeros(0, np.int32),
     })  # fmt: skip
     q.con.register("_hz", data)
-    q.con.execute("CREATE OR REPLACE TABLE hz AS SELECT span_id, arg_min(hz, own) AS hz "
-                  "FROM _hz GROUP BY span_id")  # fmt: skip
+    # span ids as OTLP writes them (16 lower-case hex digits) are keyed by their value: a
+    # join of 10M events with the 4M ids hazards name then fits DuckDB's memory cap (as text
+    # it spilled, 12 s of CPU)
+    by_value = not q.sql(f"SELECT count(*) FILTER (WHERE NOT ({_HEX_ID})) FROM _hz")[0][0]
+    key = f"{_ID_VALUE} AS sid" if by_value else "span_id"
+    q.con.execute(f"CREATE OR REPLACE TABLE hz AS SELECT {key}, arg_min(hz, own) AS hz "
+                  "FROM _hz GROUP BY ALL")  # fmt: skip
     q.con.unregister("_hz")
+    return by_value
 
 
 # --- the page's payload ------------------------------------------------------------------------

@@ -60,6 +60,7 @@ def _info(meta: RunMeta, index: int) -> RunInfo:
         windows=[str(w) for w in attrs.get("copytrace.windows") or []],
         ring=opt_int(attrs.get("copytrace.ring")),
         ring_reason=as_str(attrs.get("copytrace.ring_reason")),
+        ring_skipped=as_int(attrs.get("copytrace.ring_skipped")),
     )
 
 
@@ -140,8 +141,7 @@ def payload_warnings(model: Any) -> list[str]:
         out.append(f"{model.bad_lines} unreadable line(s) were skipped (file cut mid-write?).")
     for r in model.runs:
         if r.ring:
-            out.append(f"{r.label}: flight recorder: this trace shows the last {r.ring:,} "
-                       f"events before {r.ring_reason or 'the trigger'}.")  # fmt: skip
+            out.append(f"{r.label}: {r.ring_line()}.")
         if r.events_dropped:
             out.append(f"{r.label}: {r.events_dropped:,} event(s) dropped at the buffer cap; "
                        "totals are lower bounds.")  # fmt: skip

@@ -23,37 +23,64 @@ from copytrace.dashboards._rows import KINDS, LARGE_EVENT_BYTES, EventTemplate
 
 __all__ = ["payload_timeline", "SampleInfo", "Sample", "sample", "spread_positions"]
 
-# Each event's class, numbered in run, then time order (``idx``) in the same pass; ``r`` is
-# its row in ``ev`` (numbering ``ev`` itself in place rewrote its 10M rows on 64 ranks).
-_CLASS = """
-CREATE OR REPLACE TABLE cls AS
-SELECT e.rowid AS r, e.run_idx,
-  CASE WHEN e.err = 1 THEN 'must' WHEN h.hz IS NOT NULL THEN 'hz'
-       WHEN e.kind = 'copy' AND e.bl >= $large THEN 'large' ELSE 'rest' END AS cls,
-  COALESCE(h.hz, -1) AS hz, e.bl,
-  row_number() OVER (ORDER BY e.run_idx, e.start_ns, e.end_ns, e.span_id) - 1 AS idx,
-  hash(e.run_idx, e.site, e.op, e.kind) AS g
-FROM ev e LEFT JOIN hz h USING (span_id)
+# Each event's class (``c``: 0 error, 1 hazard, 2 large copy, 3 the rest) and bucket key (the
+# hazard; the size of a large copy; a hash of (run, call site, op, kind)), from ``ev`` and the
+# events hazards name (``hzev``, joined by row). No table of 10M classes, and no sort of them
+# by time: each bucket's count and first event (in run, then time order) are enough to plan,
+# and only the picking numbers events, within their buckets.
+_KEYS = """
+SELECT e.rowid AS r, e.run_idx, e.start_ns, e.end_ns, e.span_id, e.bl,
+  CASE WHEN e.err = 1 THEN 0 WHEN h.hz IS NOT NULL THEN 1
+       WHEN e.kind = 'copy' AND e.bl >= $large THEN 2 ELSE 3 END AS c,
+  h.hz, hash(e.run_idx, e.site, e.op, e.kind) AS g
+FROM ev e LEFT JOIN hzev h ON h.r = e.rowid
+"""
+_COUNTS = f"""
+SELECT c, CASE WHEN c = 1 THEN hz ELSE -1 END AS hz, CASE WHEN c = 2 THEN bl ELSE -1 END AS bl,
+  CASE WHEN c >= 2 THEN g END AS g, count(*) AS n,
+  min((run_idx, start_ns, end_ns, span_id)) AS o
+FROM ({_KEYS}) GROUP BY ALL
+"""
+# The events the plan keeps: each bucket's events numbered in run, then time order (a large
+# copy at most ``$t`` bytes is in its (run, call site, op, kind) bucket).
+_PICK = f"""
+CREATE OR REPLACE TEMP TABLE picked AS
+WITH keyed AS (
+  SELECT r, run_idx, start_ns, end_ns, span_id,
+    CASE WHEN c = 2 AND bl <= $t THEN 3 ELSE c END AS c, hz, bl, g
+  FROM ({_KEYS}) WHERE c > 0
+), numbered AS (
+  SELECT r, c, CASE c WHEN 1 THEN CAST(hz AS UBIGINT) WHEN 2 THEN CAST(bl AS UBIGINT)
+    ELSE g END AS k,
+    row_number() OVER (PARTITION BY c, k ORDER BY run_idx, start_ns, end_ns, span_id) - 1
+      AS pos
+  FROM keyed
+)
+SELECT rowid AS r FROM ev WHERE err = 1
+UNION ALL
+SELECT n.r FROM numbered n JOIN want w USING (c, k, pos)
 """
 # The picked events' other fields, from a scan of the spans filtered on their ids (a plain
 # join lets DuckDB build its hash table on the million spans instead of the picked few).
 _PICKED_SPANS_SQL = """
 CREATE OR REPLACE TEMP TABLE picked_spans AS
-SELECT run, span_id, shape, dtype, src_dtype, grad_fn, aten, thread_name, error, origin
-FROM spans WHERE span_id IN (SELECT e.span_id FROM ev e JOIN picked p ON e.rowid = p.r)
+SELECT r.run_idx, span_id, shape, dtype, src_dtype, grad_fn, aten, thread_name, error, origin
+FROM spans JOIN runs r USING (run)
+WHERE span_id IN (SELECT e.span_id FROM ev e JOIN picked p ON e.rowid = p.r)
 """
 _TEMPLATE_SQL = """
-WITH chosen AS (SELECT e.*, p.idx FROM ev e JOIN picked p ON e.rowid = p.r)
+WITH chosen AS (SELECT e.*, e.rowid AS r FROM ev e JOIN picked p ON e.rowid = p.r)
 SELECT e.op, e.kind, e.ba, e.bl, COALESCE(s.shape, []), COALESCE(s.dtype, ''),
   COALESCE(s.src_dtype, ''), e.src_device, e.dst_device, e.transfer, e.non_blocking,
   e.pinned, e.graph, COALESCE(s.grad_fn, ''), e.phase, e.module, e.site,
   COALESCE(s.aten, []), COALESCE(s.thread_name, ''), e.grp, COALESCE(s.error, ''), e.via,
-  COALESCE(s.origin, ''), e.run_idx, e.t_ns, e.dur, e.step, e.span_id, COALESCE(h.hz, -1),
-  e.entry
+  COALESCE(s.origin, ''), e.run_idx, e.start_ns - ru.start_ns, e.dur, e.step, e.span_id,
+  COALESCE(h.hz, -1), e.entry
 FROM chosen e
-JOIN picked_spans s ON s.run = e.run AND s.span_id = e.span_id
-LEFT JOIN hz h ON h.span_id = e.span_id
-ORDER BY e.idx
+JOIN runs ru ON ru.run_idx = e.run_idx
+JOIN picked_spans s ON s.run_idx = e.run_idx AND s.span_id = e.span_id
+LEFT JOIN hzev h ON h.r = e.r
+ORDER BY e.run_idx, e.start_ns, e.end_ns, e.span_id
 """
 
 
@@ -96,39 +123,46 @@ def spread_positions(n: int, k: int) -> list[int]:
     return [int(j * step + step / 2) for j in range(k)]
 
 
-def _plan(q: Query, max_points: int, info: SampleInfo) -> list[tuple[str, Any, list[int]]]:
-    """``(class, bucket key, positions)`` to keep, from the counts per bucket."""
-    plan: list[tuple[str, Any, list[int]]] = [("must", None, [])]
-    n_must = q.sql("SELECT count(*) FROM cls WHERE cls = 'must'")[0][0]
-    hz_counts = q.sql("SELECT hz, count(*) FROM cls WHERE cls = 'hz' GROUP BY hz")
+def _plan(
+    q: Query, max_points: int, info: SampleInfo
+) -> tuple[list[tuple[int, Any, list[int]]], int]:
+    """``(class, bucket key, positions)`` to keep, from the counts per bucket (table
+    ``cnt``: :data:`_COUNTS`), and the size up to which large copies join the rest (-1:
+    none)."""
+    plan: list[tuple[int, Any, list[int]]] = []
+    n_must = q.sql("SELECT COALESCE(sum(n), 0) FROM cnt WHERE c = 0")[0][0]
+    hz_counts = q.sql("SELECT hz, sum(n) FROM cnt WHERE c = 1 GROUP BY hz")
     info.per_hazard = max(20, max_points // (10 * max(1, len(hz_counts))))
     for hz, n in hz_counts:
-        kept = spread_positions(n, info.per_hazard)
-        plan.append(("hz", hz, kept))
+        kept = spread_positions(int(n), info.per_hazard)
+        plan.append((1, hz, kept))
         n_must += len(kept)
-    budget = max(0, max_points - n_must)
+    budget = max(0, int(max_points - n_must))
     room, threshold = budget // 2, None
-    for size, n in q.sql("SELECT bl, count(*) FROM cls WHERE cls = 'large' GROUP BY bl "
+    for size, n in q.sql("SELECT bl, sum(n) FROM cnt WHERE c = 2 GROUP BY bl "
                          "ORDER BY bl DESC"):  # fmt: skip
+        n = int(n)
         if threshold is None and n <= room:
-            plan.append(("large", size, list(range(n))))
+            plan.append((2, size, list(range(n))))
             room -= n
             budget -= n
         elif threshold is None:
             threshold = size
     if threshold is not None:
         info.large_bytes = threshold + 1
-        q.sql("UPDATE cls SET cls = 'rest' WHERE cls = 'large' AND bl <= $t", {"t": threshold})
-    # (run, call site, op, kind) groups, told apart by a hash of the four (column g)
+    # (run, call site, op, kind) groups, told apart by a hash of the four (column g); the
+    # large copies at most ``threshold`` bytes among them
     buckets = q.con.execute(
-        "SELECT g, count(*) AS n FROM cls WHERE cls = 'rest' GROUP BY g ORDER BY n, min(idx)"
+        "SELECT g, sum(n)::BIGINT AS n FROM cnt WHERE c = 3 OR (c = 2 AND bl <= $t) "
+        "GROUP BY g ORDER BY n, min(o)", {"t": -1 if threshold is None else threshold}
     ).fetchnumpy()  # one group per call site on a trace of 1M sites: no row per group
     counts = np.asarray(buckets["n"], dtype=np.int64)
     takes = water_fill(counts, budget)
     for i in np.flatnonzero(takes).tolist():
-        plan.append(("rest", int(buckets["g"][i]), spread_positions(int(counts[i]),
-                                                                    int(takes[i]))))
-    return plan
+        plan.append((3, int(buckets["g"][i]), spread_positions(int(counts[i]),
+                                                                 int(takes[i]))))
+    q.con.execute("DROP TABLE cnt")
+    return plan, -1 if threshold is None else threshold
 
 
 def water_fill(counts: np.ndarray, budget: int) -> np.ndarray:
@@ -153,46 +187,37 @@ def water_fill(counts: np.ndarray, budget: int) -> np.ndarray:
     return takes
 
 
-def _pick(q: Query, plan: list[tuple[str, Any, list[int]]]) -> None:
-    """Table ``picked`` (r, idx): the events the plan keeps (their rows in ``ev``, their
-    positions in run, then time order)."""
+def _pick(q: Query, plan: list[tuple[int, Any, list[int]]], threshold: int,
+          large_bytes: int) -> None:
+    """Table ``picked`` (r): the rows in ``ev`` of the events the plan keeps, and of every
+    event whose op raised. ``threshold``: large copies of at most so many bytes are in
+    their (run, call site, op, kind) bucket (-1: none)."""
     import pyarrow as pa
 
-    rows = [(cls, key, p) for cls, key, positions in plan if cls != "must" for p in positions]
+    rows = [(c, key, p) for c, key, positions in plan for p in positions]
     cols = list(zip(*rows, strict=True)) if rows else [[]] * 3
     q.put("want", {name: (typ, list(col)) for (name, typ), col in zip(
-        (("cls", pa.string()), ("k", pa.uint64()), ("pos", pa.int64())), cols,
+        (("c", pa.int32()), ("k", pa.uint64()), ("pos", pa.int64())), cols,
         strict=True)})  # fmt: skip
-    # numbered within each bucket: a hazard, a size of large copies, a group (its hash)
-    q.con.execute("""
-    CREATE OR REPLACE TEMP TABLE picked AS
-    WITH keyed AS (
-      SELECT r, idx, cls, CASE cls WHEN 'hz' THEN CAST(hz AS UBIGINT)
-        WHEN 'large' THEN CAST(bl AS UBIGINT) ELSE g END AS k
-      FROM cls
-    ), numbered AS (
-      SELECT *, row_number() OVER (PARTITION BY cls, k ORDER BY idx) - 1 AS pos FROM keyed
-    )
-    SELECT r, idx FROM numbered WHERE cls = 'must'
-    UNION ALL
-    SELECT n.r, n.idx FROM numbered n JOIN want w USING (cls, k, pos)
-    """)
+    q.con.execute(_PICK, {"large": large_bytes, "t": threshold})
 
 
 def sample(q: Query, max_points: int, large_bytes: int = LARGE_EVENT_BYTES) -> Sample:
     """Choose the events the timeline draws and return them as columns.
 
     Args:
-        q: The trace, with its hazards registered (table ``hz``).
+        q: The trace, with the events its hazards name registered (table ``hzev``: ``r``,
+            the event's row in ``ev``, and ``hz``, the hazard).
         max_points: Point budget (>= 0); error and hazard events are kept beyond it.
         large_bytes: Copies at least this large (bytes copied) count as large.
     """
     out = Sample(info=SampleInfo(large_bytes=large_bytes))
-    q.con.execute(_CLASS, {"large": large_bytes})
     if q.count() <= max_points:
-        q.con.execute("CREATE OR REPLACE TEMP TABLE picked AS SELECT r, idx FROM cls")
+        q.con.execute("CREATE OR REPLACE TEMP TABLE picked AS SELECT rowid AS r FROM ev")
     else:
-        _pick(q, _plan(q, max_points, out.info))
+        q.con.execute(f"CREATE OR REPLACE TEMP TABLE cnt AS {_COUNTS}", {"large": large_bytes})
+        plan, threshold = _plan(q, max_points, out.info)
+        _pick(q, plan, threshold, large_bytes)
     q.con.execute(_PICKED_SPANS_SQL)
     index: dict[tuple[Any, ...], int] = {}
     for row in q.sql(_TEMPLATE_SQL):

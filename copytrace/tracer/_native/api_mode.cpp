@@ -171,7 +171,8 @@ bool keep_version(PyObject* version, PyObject* ev) {
 }
 
 // The event's end, when nothing calls for Python: true when done (or an error counted).
-// Watch.follow's rules (copytrace/tracer/watch/_watch.py) by RULES.watched and RULES.not_fresh.
+// Watch.follow's rules (copytrace/tracer/watch/_watch.py) by RULES.watched, RULES.not_fresh and
+// RULES.alias_watched.
 bool fast_finish(PyObject* op, PyObject* src, PyObject* out, PyObject* ev) {
   if (g_rule_watched == nullptr || g_rule_not_fresh == nullptr) return false;  // no rules set
   PyObject* alias_o = PyObject_GetAttr(ev, g_fn->alias);
@@ -185,6 +186,10 @@ bool fast_finish(PyObject* op, PyObject* src, PyObject* out, PyObject* ev) {
     const bool plain = via == Py_None;
     Py_XDECREF(via);
     if (!plain) return false;
+  }
+  if (alias && g_rule_alias_watched != nullptr) {  // may be watched for a write: Python decides
+    const int maybe = PySet_Contains(g_rule_alias_watched, op);
+    if (maybe != 0) return false;
   }
   if (!alias) {
     PyObject* graph = PyObject_GetAttr(ev, g_fn->graph);

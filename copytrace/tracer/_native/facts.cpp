@@ -7,8 +7,17 @@
 // nn.Parameter, strided, not nested, no symbolic sizes); for anything else it returns None and
 // the Python readers decide. Never reads data, never syncs a device, keeps no reference.
 // record.cpp reads the same items without building the tuple (read_facts).
+//
+// A storage is named by its StorageImpl's address (Facts.storage), never by a Python storage
+// object: once torch has made one (THPStorage_Wrap, t.untyped_storage()) it preserves it with
+// the StorageImpl for the storage's whole life, holding a strong reference
+// (c10/util/intrusive_ptr.h, "PyObject preservation for Tensor and Storages"), so the
+// storage's use_count() reads one more from then on. Autograd adds the gradients that reach
+// one input in place only while that count is 1 (torch/csrc/autograd/input_buffer.cpp,
+// can_accumulate_inplace): a Python storage object made by copytrace changes the program's
+// version counters. storage_of, storage_hold and storage_owners below give the Python side
+// what it needs of a storage (address, bytes, torch's weak handle, the strong count) without.
 #include <torch/csrc/DynamicTypes.h>
-#include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -119,7 +128,7 @@ int read_facts(PyObject* obj, bool with_grad_fn, PyObject* items[FACT_COUNT]) {
       items[FACT_grad_fn] = Py_NewRef(Py_None);
       items[FACT_grad_fn_name] = Py_NewRef(Py_None);
     }
-    items[FACT_storage] = THPStorage_Wrap(storage);
+    items[FACT_storage] = PyLong_FromVoidPtr(storage.unsafeGetStorageImpl());  // its name
     items[FACT_storage_bytes] = PyLong_FromLongLong(storage_bytes);
     items[FACT_logical_bytes] = PyLong_FromLongLong(logical);
     items[FACT_offset] = PyLong_FromLongLong(t.storage_offset());
@@ -223,6 +232,61 @@ PyObject* py_sizes_default(PyObject*, PyObject* obj) {
   if (shape == nullptr) return nullptr;
   return Py_BuildValue("(NLL)", shape, static_cast<long long>(impl->numel_default()),
                        static_cast<long long>(impl->storage_offset_default()));
+}
+
+// storage_of(t) -> (address, nbytes) | None: the address of t's StorageImpl (any tensor,
+// subclasses too, read without dispatch) and its bytes (None where symbolic); None where t has
+// no storage torch lets one read (sparse, functorch's wrappers, a subclass whose storage
+// access throws) or is no tensor. Makes no Python storage object.
+PyObject* py_storage_of(PyObject*, PyObject* obj) {
+  if (!THPVariable_Check(obj)) Py_RETURN_NONE;
+  try {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (!t.defined()) Py_RETURN_NONE;
+    c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+    if (!impl->has_storage()) Py_RETURN_NONE;
+    const c10::Storage& storage = impl->storage();  // throws where access is refused
+    c10::StorageImpl* s = storage.unsafeGetStorageImpl();
+    if (s == nullptr) Py_RETURN_NONE;
+    const c10::SymInt& bytes = s->sym_nbytes();
+    if (bytes.is_heap_allocated())
+      return Py_BuildValue("(NO)", PyLong_FromVoidPtr(s), Py_None);
+    return Py_BuildValue("(NL)", PyLong_FromVoidPtr(s),
+                         static_cast<long long>(bytes.as_int_unchecked()));
+  } catch (const std::exception&) {
+    Py_RETURN_NONE;
+  }
+}
+
+// storage_hold(address) -> address: takes torch's weak handle on the live StorageImpl at
+// `address` (an address storage_of or facts read from a tensor the caller still holds), as
+// UntypedStorage._weak_ref() does; given back with UntypedStorage._free_weak_ref(address),
+// read with _expired(address) and torch._C._storage_Use_Count(address). While it is held no
+// other StorageImpl can be allocated at that address. Counted by nothing a program reads.
+PyObject* py_storage_hold(PyObject*, PyObject* address) {
+  void* ptr = PyLong_AsVoidPtr(address);
+  if (ptr == nullptr) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "storage_hold: a null address");
+    return nullptr;
+  }
+  (void)c10::raw::intrusive_ptr::make_weak(static_cast<c10::StorageImpl*>(ptr));
+  return Py_NewRef(address);
+}
+
+// storage_owners(address) -> int: the strong references to the StorageImpl at `address` (on
+// which the caller holds a weak handle: storage_hold) other than torch's own Python storage
+// object, which once made lives as long as the storage (see the top of this unit): the same
+// count whether or not anyone ever called untyped_storage(). 0 once the storage is gone.
+PyObject* py_storage_owners(PyObject*, PyObject* address) {
+  void* ptr = PyLong_AsVoidPtr(address);
+  if (ptr == nullptr) {
+    if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "storage_owners: a null address");
+    return nullptr;
+  }
+  auto* s = static_cast<c10::StorageImpl*>(ptr);
+  const uint32_t strong = c10::raw::weak_intrusive_ptr::use_count(s);
+  const bool wrapped = strong > 0 && s->pyobj_slot()->load_pyobj() != nullptr;
+  return PyLong_FromUnsignedLong(strong - (wrapped ? 1 : 0));
 }
 
 bool grad_fn_sequence_nr(PyObject* t, long long* seq) {

@@ -73,8 +73,8 @@ PyMethodDef g_methods[] = {
      "write watch hands the ops on it to the watch hook"},
     {"unwatch", FN(py_unwatch), METH_FASTCALL, "unwatch(key, kind): stop watching it for kind"},
     {"set_watch_hook", py_set_watch_hook, METH_O,
-     "set_watch_hook(hook): hook(((key, written, storage or None), ...)) per outermost op on a "
-     "watched tensor (None clears every watch)"},
+     "set_watch_hook(hook): hook(((key, written, storage address or None), ...)) per outermost op "
+     "on a watched tensor (None clears every watch)"},
     {"watched", py_watched, METH_NOARGS, "(watched keys, callback registered) (tests)"},
     // hotpatch.cpp
     {"hot_install", FN(py_hot_install), METH_FASTCALL,
@@ -92,6 +92,15 @@ PyMethodDef g_methods[] = {
     {"sizes_default", py_sizes_default, METH_O,
      "sizes_default(t): (shape, numel, storage_offset) as t's TensorImpl holds them, asking no "
      "subclass; None for symbolic sizes or no tensor"},
+    {"storage_of", py_storage_of, METH_O,
+     "storage_of(t): (address of t's StorageImpl, its bytes or None), or None; makes no "
+     "Python storage object"},
+    {"storage_hold", py_storage_hold, METH_O,
+     "storage_hold(address): take torch's weak handle on the live StorageImpl there "
+     "(UntypedStorage._free_weak_ref gives it back); returns the address"},
+    {"storage_owners", py_storage_owners, METH_O,
+     "storage_owners(address): strong references to the held StorageImpl there, torch's own "
+     "Python storage object not counted; 0 once gone"},
     {"copy_slots", copy_slots, METH_O,
      "copy_slots(proto): a shallow copy of a __slots__ object (a new CopyEvent from a "
      "prototype), untracked by the GC"},
@@ -102,6 +111,12 @@ PyMethodDef g_methods[] = {
     {"set_step_idle", FN(py_set_step_idle), METH_FASTCALL,
      "set_step_idle(on): count the steps in C without calling the hooks (on), or call them "
      "again (off); returns the steps counted since the last call"},
+    {"set_step_code", py_set_step_code, METH_O,
+     "set_step_code(code): copytrace's code stands at Optimizer._optimizer_step_code and code "
+     "is profile_hook_step's wrapper's (idle counts there, the callback off); None: it does not"},
+    {"optimizer_step_seen", py_optimizer_step_seen, METH_NOARGS,
+     "optimizer_step_seen(): from Optimizer._optimizer_step_code, after each step(): counted "
+     "while idle (see copytrace/tracer/_stepcode.py); raises nothing"},
     // frames.cpp
     {"call_site", FN(call_site), METH_FASTCALL,
      "call_site(classify): the user's (file, line, function, via, library) or None (see "

@@ -197,6 +197,7 @@ bool record_init(PyObject* module);
 // null while none are set): fast_finish's share of the rule table.
 extern PyObject* g_rule_watched;
 extern PyObject* g_rule_not_fresh;
+extern PyObject* g_rule_alias_watched;
 
 // --- compiled.cpp -----------------------------------------------------------------------------
 extern __thread bool tls_cfs_thread;
@@ -229,9 +230,13 @@ COPYTRACE_FAST(py_hot_install) COPYTRACE_NOARGS(py_hot_restore) COPYTRACE_NOARGS
 COPYTRACE_FAST(py_facts)
 PyObject* py_sizes_strides_policy(PyObject*, PyObject* t);
 PyObject* py_sizes_default(PyObject*, PyObject* t);
+PyObject* py_storage_of(PyObject*, PyObject* t);
+PyObject* py_storage_hold(PyObject*, PyObject* address);
+PyObject* py_storage_owners(PyObject*, PyObject* address);
 // steps.cpp
 COPYTRACE_FAST(py_set_step_hooks)
 COPYTRACE_FAST(py_set_step_idle)
+COPYTRACE_O(py_set_step_code) COPYTRACE_NOARGS(py_optimizer_step_seen)
 // frames.cpp
 COPYTRACE_NOARGS(py_clear_sites) COPYTRACE_FAST(py_frame_var)
 // record.cpp

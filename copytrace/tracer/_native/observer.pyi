@@ -34,7 +34,7 @@ class Facts(tuple[Any, ...]):
     @property
     def grad_fn_name(self) -> str | None: ...
     @property
-    def storage(self) -> torch.UntypedStorage: ...
+    def storage(self) -> int: ...
     @property
     def storage_bytes(self) -> int: ...
     @property
@@ -61,15 +61,40 @@ def sizes_default(t: object, /) -> tuple[tuple[int, ...], int, int] | None:
     ``numel_default()``, ``storage_offset_default()``), asking no tensor subclass that answers
     its sizes in Python; None for symbolic sizes or anything that is not a tensor."""
 
+def storage_of(t: object, /) -> tuple[int, int | None] | None:
+    """``(address of t's StorageImpl, its bytes or None where symbolic)``; None where ``t`` has
+    no storage torch lets one read, or is no tensor. Makes no Python storage object."""
+
+def storage_hold(address: int, /) -> int:
+    """Take torch's weak handle on the live StorageImpl at ``address`` (as
+    ``UntypedStorage._weak_ref()``; ``UntypedStorage._free_weak_ref`` gives it back); returns
+    ``address``."""
+
+def storage_owners(address: int, /) -> int:
+    """Strong references to the StorageImpl at ``address`` (a weak handle held on it) other
+    than torch's own Python storage object; 0 once the storage is gone."""
+
 def set_step_hooks(begin: Callable[[], object] | None, end: Callable[[], object] | None, /) -> bool:
     """Call ``begin()`` and ``end()`` around each optimizer step on this thread (a USER_SCOPE
     RecordFunction callback on torch's ``Optimizer.step#<Class>.step`` scope); ``(None, None)``
     removes the callback. Returns whether it is on."""
 
 def set_step_idle(on: bool, /) -> int:
-    """Idle (``on``): the step callback only counts the optimizer steps that end (the
-    outermost scopes), calling neither hook; off: it calls them again. Returns the steps
-    counted since the previous call (then counts from 0)."""
+    """Idle (``on``): the optimizer steps are only counted (the outermost ones), calling
+    neither hook: at ``Optimizer._optimizer_step_code`` with the callback taken off where
+    :func:`set_step_code` was given a code (only on the thread of :func:`set_step_hooks`),
+    else by the callback; off: the callback calls the hooks again. Returns the steps counted
+    since the previous call (then counts from 0)."""
+
+def set_step_code(code: CodeType | None, /) -> None:
+    """copytrace's code stands at ``Optimizer._optimizer_step_code`` (``tracer/_stepcode.py``)
+    and ``code`` is ``Optimizer.profile_hook_step``'s wrapper's code object; None: it does
+    not."""
+
+def optimizer_step_seen() -> None:
+    """Called by that code after each ``step()``: counts the step while idle (under exactly one
+    profile_hook_step wrapper on the stack), ends a step left open when the idle ended.
+    Raises nothing."""
 
 def copy_slots(proto: object, /) -> Any:
     """A shallow copy of a __slots__ object (a new CopyEvent from a prototype), not tracked by

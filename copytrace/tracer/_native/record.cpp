@@ -19,7 +19,6 @@
 // attribute of it and builds no key): always_alias, writes_into and view_is_no_event as
 // frozensets, host_device as a str, transfers as four results indexed by (source on host,
 // result on host), and, for api_mode.cpp's fast_finish, the watched and not-fresh op sets.
-#include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -134,30 +133,22 @@ PyObject* transfer_of(PyObject* src, PyObject* dst, bool* host_to_device) {
   return g_transfers[key];
 }
 
-// StorageIds.of_storage(storage) (copytrace/tracer/watch/_ids.py): its dict read and its
-// insert in C (an entry holds torch's weak handle on the StorageImpl, no Python weakref); a
-// full table (to be pruned), a dead storage's entry (its handle given back) and a storage
-// subclass go to the Python method.
-PyObject* storage_id(PyObject* ids, PyObject* storage) {
+// StorageIds.of_storage(key) (copytrace/tracer/watch/_ids.py) for `key`, a StorageImpl's
+// address (Facts.storage) or None: its dict read and its insert in C (an entry holds torch's
+// weak handle on the StorageImpl, so no other storage gets its address while it is listed);
+// a full table (to be pruned) goes to the Python method.
+PyObject* storage_id(PyObject* ids, PyObject* key) {
+  if (key == Py_None) Py_RETURN_NONE;
   PyObject* table = PyObject_GetAttr(ids, s_ids);
   if (table == nullptr) return nullptr;
-  PyObject* key = PyLong_FromVoidPtr(storage);  // id(storage)
-  if (key == nullptr || !PyDict_Check(table)) {
+  if (!PyDict_Check(table) || !PyLong_CheckExact(key)) {
     Py_DECREF(table);
-    Py_XDECREF(key);
-    return key == nullptr ? nullptr : PyObject_CallMethodOneArg(ids, s_of_storage, storage);
+    return PyObject_CallMethodOneArg(ids, s_of_storage, key);
   }
-  c10::StorageImpl* impl = THPStorage_CheckExact(storage)
-                               ? THPStorage_Unpack(storage).unsafeGetStorageImpl()
-                               : nullptr;  // a subclass: the Python method
-  PyObject* entry = impl == nullptr ? nullptr : PyDict_GetItemWithError(table, key);  // borrowed
-  if (entry != nullptr && PyTuple_CheckExact(entry) && PyTuple_GET_SIZE(entry) == 2 &&
-      PyLong_CheckExact(PyTuple_GET_ITEM(entry, 0)) &&
-      PyLong_AsVoidPtr(PyTuple_GET_ITEM(entry, 0)) == impl) {
-    PyObject* uid = Py_NewRef(PyTuple_GET_ITEM(entry, 1));
-    Py_DECREF(key);
+  PyObject* entry = PyDict_GetItemWithError(table, key);  // borrowed
+  if (entry != nullptr) {
     Py_DECREF(table);
-    return uid;
+    return Py_NewRef(entry);
   }
   PyObject* result = nullptr;
   PyObject* limit = PyErr_Occurred() ? nullptr : PyObject_GetAttr(ids, s_limit);
@@ -167,29 +158,24 @@ PyObject* storage_id(PyObject* ids, PyObject* storage) {
     const long long lim = PyLong_AsLongLong(limit);
     if (lim == -1 && PyErr_Occurred()) {
       // result stays NULL
-    } else if (size >= lim || entry != nullptr || impl == nullptr) {
-      // prunes the table; gives back a dead storage's handle; a subclass
-      result = PyObject_CallMethodOneArg(ids, s_of_storage, storage);
+    } else if (size >= lim) {
+      result = PyObject_CallMethodOneArg(ids, s_of_storage, key);  // prunes the table
     } else {
+      auto* impl = static_cast<c10::StorageImpl*>(PyLong_AsVoidPtr(key));
       PyObject* one = PyLong_FromLong(1);
       PyObject* next = one == nullptr ? nullptr : PyNumber_Add(uid, one);
       Py_XDECREF(one);
-      // torch's weak handle (UntypedStorage._weak_ref: make_weak, its address a PyLong)
-      PyObject* ref = next == nullptr ? nullptr : PyLong_FromVoidPtr(impl);
-      if (ref != nullptr) (void)c10::raw::intrusive_ptr::make_weak(impl);
-      PyObject* value = ref == nullptr ? nullptr : PyTuple_Pack(2, ref, uid);
-      Py_XDECREF(ref);
-      if (value != nullptr && PyObject_SetAttr(ids, s_next, next) == 0 &&
-          PyDict_SetItem(table, key, value) == 0) {
+      if (next != nullptr && impl != nullptr && PyObject_SetAttr(ids, s_next, next) == 0 &&
+          PyDict_SetItem(table, key, uid) == 0) {
+        // torch's weak handle (UntypedStorage._weak_ref: make_weak; its address, the key)
+        (void)c10::raw::intrusive_ptr::make_weak(impl);
         result = Py_NewRef(uid);
       }
       Py_XDECREF(next);
-      Py_XDECREF(value);
     }
   }
   Py_XDECREF(uid);
   Py_XDECREF(limit);
-  Py_DECREF(key);
   Py_DECREF(table);
   return result;
 }
@@ -251,12 +237,8 @@ PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     if (always == 1) {
       alias = true;
     } else {
-      PyObject* storage = O(FACT_storage);
-      PyObject* src_storage = S(FACT_storage);
-      alias = storage != Py_None && src_storage != Py_None &&
-              (storage == src_storage ||
-               THPStorage_Unpack(storage).unsafeGetStorageImpl() ==
-                   THPStorage_Unpack(src_storage).unsafeGetStorageImpl());
+      // both StorageImpl addresses (read_facts): the same one, the same storage
+      alias = PyLong_AsVoidPtr(O(FACT_storage)) == PyLong_AsVoidPtr(S(FACT_storage));
     }
     ok = put(ev, F_alias, R(alias ? Py_True : Py_False));
     if (ok && !alias) {
@@ -361,6 +343,7 @@ PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
 
 PyObject* g_rule_watched = nullptr;
 PyObject* g_rule_not_fresh = nullptr;
+PyObject* g_rule_alias_watched = nullptr;  // RULES.alias_watched (absent: null)
 
 // record_setup(fields): the schema's event field names (a sequence of str). ValueError naming a
 // field this unit writes that the schema does not have.
@@ -410,7 +393,7 @@ PyObject* py_set_record_rules(PyObject*, PyObject* rules) {
     PyObject* old = g_rules;
     g_rules = nullptr;  // record and fast_finish read no item from here on
     for (PyObject** slot : {&g_always_alias, &g_writes_into, &g_view_no_event, &g_host_device,
-                            &g_rule_watched, &g_rule_not_fresh})
+                            &g_rule_watched, &g_rule_not_fresh, &g_rule_alias_watched})
       *slot = nullptr;
     for (PyObject*& t : g_transfers) t = nullptr;
     Py_XDECREF(old);
@@ -428,6 +411,9 @@ PyObject* py_set_record_rules(PyObject*, PyObject* rules) {
                        rule_item(rules, 5, true), rule_item(rules, 6, true)};
   for (PyObject* item : sets)
     if (item == nullptr) return nullptr;
+  // alias_watched (index 8) is optional: a rule table without it watches no alias result
+  PyObject* alias_watched = PyTuple_GET_SIZE(rules) > 8 ? rule_item(rules, 8, true) : Py_None;
+  if (alias_watched == nullptr) return nullptr;
   PyObject* transfers[4];
   for (int key = 0; key < 4; ++key) {
     PyObject* pair = PyTuple_Pack(2, key & 2 ? Py_True : Py_False, key & 1 ? Py_True : Py_False);
@@ -454,6 +440,7 @@ PyObject* py_set_record_rules(PyObject*, PyObject* rules) {
   g_host_device = sets[3];
   g_rule_watched = sets[4];
   g_rule_not_fresh = sets[5];
+  g_rule_alias_watched = alias_watched == Py_None ? nullptr : alias_watched;
   for (int key = 0; key < 4; ++key) g_transfers[key] = transfers[key];
   g_rules = kept;
   Py_XDECREF(old);

@@ -9,7 +9,9 @@
 // watched, reads each aten op's inputs and its schema: an input whose version counter is a
 // watched one is written (its argument's alias_info is_write: `Tensor(a!)`) or read. The
 // outermost such op on a thread is handed to the Python hook (hook(hits), each hit a tuple
-// (key, written, storage or None)); the ops inside it are its own internals (zero_'s fill_).
+// (key, written, storage or None): storage, a written alias's StorageImpl address, never a
+// Python storage object, see facts.cpp); the ops inside it are its own internals (zero_'s
+// fill_).
 //
 // A tensor is named by its version counter's address (`key`): the counter is shared by the
 // tensor and all its views, so a write through a view is a write into it, and a `.data` alias
@@ -20,7 +22,6 @@
 // (elsewhere it stays, inert, until then or until stop).
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
-#include <torch/csrc/Storage.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <thread>
@@ -71,7 +72,9 @@ const std::vector<bool>& written_args(const at::RecordFunction& fn) {
 struct Hit {
   const void* key;
   bool written;
-  c10::Storage storage;  // a written alias's storage (the pending write is keyed by it)
+  // a written alias's StorageImpl (the pending write is keyed by its address); the op's
+  // inputs hold it while the hook runs
+  const c10::StorageImpl* storage;
 };
 
 void note(std::vector<Hit>& hits, const at::Tensor& t, bool written) {
@@ -86,14 +89,18 @@ void note(std::vector<Hit>& hits, const at::Tensor& t, bool written) {
     }
   }
   const bool alias_write = written && (found->second & WATCH_ALIAS) != 0;
-  hits.push_back({key, written, alias_write ? t.storage() : c10::Storage()});
+  const c10::StorageImpl* storage = nullptr;
+  if (alias_write && t.has_storage()) storage = t.storage().unsafeGetStorageImpl();
+  hits.push_back({key, written, storage});
 }
 
 void call_hook(std::vector<Hit>& hits) {
   PyObject* tuple = PyTuple_New(static_cast<Py_ssize_t>(hits.size()));
   if (tuple == nullptr) return swallow();
   for (size_t i = 0; i < hits.size(); ++i) {
-    PyObject* storage = hits[i].storage ? THPStorage_Wrap(hits[i].storage) : Py_NewRef(Py_None);
+    PyObject* storage = hits[i].storage != nullptr
+                            ? PyLong_FromVoidPtr(const_cast<c10::StorageImpl*>(hits[i].storage))
+                            : Py_NewRef(Py_None);
     void* key = const_cast<void*>(hits[i].key);
     PyObject* item = storage == nullptr
                          ? nullptr

@@ -167,4 +167,4 @@ def _graph_bytes(grad_fn: Any) -> int:
     leaves: set[int] = set()
     keep: list[Any] = []
     saved = _saved_storages(grad_fn, set(), keep, leaves)
-    return sum(s.nbytes() for key, s in saved.items() if key not in leaves)
+    return sum(nbytes for key, nbytes in saved.items() if key not in leaves)

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from copytrace.tracer._storage_ref import storage_key, storage_of
+
 _Tensor = torch.Tensor
 _NoTorchFunction = torch._C.DisableTorchFunction
 _NODE = torch.autograd.graph.Node  # autograd's C++ nodes and BackwardCFunction (an ABC)
@@ -152,17 +154,22 @@ def _unpacked(node: Any, name: str) -> Any:
         return None
 
 
-def _saved_storages(root: Any, seen: set[int], keep: list[Any], leaves: set[int]) -> dict[int, Any]:
-    """Storages saved by the graph under ``root`` (nodes not in ``seen``) and not yet freed,
-    by id; adds the storages of leaves that require grad (AccumulateGrad) to ``leaves``."""
-    saved: dict[int, Any] = {}
+def _saved_storages(root: Any, seen: set[int], keep: list[Any], leaves: set[int]) -> dict[int, int]:
+    """Storages saved by the graph under ``root`` (nodes not in ``seen``) and not yet freed:
+    their bytes by key (the StorageImpl's address, :mod:`copytrace.tracer._storage_ref`: no
+    Python storage object made); adds the keys of leaves that require grad (AccumulateGrad) to
+    ``leaves``. The nodes walked are added to ``keep``: they hold their saved tensors, and
+    so the keys, while the caller keeps it."""
+    saved: dict[int, int] = {}
     for node in _walk([root], seen, keep):
         variable = getattr(node, "variable", None)
         if isinstance(variable, _Tensor):  # AccumulateGrad: a parameter, alive anyway
-            leaves.add(id(variable.untyped_storage()))
-            keep.append(variable.untyped_storage())
+            key = storage_key(variable)
+            if key is not None:
+                leaves.add(key)
             continue
         for _, tensor in _saved_tensors(node):
-            storage = tensor.untyped_storage()
-            saved[id(storage)] = storage
+            found = storage_of(tensor)
+            if found is not None:
+                saved[found[0]] = found[1] or 0
     return saved

@@ -122,10 +122,10 @@ class Retention(Accumulation):
         retained: list[tuple[CopyEvent, int]] = []
         for ev, saved in found:
             nbytes = 0
-            for key, storage in saved.items():
+            for key, storage_bytes in saved.items():
                 if key not in counted:
                     counted.add(key)
-                    nbytes += storage.nbytes()
+                    nbytes += storage_bytes
             if nbytes > 0:
                 retained.append((ev, nbytes))
         retained.extend(self._commit_pending(walked, newest_backward))

@@ -18,6 +18,7 @@ from copytrace.tracer._rules import RULES
 from copytrace.tracer._storage_ref import storage_ref
 from copytrace.tracer.watch._ids import StorageIds
 from copytrace.tracer.watch._retained import _PRUNE_ATTACHED, Retention, _Attached, _Snapshot
+from copytrace.tracer.watch._surprise import SurpriseAliases
 from copytrace.tracer.watch._writes import AliasWrites, _Alias, _identity, _Pending
 
 if TYPE_CHECKING:
@@ -39,10 +40,11 @@ _MAX_SNAPSHOTS = 100_000
 # The rule table's share of the watch (the C observer's fast_finish reads the same sets).
 _NOT_FRESH = RULES.not_fresh
 _WATCHED_OPS = RULES.watched  # see Watch._special
+_ALIAS_WATCHED = RULES.alias_watched  # see SurpriseAliases._watch_surprise
 _UNREAD = object()  # Watch.follow: the result's grad_fn is not read yet
 
 
-class Watch(AliasWrites, Retention):
+class Watch(AliasWrites, Retention, SurpriseAliases):
     """Runtime facts for :mod:`copytrace.analysis`; one per recorder.
 
     Args:
@@ -58,8 +60,8 @@ class Watch(AliasWrites, Retention):
         self.aliases: dict[int, _Alias] = {}
         self.alias_counters: dict[int, _Alias] = {}  # level lean: by C++ write-watch key
         self._alias_calls = 0  # watched calls since the last prune_aliases (many aliases)
-        self.writes: dict[int, _Pending] = {}  # id(storage) -> pending write
-        self.rebinds: dict[int, _Pending] = {}  # id(storage) -> pending `.data =` rebinding
+        self.writes: dict[int, _Pending] = {}  # storage key -> pending write
+        self.rebinds: dict[int, _Pending] = {}  # storage key -> pending `.data =` rebinding
         # this step's attached copies (watch/_retained.py _Attached)
         self.attached: list[_Attached] = []
         self.sites: dict = {}  # call site -> its attached copies (watch/_accumulate.py)
@@ -75,6 +77,7 @@ class Watch(AliasWrites, Retention):
         self._written: dict[Any, tuple[tuple[int, str], ...]] = {}
         self.copies = Fresh(host.note_error)  # in-place writes into fresh copies
         self.handovers = handovers  # state_dict() handovers between live holders
+        self._init_surprise()  # alias results watched for a write (watch/_surprise.py)
 
     def live_events(self) -> list[CopyEvent]:
         """Events whose late facts (:data:`~copytrace.tracer.watch.LATE_FIELDS`) a later check
@@ -88,6 +91,7 @@ class Watch(AliasWrites, Retention):
         events.extend(snap.ev for snap in self.snapshots)
         events.extend(self.copies.events())
         events.extend(self.handovers.events())
+        events.extend(e.ev for entries in self.surprise.values() for e in entries)
         return events
 
     # -- every event ----------------------------------------------------------------------
@@ -113,11 +117,9 @@ class Watch(AliasWrites, Retention):
         if fs is None:
             fs = _F.py_facts(src)
         known = ids._ids  # StorageIds.of_storage's hit, inlined (a new storage calls it)
-        storage = fs[7]  # _facts.STORAGE
-        entry = known.get(id(storage))
-        if entry is not None and entry[0] == storage._cdata:
-            sid = entry[1]
-        else:
+        storage = fs[7]  # _facts.STORAGE: its key
+        sid = known.get(storage)
+        if sid is None:
             sid = ids.of_storage(storage)
         ev.src_storage = sid
         offset = fs[10]  # _facts.OFFSET: None for nested tensors (no single view)
@@ -135,11 +137,8 @@ class Watch(AliasWrites, Retention):
                 if fo is None:
                     fo = _F.py_facts(out)
                 storage = fo[7]
-                entry = known.get(id(storage))
-                if entry is not None and entry[0] == storage._cdata:
-                    ev.dst_storage = entry[1]
-                else:
-                    ev.dst_storage = ids.of_storage(storage)
+                dst = known.get(storage)
+                ev.dst_storage = dst if dst is not None else ids.of_storage(storage)
                 ev.dst_version = fo[12]
         else:
             if ev.alias:
@@ -154,6 +153,8 @@ class Watch(AliasWrites, Retention):
         if op in _WATCHED_OPS and (op != "detach" or ev.via is not None):
             self._special(ev, op, src, out)  # (a detach only from state_dict())
         if ev.alias:
+            if op in _ALIAS_WATCHED:
+                self._watch_surprise(ev, op, src, out)
             return
         attached = self.attached
         if ev.graph == "attached" and len(attached) < _MAX_ATTACHED:
@@ -203,6 +204,7 @@ class Watch(AliasWrites, Retention):
     def step_end(self, final: bool = False) -> None:
         """A step boundary: drop the dead ``.data`` aliases, then the retention checks."""
         self.prune_aliases()
+        self.end_surprise()
         super().step_end(final)
 
     def finish(self) -> None:
@@ -216,6 +218,9 @@ class Watch(AliasWrites, Retention):
         self.snap_watch.clear()
         self.copies.finish()  # final in-place write counts of the copies still alive
         self.handovers.clear()
+        self.surprise.clear()
+        self.surprise_counters.clear()
+        self.surprise_sites.clear()
 
 
 def _from_state_dict(ev: CopyEvent) -> bool:

@@ -27,7 +27,7 @@ import torch
 
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._fresh import WATCH_ALIAS
-from copytrace.tracer._storage_ref import StorageRef, storage_ref
+from copytrace.tracer._storage_ref import StorageRef, storage_key, storage_ref
 from copytrace.tracer.watch._graph import (
     _backward_roots,
     _live_identities,
@@ -139,6 +139,10 @@ class AliasWrites:
     _backward_seq: int
     copies: Fresh
     _alias_calls: int
+    surprise: dict
+    surprise_counters: dict
+    surprise_write: Any
+    surprise_counter_write: Any
 
     def _watch_alias(self, alias: torch.Tensor, src: torch.Tensor, ev: CopyEvent) -> None:
         ident = _identity(alias)
@@ -196,7 +200,7 @@ class AliasWrites:
             dead = [k for k, e in aliases.items() if final(e.version) is not None]
         for key in dead:
             self._unwatch_counter(aliases.pop(key))
-        if dead and not aliases:
+        if dead and not aliases and not self.surprise:
             self._watch_writes(False)
 
     def _unwatch_counter(self, entry: _Alias) -> None:
@@ -230,9 +234,11 @@ class AliasWrites:
         site = f"{ev.file}:{ev.line} {ev.function}" if ev.file else None
         ident = _identity(dst)
         with _NoTorchFunction():
-            storage = dst.untyped_storage()
+            key = storage_key(dst)  # no Python storage object (_storage_ref)
+        if key is None:
+            return
         entry = _Alias(ident, None, None, ident, ev)
-        self.rebinds[id(storage)] = _Pending(StorageRef(storage), _seq_nr(), site, entry)
+        self.rebinds[key] = _Pending(StorageRef(key), _seq_nr(), site, entry)
 
     # -- dispatch mode, only while a `.data` alias is alive --------------------------------
     def before_op(self, func: Any, args: tuple, kwargs: dict) -> None:
@@ -260,6 +266,8 @@ class AliasWrites:
                     entry = self._alias_of(root) if aliases else None
                     if entry is not None:
                         self._note_write(entry, root)
+                    if self.surprise:  # an alias result watched for alias-write
+                        self.surprise_write(t, sys._getframe(1))
         except Exception as err:
             self.host.note_error(err)
 
@@ -273,7 +281,7 @@ class AliasWrites:
                 written = self._written[func] = _written_api(func)
             if self.copies.version_final is not None:
                 self._tick_aliases()
-            if not self.aliases:
+            if not self.aliases and not self.surprise:
                 return
             targets: list[Any] = []
             if written and args:
@@ -284,6 +292,10 @@ class AliasWrites:
             for t in targets:
                 if not isinstance(t, _Tensor):
                     continue
+                if self.surprise:  # an alias result watched for alias-write
+                    self.surprise_write(t, sys._getframe(1))
+                if not self.aliases:
+                    continue
                 base = t._base
                 root = t if base is None else base
                 entry = self._alias_of(root)
@@ -293,27 +305,35 @@ class AliasWrites:
             self.host.note_error(err)
 
     def _note_write(self, entry: _Alias, alias: torch.Tensor) -> None:
-        self._pending_write(entry, alias.untyped_storage(), _site(sys._getframe(2)))
+        with _NoTorchFunction():
+            key = storage_key(alias)
+        self._pending_write(entry, key, _site(sys._getframe(2)))
 
-    def _pending_write(self, entry: _Alias, storage: Any, site: str | None) -> None:
+    def _pending_write(self, entry: _Alias, key: int | None, site: str | None) -> None:
+        """A write through ``entry``'s alias into the storage named ``key`` (its StorageImpl's
+        address, :mod:`copytrace.tracer._storage_ref`; None: counted, not followed)."""
         ev = entry.ev
         ev.inplace_writes = (ev.inplace_writes or 0) + 1
-        self.writes[id(storage)] = _Pending(StorageRef(storage), _seq_nr(), site, entry)
+        if key is not None:
+            self.writes[key] = _Pending(StorageRef(key), _seq_nr(), site, entry)
 
     # -- the C++ write watch (level lean) -----------------------------------------------------
     def watched_op(self, hits: tuple[tuple[int, bool, Any], ...]) -> None:
         """An outermost aten op on watched tensors (``_native/watch_cb.cpp``): ``(key, written,
         storage)`` per watched version counter among its inputs, ``storage`` the written
-        alias's (else None). A write into a ``.data`` alias is a pending write; the index
+        alias's key (its StorageImpl's address; else None). A write into a ``.data`` alias is a pending write; the index
         results' hits go to :meth:`Fresh.watched_op`. Never raises."""
         try:
             if self.aliases:
                 self._tick_aliases()
             counters = self.alias_counters
+            surprise = self.surprise_counters
             for key, written, storage in hits:
                 entry = counters.get(key)
                 if entry is not None and written and storage is not None:
                     self._pending_write(entry, storage, _site(sys._getframe(1)))
+                if written and surprise and key in surprise:  # alias-write (watch/_surprise.py)
+                    self.surprise_counter_write(key, sys._getframe(1))
         except Exception as err:
             self.host.note_error(err)
         if self.copies.counters:
@@ -363,14 +383,13 @@ class AliasWrites:
             if seq >= newest:
                 continue
             for name, saved in _saved_tensors(node):
-                storage = saved.untyped_storage()
-                key = id(storage)
+                key = storage_key(saved)
                 write = writes.get(key)
-                if write is not None and seq < write.marker and write.ref.holds(storage):
+                if write is not None and seq < write.marker and write.ref.holds(key):
                     self._hazard(write, node, name)
                     hits.add(id(write))
                 pending = rebinds.get(key)
-                if pending is not None and seq < pending.marker and pending.ref.holds(storage):
+                if pending is not None and seq < pending.marker and pending.ref.holds(key):
                     unpacked = _unpacked(node, name)
                     if unpacked is not None and _identity(unpacked) == pending.alias.ident:
                         self._hazard(pending, node, name)

@@ -1,0 +1,61 @@
+"""Command-line mistakes (a wrong flag, a missing argument, a bad value) are one line on
+stderr naming the (sub)command, and exit status 2: the real ``copytrace`` command."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def _copytrace(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COPYTRACE")}
+    return subprocess.run(
+        [sys.executable, "-m", "copytrace", *args],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (("run", "--bogus", "x.py"),
+         "copytrace run: error: unrecognized arguments: --bogus (see copytrace run --help)"),
+        (("--bogus", "report", "t"),
+         "copytrace: error: unrecognized arguments: --bogus (see copytrace --help)"),
+        (("report", "t", "--bogus", "-x"),
+         "copytrace report: error: unrecognized arguments: --bogus -x "
+         "(see copytrace report --help)"),
+        (("summary", "t", "--top", "many"),
+         "copytrace summary: error: argument --top: invalid int value: 'many' "
+         "(see copytrace summary --help)"),
+        (("diff",),
+         "copytrace diff: error: the following arguments are required: BASE "
+         "(see copytrace diff --help)"),
+        (("bogus",),
+         "copytrace: error: argument COMMAND: invalid choice: 'bogus' (choose from 'run', "
+         "'report', 'summary', 'check', 'diff', 'fix', 'export', 'doctor', 'trigger') "
+         "(see copytrace --help)"),
+        (("fix", "t", "--bogus", "--", "python", "train.py", "--lr", "1"),
+         "copytrace fix: error: unrecognized arguments: --bogus (see copytrace fix --help)"),
+    ],
+)  # fmt: skip
+def test_a_usage_error_is_one_line_naming_the_command(args: tuple[str, ...], line: str) -> None:
+    proc = _copytrace(*args)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.splitlines() == [line]
+
+
+def test_the_programs_own_flags_are_not_copytraces(tmp_path) -> None:
+    # after the script, flags are the program's: copytrace run passes them on
+    (tmp_path / "prog.py").write_text("import sys\nprint(sys.argv[1:])\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "copytrace", "run", "--no-report", "-o", str(tmp_path / "o"),
+         str(tmp_path / "prog.py"), "--bogus"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "['--bogus']"

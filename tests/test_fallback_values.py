@@ -1,0 +1,251 @@
+"""The Python fallback computes what torch computes untraced, bit for bit.
+
+With any Python dispatch mode on torch's stack, ``at::isTensorSubclassLike`` is true for every
+tensor, and some torch code takes another path with other rounding: ``prod``'s backward
+(``prod_backward`` in torch/csrc/autograd/FunctionsManual.cpp) and ``matmul`` of 3-D operands
+whose batch sizes differ, one of them 1 (``_matmul_impl`` in ATen's LinearAlgebra.cpp).
+The fallback (``COPYTRACE_OBSERVER=python``) keeps its dispatch mode on the stack for the whole
+trace; ``copytrace/tracer/_mode_values.py`` keeps those values as untraced. Each test runs a
+program untraced and traced on the fallback and compares every value and gradient bitwise,
+and shows with a plain dispatch mode of its own that the program's values would differ.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.hooks import RemovableHandle
+
+import copytrace
+
+
+@pytest.fixture(autouse=True)
+def _fallback(monkeypatch):
+    monkeypatch.setenv("COPYTRACE_OBSERVER", "python")
+
+
+class _PlainMode(TorchDispatchMode):
+    """Any dispatch mode at all: what the fallback's would do without copytrace's care."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+def _bits(values):
+    return [v.detach().clone().numpy().tobytes() for v in values]
+
+
+def _run(program, how):
+    """``program()``'s tensors (values and gradients) as bytes: untraced, traced on the
+    fallback, or under a plain dispatch mode."""
+    torch.manual_seed(0)
+    if how == "untraced":
+        return _bits(program())
+    if how == "plain":
+        with _PlainMode():
+            return _bits(program())
+    with copytrace.trace(write=False) as t:
+        assert torch._C._len_torch_dispatch_stack() == 1  # the fallback's mode is on
+        out = _bits(program())
+    assert t.stats["errors"] == 0, t.first_error
+    return out
+
+
+def _prod_program(forward):
+    def program():
+        x = torch.randn(4, 5, requires_grad=True)
+        y = forward(x)
+        y.backward(torch.ones_like(y))
+        return [y, x.grad]
+
+    return program
+
+
+_MASK = torch.tensor([[True, False, True, True, True]] * 4)
+PROD_FORMS = {
+    "Tensor.prod": lambda x: x.prod(),
+    "torch.prod": lambda x: torch.prod(x),
+    "prod(dim)": lambda x: x.prod(1),
+    "torch.prod(dim, keepdim)": lambda x: torch.prod(x, 1, keepdim=True),
+    "prod of a non-leaf": lambda x: (x * 2).exp().prod(0),
+    "masked.prod": lambda x: torch.masked.prod(x, 1, mask=_MASK),
+    "masked.prod, all dims": lambda x: torch.masked.prod(x, mask=_MASK),
+}
+
+
+@pytest.mark.parametrize("form", list(PROD_FORMS))
+def test_prod_gradients_equal_untraced(form):
+    program = _prod_program(PROD_FORMS[form])
+    untraced = _run(program, "untraced")
+    # x has no zero: untraced, prod_backward is grad * result / input; under a dispatch
+    # mode it is the product of cumulative products, other bits
+    assert _run(program, "plain")[1] != untraced[1]
+    assert _run(program, "traced") == untraced
+
+
+def _matmul_program(call):
+    def program():
+        a, b = torch.randn(5, 5, 5), torch.randn(1, 5, 5)
+        return [call(a, b)]
+
+    return program
+
+
+def _matmul_out(a, b):
+    out = torch.empty(5, 5, 5)
+    torch.matmul(a, b, out=out)
+    return out
+
+
+MATMUL_FORMS = {
+    "torch.matmul": torch.matmul,
+    "Tensor.matmul": lambda a, b: a.matmul(b),
+    "@": lambda a, b: a @ b,
+    "__rmatmul__": lambda a, b: b.__rmatmul__(a),
+    "torch.linalg.matmul": torch.linalg.matmul,
+    "out=": _matmul_out,
+}
+
+
+def _kernels(program, how):
+    """The matrix-product kernels ``program`` runs (torch's profiler: RecordFunction, which
+    sees them whatever mode is on)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        _run(program, how)
+    return sorted({e.name for e in prof.events() if e.name in ("aten::mm", "aten::bmm")})
+
+
+@pytest.mark.parametrize("form", list(MATMUL_FORMS))
+def test_matmul_with_a_broadcast_batch_of_one_equals_untraced(form):
+    program = _matmul_program(MATMUL_FORMS[form])
+    untraced = _run(program, "untraced")
+    # (5, 5, 5) @ (1, 5, 5): untraced one bmm over the expanded batch; under a dispatch mode
+    # the batch of one is squeezed and the other folded into one mm, with other rounding
+    assert _kernels(program, "untraced") == ["aten::bmm"]
+    assert _kernels(program, "plain") == ["aten::mm"]
+    assert _kernels(program, "traced") == ["aten::bmm"]
+    assert _run(program, "traced") == untraced
+
+
+def test_prod_gradients_with_retain_graph_and_double_backward():
+    def program():
+        x = torch.randn(4, 5, requires_grad=True)
+        y = x.prod(1).sum()
+        (g1,) = torch.autograd.grad(y, x, retain_graph=True)
+        (g2,) = torch.autograd.grad(y, x, create_graph=True)  # the same node, run again
+        (gg,) = torch.autograd.grad(g2.sum(), x)  # through the graph the backward made
+        return [g1, g2, gg]
+
+    untraced = _run(program, "untraced")
+    assert _run(program, "plain")[:2] != untraced[:2]
+    assert _run(program, "traced") == untraced
+
+
+@pytest.mark.parametrize(
+    "reentrant",
+    [
+        False,
+        pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
+            "the forward run again inside backward makes its prod node while copytrace's "
+            "function mode is off the stack (docs/oracle.md, the Python fallback)"))),
+    ],
+)  # fmt: skip
+def test_prod_inside_a_checkpoint(reentrant):
+    """The forward is run again inside backward: non-reentrant, for the saved tensors of the
+    nodes made in forward; reentrant, with new nodes run by a nested engine call."""
+
+    def program():
+        x = torch.randn(4, 5, requires_grad=True)
+        lin = torch.nn.Linear(5, 5)
+        y = torch.utils.checkpoint.checkpoint(lambda t: lin(t).prod(1), x, use_reentrant=reentrant)
+        y.sum().backward()
+        return [y, x.grad, lin.weight.grad]
+
+    untraced = _run(program, "untraced")
+    assert _run(program, "plain")[1] != untraced[1]
+    assert _run(program, "traced") == untraced
+
+
+def test_an_error_in_backward_leaves_the_mode_stack_as_it_was():
+    x = torch.randn(4, 5, requires_grad=True)
+    with copytrace.trace(write=False) as t:
+        y = x.prod(1)
+
+        def fail(grad_outputs):
+            raise RuntimeError("the program's own hook fails")
+
+        y.grad_fn.register_prehook(fail)  # runs after copytrace's, in the lifted node
+        with pytest.raises(RuntimeError, match="the program's own hook fails"):
+            y.sum().backward()
+        assert torch._C._len_torch_dispatch_stack() == 1  # the engine put the mode back
+        z = x.double().sum()
+        z.backward()
+    # the dispatch mode still records: ToCopyBackward0 casts the gradient in backward
+    assert [(e.op, e.phase) for e in t.events] == [("double", "other"), ("implicit", "backward")]
+    assert t.stats["errors"] == 0
+
+
+def test_the_node_hook_takes_no_handle_id_and_the_program_hook_still_runs():
+    x = torch.randn(4, 5, requires_grad=True)
+    seen = []
+    with copytrace.trace(write=False) as t:
+        before = RemovableHandle.next_id
+        y = x.prod(1)
+        assert RemovableHandle.next_id == before  # copytrace's hook took no id
+        handle = y.grad_fn.register_prehook(lambda g: seen.append(len(g)))
+        assert handle.id == before  # the id a program gets untraced
+        y.sum().backward()
+        assert seen == [1]
+        handle.remove()
+    assert t.stats["errors"] == 0
+
+
+def test_a_node_hooked_while_tracing_computes_as_untraced_after_stop():
+    torch.manual_seed(0)
+    x = torch.randn(4, 5, requires_grad=True)
+    (untraced,) = torch.autograd.grad(x.prod(1).sum(), x)
+    with copytrace.trace(write=False):
+        y = x.prod(1).sum()
+    (after,) = torch.autograd.grad(y, x)  # no mode now: the hook does nothing
+    assert torch.equal(after, untraced)
+    assert torch._C._len_torch_dispatch_stack() == 0
+
+
+def test_near_miss_other_matmuls_and_backward_nodes_are_still_recorded():
+    """Only the matmul whose path depends on the mode steps aside; the rest records its
+    implicit copies, and a node after a lifted one runs under the mode again."""
+    a, b = torch.randn(2, 1, 5, 5), torch.randn(3, 5, 5)
+    x = torch.randn(4, 5, requires_grad=True)
+    with copytrace.trace(write=False) as t:
+        torch.matmul(torch.randn(5, 5, 5), torch.randn(1, 5, 5))  # stepped aside: no copy
+        torch.matmul(a, b)  # broadcast: each operand expanded to (2, 3, 5, 5), then reshaped
+        x.double().prod().backward()
+    copies = [(e.op, e.aten, e.phase, e.bytes_allocated) for e in t.events]
+    assert copies == [
+        ("implicit", ("aten::clone",), "other", 600),  # (6, 5, 5) float32: 600 B
+        ("implicit", ("aten::clone",), "other", 600),
+        ("double", ("aten::_to_copy",), "other", 160),  # (4, 5) float64
+        ("implicit", ("aten::_to_copy",), "backward", 80),  # the gradient back to float32
+    ]
+    assert t.stats["errors"] == 0
+
+
+def test_compiled_autograd_traces_the_node_hook_as_nothing():
+    """Compiled autograd puts a node's pre-hooks into the graph it compiles: copytrace's is
+    traced as a hook returning None (fullgraph: one it could not trace would raise)."""
+    from torch._dynamo import compiled_autograd
+
+    def backward(x, y):
+        with compiled_autograd._enable(torch.compile(backend="eager", fullgraph=True)):
+            y.backward()
+        return x.grad
+
+    torch.manual_seed(0)
+    x = torch.randn(4, 5, requires_grad=True)
+    untraced = backward(x, x.prod(1).sum())
+    x.grad = None
+    with copytrace.trace(write=False) as t:
+        y = x.prod(1).sum()  # hooked
+    assert torch.equal(backward(x, y), untraced)
+    assert t.stats["errors"] == 0
