@@ -4,6 +4,7 @@ lean's write watch (a RecordFunction callback of the C++ observer, no mode)."""
 
 from __future__ import annotations
 
+import gc
 import threading
 import warnings
 from typing import Any
@@ -142,3 +143,25 @@ def test_a_program_mode_sees_only_the_program_calls_at_level_lean() -> None:
     assert [(e.op, e.inplace_writes, e.write_site is None) for e in t.events] == [
         ("index", 1, False)
     ]
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_kept_copies_are_not_tracked_by_the_cycle_collector(level: str) -> None:
+    # Each fresh copy followed by its version counter is kept as (handle, record) until it
+    # dies: through C (`.to` of a tensor without grad: api_mode.cpp's keep_version) and
+    # through Python (`clone` of a leaf that requires grad: an attached copy, Watch.follow).
+    # A tracked pair outliving two young collections reached the oldest generation and
+    # brought the next full collection closer; the handle is no GC type and the record is
+    # untracked, so the pair is untracked too.
+    x = torch.randn(4, requires_grad=True)
+    y = torch.randn(4)
+    keep = []
+    with copytrace.trace(write=False, level=level) as t:
+        keep += [x.clone(), y.to(torch.float64)]
+        kept = list(t.session._rec.watch.copies.kept)
+    assert [ev.op for _, ev in kept] == ["clone", "to"]
+    assert [type(v).__name__ for v, _ in kept] == ["VersionRef", "VersionRef"]
+    assert not any(gc.is_tracked(ev) for _, ev in kept)
+    assert [gc.is_tracked(pair) for pair in kept] == [False, False]
+    native = _native.load()
+    assert gc.is_tracked(native.kept_pair(kept[0][0], []))  # a tracked item keeps it tracked

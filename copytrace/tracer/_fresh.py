@@ -149,6 +149,9 @@ class Fresh:
         self.version_of: Any = None
         self.version_final: Any = None
         self.version_delta: Any = None
+        #: builds ``kept``'s pairs: the observer's ``kept_pair`` (a pair the cycle collector
+        #: does not track: the handle and the record are untracked), set with ``version_of``
+        self.kept_pair: Any = None
         self.lean: tuple[Any, Any] | None = None
         #: the C++ observer's weak pointers on grad_fn nodes: (grad_fn_ref, grad_fn_of,
         #: grad_fn_alive), for the attached copies (watch/_retained.py); None on the fallback
@@ -174,7 +177,7 @@ class Fresh:
             if version is not None and not index:
                 ev.inplace_writes = 0
                 kept = self.kept
-                kept.append((version, ev))
+                kept.append(self.kept_pair(version, ev))
                 if len(kept) >= self._limit:
                     self._prune()
                 return

@@ -107,7 +107,7 @@ def engage(rec: Any, native: Any, full: bool) -> NativeFunctionMode:
     _warnshim.install(native)
     copies = watch.copies  # in-place writes into fresh copies (_fresh.py)
     copies.version_of, copies.version_final = native.version_of, native.version_final
-    copies.version_delta = native.version_delta
+    copies.version_delta, copies.kept_pair = native.version_delta, native.kept_pair
     copies.nodes = (native.grad_fn_ref, native.grad_fn_of, native.grad_fn_alive)
     native.set_copy_hooks(copies.fresh, copies.written, copies.call, torch.Tensor.__getitem__)
     if full:

@@ -153,7 +153,7 @@ inline bool add_ll(PyObject* obj, PyObject* name, long long delta) {
 bool keep_version(PyObject* version, PyObject* ev) {
   PyObject* kept = PyObject_GetAttr(g_fast_copies, g_fn->kept);
   PyObject* zero = PyLong_FromLong(0);
-  PyObject* item = PyTuple_Pack(2, version, ev);
+  PyObject* item = kept_pair(version, ev);  // untracked: see versions.cpp
   bool ok = kept != nullptr && zero != nullptr && item != nullptr &&
             PyObject_SetAttr(ev, g_fn->inplace_writes, zero) == 0 && PyList_Check(kept) &&
             PyList_Append(kept, item) == 0;

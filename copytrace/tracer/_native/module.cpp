@@ -58,6 +58,8 @@ PyMethodDef g_methods[] = {
      "grad_fn_ref(tensor or C++ node) -> a weak pointer on its grad_fn (the node), or None"},
     {"grad_fn_of", py_grad_fn_of, METH_O, "grad_fn_of(ref) -> the node while it lives, else None"},
     {"grad_fn_alive", py_grad_fn_alive, METH_O, "grad_fn_alive(ref) -> whether the node lives"},
+    {"kept_pair", FN(py_kept_pair), METH_FASTCALL,
+     "kept_pair(a, b) -> (a, b), untracked by the cycle collector when a and b are"},
     // lean.cpp
     {"wrap_api", FN(py_wrap_api), METH_FASTCALL,
      "wrap_api(name, original, method): a C function named `name` that records calls of "

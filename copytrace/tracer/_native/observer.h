@@ -135,6 +135,7 @@ PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs
 
 // --- versions.cpp -----------------------------------------------------------------------------
 PyObject* version_of(PyObject*, PyObject* obj);
+PyObject* kept_pair(PyObject* a, PyObject* b);  // (a, b), untracked when a and b are
 bool versions_init(PyObject* module);
 
 // --- lean.cpp ---------------------------------------------------------------------------------
@@ -220,7 +221,7 @@ COPYTRACE_NOARGS(py_entry_frames) COPYTRACE_NOARGS(py_has_entry_frames)
 COPYTRACE_O(py_make_warn)
 // versions.cpp
 COPYTRACE_O(py_version_delta) COPYTRACE_O(py_version_final) COPYTRACE_O(py_grad_fn_ref)
-COPYTRACE_O(py_grad_fn_of) COPYTRACE_O(py_grad_fn_alive)
+COPYTRACE_O(py_grad_fn_of) COPYTRACE_O(py_grad_fn_alive) COPYTRACE_FAST(py_kept_pair)
 // lean.cpp
 COPYTRACE_FAST(py_wrap_api) COPYTRACE_FAST(py_data_descriptor) COPYTRACE_O(py_set_wrappers)
 COPYTRACE_O(py_set_quiet_codes)

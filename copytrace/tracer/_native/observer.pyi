@@ -203,6 +203,8 @@ def grad_fn_ref(t: object, /) -> NodeRef | None:
     """On a tensor's grad_fn, or on a C++ autograd node itself; None otherwise."""
 def grad_fn_of(ref: NodeRef, /) -> Any | None: ...
 def grad_fn_alive(ref: NodeRef, /) -> bool: ...
+def kept_pair(a: object, b: object, /) -> tuple[Any, Any]:
+    """(a, b), untracked by the cycle collector when neither a nor b is tracked."""
 
 # --- lean.cpp -------------------------------------------------------------------------------
 def wrap_api(name: str, original: Callable[..., Any], method: bool, /) -> Any:
