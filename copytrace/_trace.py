@@ -241,9 +241,11 @@ class Trace(contextlib.ContextDecorator):
                 created or written to (checked here, as ``copytrace run`` does, so that
                 nothing recorded is lost at exit).
         """
-        from copytrace import _env
+        from copytrace import _env, _envcheck
         from copytrace.tracer.session import active_session
 
+        if not os.environ.get(_env.COPYTRACE_LAUNCH):  # a launch's root has said it
+            _envcheck.warn_unknown()
         if self.session.write and not self.running and active_session() is None:
             problem = _env.unwritable(self.session.output_dir)
             if problem:

@@ -59,3 +59,39 @@ def test_the_programs_own_flags_are_not_copytraces(tmp_path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "['--bogus']"
+
+
+#: every subcommand (``copytrace --help`` lists them; the test below checks it is all of them)
+COMMANDS = ("run", "report", "summary", "check", "diff", "fix", "export", "doctor", "trigger")
+
+
+def test_help_is_plain_text():
+    # the descriptions are the subcommands' docstrings: their reStructuredText markup
+    # (``literal``, :class:`...`, "Usage::") is taken out of every help text
+    top = _copytrace("--help")
+    assert top.returncode == 0, top.stderr
+    listed = top.stdout.split("positional arguments:")[1].split("options:")[0]
+    assert [c for c in COMMANDS if f"\n    {c} " in listed] == list(COMMANDS)
+    # each subcommand's line in the list is its one-sentence summary, not its whole docstring
+    assert "\n    fix       propose the code change for each finding that has a mechanical\n" \
+           "              fix, as a unified diff\n" in listed  # fmt: skip
+    assert "Usage" not in listed
+    helps = {"": top.stdout}
+    for command in COMMANDS:
+        proc = _copytrace(command, "--help")
+        assert proc.returncode == 0, proc.stderr
+        helps[command] = proc.stdout
+    for command, text in helps.items():
+        for markup in ("``", ":class:", ":func:", ":mod:", ":attr:", ":data:", "::\n"):
+            assert markup not in text, (command, markup)
+    # the literals stay, without their backquotes
+    assert "(COPYTRACE_TRIGGER=signal)" in helps["trigger"]
+    assert "\nUsage:\n\n    copytrace fix TRACE [--code CODES]" in helps["fix"]
+
+
+def test_plain_takes_out_roles_literals_and_block_markers():
+    from copytrace.cli import plain
+
+    text = "See :class:`copytrace.Trace` and :func:`~copytrace.fixes.plan_fixes`.\nUsage::\n"
+    assert plain(text) == "See copytrace.Trace and plan_fixes.\nUsage:\n"
+    assert plain("``--steps N``, else\n``a\nb``") == "--steps N, else\na\nb"

@@ -201,9 +201,41 @@ def test_diff_terminal_and_markdown(runs: dict[str, Path], capsys: pytest.Captur
                and "+400 B (0 B -> 400 B)" in r for r in rows)  # fmt: skip
     assert main(["diff", str(runs["base"]), str(runs["new"]), "--markdown"]) == 0
     md = capsys.readouterr().out
-    assert md.startswith("### copytrace diff: 3 added, 1 removed, 1 changed call site(s)\n")
+    assert md.startswith("### copytrace diff: call sites 3 added, 1 removed, 1 changed, ")
     assert "| added | `prog.py:" in md and "`y = w.clone()`" in md
     assert "- + tensor-ctor-copy (warning) at prog.py:" in md
+
+
+def _listed(rows: list[str]) -> str:
+    """The counts a headline must give for these rows (each row starts with its label)."""
+    labels = ("added", "removed", "changed", "time only")
+    return ", ".join(f"{sum(r.startswith(label) for r in rows)} {label}" for label in labels)
+
+
+def test_diff_headlines_count_the_rows_they_list(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # Whether a matched site's copy time changed (a "time only" row) depends on the run's
+    # timing: each headline is checked against the rows printed beside it, not a fixed count.
+    d = _json(capsys, str(runs["base"]), str(runs["new"]))
+    json_rows = [*(["added"] * len(d["added"])), *(["removed"] * len(d["removed"])),
+                 *(["changed"] * len(d["changed"])), *(["time only"] * len(d["time_changed"]))]  # fmt: skip
+    assert main(["diff", str(runs["base"]), str(runs["new"]), "--markdown"]) == 0
+    md = capsys.readouterr().out.splitlines()
+    md_rows = [line[2:] for line in md if line.startswith("| ") and "`prog.py:" in line]
+    assert md[0] == f"### copytrace diff: call sites {_listed(md_rows)}"
+    assert _listed(md_rows) == _listed(json_rows)
+    assert len(md_rows) == 5 + len(d["time_changed"])  # 3 added, 1 removed, 1 changed
+    assert main(["diff", str(runs["base"]), str(runs["new"])]) == 0
+    out = capsys.readouterr().out.splitlines()
+    rows = [line for line in out if line.startswith(("added", "removed", "changed", "time"))]
+    assert len(rows) == len(md_rows)
+    (foot,) = [line for line in out if line.startswith("(call sites: ")]
+    assert foot.startswith(f"(call sites: {_listed(rows)}, {d['unchanged']} unchanged; ")
+    page = tmp_path / "d.html"
+    assert main(["diff", str(runs["base"]), str(runs["new"]), "-o", str(page)]) == 0
+    said = capsys.readouterr().out
+    assert said == f"copytrace: diff written to {page} (call sites: {_listed(json_rows)})\n"
 
 
 def test_one_directory_with_two_runs(

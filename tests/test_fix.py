@@ -132,6 +132,34 @@ def test_exact_fixes_keep_the_output(exact: dict) -> None:
     assert exact["before"].stdout.count("\n") == 2
 
 
+def test_verify_says_what_the_two_runs_show(exact: dict) -> None:
+    # --verify's words for each case of a fix's finding in the runs before and after the patch
+    from copytrace.fixes._verify import Outcome, Verification
+
+    fix = exact["plan"].fixes[0]
+    where = f"{fix.finding.code} at train.py:{fix.line}"
+    cases = {  # (found before, gone after) -> what --verify says
+        (True, True): "fixed (found before the patch, not after)",
+        (True, False): "NOT fixed (still found after the patch)",
+        (False, True): "not checked (found in neither run)",
+        (False, False): "NOT fixed (found only after the patch)",
+    }
+    for (before, gone), said in cases.items():
+        after = 0.0 if gone else 400.0
+        v = Verification([Outcome(fix, before, gone, 400.0 if before else 0.0, after)])
+        v.bytes_per_step_before, v.bytes_per_step_after = 2000.0, 1600.0 + after
+        lines = v.lines()
+        assert lines[0] == f"{where}: {said}; its copies: {400 if before else 0} -> {after:.0f} "\
+            "bytes per step"  # fmt: skip
+        assert lines[1] == "program stdout: the same; exit status: the same (0 -> 0)"
+        assert lines[2] == ("all copies: 2000 -> 1600 bytes per step (400 fewer)" if gone
+                            else "all copies: 2000 -> 2000 bytes per step (no change)")  # fmt: skip
+        assert v.ok is (before and gone)  # only a confirmed fix passes
+    v = Verification([Outcome(fix, True, True, 400.0, 0.0)], status_before=0, status_after=1)
+    assert not v.ok  # the patched program failed: same stdout or not, not verified
+    assert v.lines()[1] == "program stdout: the same; exit status: DIFFERENT (0 -> 1)"
+
+
 @pytest.mark.parametrize("code", sorted(EXACT_CODES))
 def test_each_exact_fix_removes_its_finding(exact: dict, code: str) -> None:
     fixes = [f for f in exact["plan"].fixes if f.finding.code == code]
@@ -200,8 +228,9 @@ def test_data_inplace_moves_the_write_after_the_backward(tmp_path: Path) -> None
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "# copytrace fix: data-inplace at train.py:12:" in proc.stdout
     assert "changes values on purpose" in proc.stdout
-    assert "data-inplace at train.py:12: gone" in proc.stderr
-    assert "stdout: DIFFERENT; exit status 0 -> 0" in proc.stderr
+    assert "data-inplace at train.py:12: fixed (found before the patch, not after)" in proc.stderr
+    assert ("program stdout: DIFFERENT (diff below); exit status: "
+            "the same (0 -> 0)") in proc.stderr  # fmt: skip
     assert (root / "train.py").read_text() == DATA.replace(
         "    # decay the weights\n    for p in model.parameters():\n        p.data.mul_(0.5)\n"
         "    out.backward()\n",

@@ -52,8 +52,10 @@ def test_the_example_fixed_end_to_end(tmp_path_factory: pytest.TempPathFactory) 
         assert "-        loss_curve.append(torch.tensor(loss))\n" \
                "+        loss_curve.append(loss.detach().clone())\n" in proc.stdout  # fmt: skip
     # a float32 scalar loss: 4 bytes per step, made outside autograd after the patch
-    assert f"copytrace fix --verify: {where}: gone; its bytes/step 4 -> 0" in verify.stderr
-    assert "copytrace fix --verify: stdout: same; exit status 0 -> 0" in verify.stderr
+    assert (f"copytrace fix --verify: {where}: fixed (found before the patch, not after); "
+            "its copies: 4 -> 0 bytes per step") in verify.stderr  # fmt: skip
+    assert ("copytrace fix --verify: program stdout: the same; "
+            "exit status: the same (0 -> 0)") in verify.stderr  # fmt: skip
     assert f"copytrace fix: wrote {example}" in apply.stderr
 
     # only the pinned line changed, and the first trace had the finding the second has not

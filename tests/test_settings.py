@@ -374,3 +374,80 @@ def test_production_settings_are_checked():
     )
     assert messages[3] == "COPYTRACE_TRIGGER_STEPS: not '0'; use a whole number >= 1"
     assert all("\n" not in m for m in messages)
+
+
+# --- unknown COPYTRACE_* variables ------------------------------------------------------------
+def test_unknown_variables_are_named_with_the_closest_known_one():
+    from copytrace import _envcheck
+
+    environ = {
+        "COPYTRACE_LEVLE": "full", "copytrace_outptu": "x", "COPYTRACE_ZZZ": "1",
+        "COPYTRACE_LEVEL": "lean", "COPYTRACE_LAUNCH": "1-2", "COPYTRACE_SIDECAR": "0",
+        "COPYTRACE_PHOENIX": "p", "COPYTRACE_REQUIRE_INTEGRATION": "1", "COPYTRACE": "1",
+        "COPYTRACE_CI_CACHE": "c", "PATH": "/bin", "MY_COPYTRACE_LEVLE": "x",
+    }  # fmt: skip
+    # sorted by name (upper case first); COPYTRACE_ZZZ is close to no known name
+    assert _envcheck.unknown(environ) == [
+        ("COPYTRACE_LEVLE", "COPYTRACE_LEVEL"),
+        ("COPYTRACE_ZZZ", None),
+        ("copytrace_outptu", "COPYTRACE_OUTPUT"),
+    ]
+    assert _envcheck.unknown({"COPYTRACE_LAUNCH": "x", "COPYTRACE_FUZZ_EXAMPLES": "2"}) == []
+
+
+def test_every_copytrace_name_the_repository_uses_is_known():
+    # Python and shell files of the package, the tests and CI (C++ macros are not variables);
+    # a name may also be a prefix of a known one (a regular expression's start)
+    import re
+
+    from copytrace import _envcheck
+
+    root = Path(__file__).resolve().parent.parent
+    files = [*root.glob("copytrace/**/*.py"), *root.glob("tests/**/*.py"),
+             *root.glob("benchmarks/**/*.py"), *root.glob("examples/**/*.py"),
+             *(root / ".ci").glob("*")]  # fmt: skip
+    known = _envcheck.known_names()
+    used = {
+        (name, f.relative_to(root).as_posix())
+        for f in files
+        if f.is_file() and f.name not in ("test_settings.py", "_envcheck.py")  # typos named
+        for name in re.findall(r"\bCOPYTRACE_[A-Z0-9_]*[A-Z0-9]", f.read_text(errors="replace"))
+    }
+    assert len({n for n, _ in used}) >= len(_envcheck.OTHER_NAMES)
+    assert sorted((n, f) for n, f in used if not any(k.startswith(n) for k in known)) == []
+
+
+_TYPO = "copytrace: unknown variable ignored: COPYTRACE_LEVLE (did you mean COPYTRACE_LEVEL?)"
+# a child Python process: under COPYTRACE=1 it joins the launch (and must not say it again)
+_CHILD = "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'pass'], check=True)\n"
+
+
+def test_a_launch_says_an_unknown_variable_once(tmp_path):
+    (tmp_path / "prog.py").write_text(_PROGRAM + _CHILD)
+    for cmd, extra in (
+        ([sys.executable, "prog.py"], {"COPYTRACE": "1"}),
+        ([sys.executable, "-m", "copytrace", "run", "--no-report", "prog.py"], {}),
+    ):
+        proc = subprocess.run(
+            cmd, capture_output=True, text=True, cwd=tmp_path, timeout=120,
+            env=_env_vars(COPYTRACE_LEVLE="full", COPYTRACE_REPORT="0", **extra),
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        said = [line for line in proc.stderr.splitlines() if "unknown variable" in line]
+        assert said == [_TYPO], proc.stderr
+        assert proc.stderr.startswith(_TYPO)  # before the program's run
+
+
+def test_a_trace_says_an_unknown_variable_once_per_process(tmp_path):
+    code = (
+        "import torch, copytrace\n"
+        "for _ in range(2):\n"
+        "    with copytrace.trace(write=False):\n"
+        "        torch.ones(2).clone()\n"
+    )
+    env = _env_vars(COPYTRACE_LEVLE="full", COPYTRACE_SIDECAR="0", COPYTRACE_PHOENIX="x")
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [ln for ln in proc.stderr.splitlines() if "unknown variable" in ln] == [_TYPO]

@@ -372,3 +372,58 @@ def test_a_compiled_optimizer_step_counts_and_compiles_as_untraced():
     assert armed == untraced
     assert untraced["graphs"] >= 1 and untraced["recompiles"] == 0
     assert steps == 1  # only the open step 0: no compiled step counted
+
+
+# An armed program that waits, in step 0, for its window to open; then traces it and ends.
+ARMED_AND_WAITING = """
+import sys, time, torch, copytrace
+with copytrace.trace(write=False, trigger="signal", trigger_steps=2) as t:
+    print("armed", flush=True)
+    deadline = time.monotonic() + 60
+    while not t.session.trigger.pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for _ in range(3):
+        torch.ones(2).clone()
+        t.step()
+print("windows", t.session.trigger.windows.windows, flush=True)
+"""
+
+#: what ``copytrace trigger`` must not import: it only reads arm files and sends a signal
+HEAVY = ("torch", "numpy", "pandas", "pyarrow", "duckdb", "opentelemetry", "jinja2", "libcst")
+
+
+def test_trigger_imports_nothing_heavy_and_signals_a_real_armed_process(tmp_path):
+    prog = tmp_path / "armed.py"
+    prog.write_text(ARMED_AND_WAITING)
+    proc = subprocess.Popen(
+        [sys.executable, str(prog)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=_env(), cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "armed\n", proc.stderr.read() if proc.stderr else ""
+        exe = Path(sys.executable).with_name("copytrace")
+        trig = subprocess.run(
+            [str(exe), "trigger", str(proc.pid)], capture_output=True, text=True, timeout=60,
+            env={**_env(), "PYTHONPROFILEIMPORTTIME": "1"},
+        )  # fmt: skip
+        rest, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert trig.returncode == 0, trig.stderr
+    # no arm-file trace path (write=False): the output directory is printed, resolved
+    where = (tmp_path / "copytrace-out").resolve()
+    assert trig.stdout == f"process {proc.pid}: tracing the next 2 steps -> {where}\n"
+    # -X importtime lines: "import time: self | cumulative | <indent>name"
+    imported = {
+        line.rsplit("|", 1)[1].strip()
+        for line in trig.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    }
+    assert "copytrace.cli.trigger" in imported  # the import profile is really there
+    assert {m.split(".")[0] for m in imported} & set(HEAVY) == set()
+    assert proc.returncode == 0, err
+    # signalled in step 0 (before the first t.step()); the window opens at the next
+    # boundary: steps 1..2, i.e. (1, 3)
+    assert rest == "windows [(1, 3)]\n"

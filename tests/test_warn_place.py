@@ -80,7 +80,7 @@ def _places(tmp_path: Path, env_extra: dict[str, str]) -> list[str]:
     prog = tmp_path / "dof.py"
     prog.write_text(_PROGRAM)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COPYTRACE", "PYTHONWARN"))}
-    env.update(COPYTRACE_OUTPUT_DIR=str(tmp_path / "out"), **env_extra)
+    env.update(COPYTRACE_OUTPUT=str(tmp_path / "out"), **env_extra)
     res = subprocess.run(
         [sys.executable, str(prog)], env=env, capture_output=True, text=True, timeout=240
     )

@@ -76,7 +76,7 @@ def _run(tmp_path: Path, launch: str, how: str, env_extra: dict[str, str]) -> tu
     out = tmp_path / f"out-{launch}-{how}-{len(env_extra)}"
     out.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COPYTRACE", "PYTHONWARN"))}
-    env.update(COPYTRACE_FLUSH_EVENTS="1", COPYTRACE_OUTPUT_DIR=str(out), **env_extra)
+    env.update(COPYTRACE_FLUSH_EVENTS="1", COPYTRACE_OUTPUT=str(out), **env_extra)
     if launch == "cli":
         cmd = [sys.executable, "-m", "copytrace", "run", "-o", str(out), str(prog), how, str(out)]
     else:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 from collections.abc import Sequence
@@ -24,10 +25,27 @@ __all__ = ["main", "console_main"]
 _PROGRAM_AFTER_DASHES = ("fix",)
 
 
+#: reStructuredText roles in the docstrings the help reuses: ``:class:`~a.B``` -> ``B``
+_ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj):`(~?)([^`]+)`")
+
+
+def plain(text: str) -> str:
+    """``text`` with the reStructuredText markup of docstrings taken out: roles
+    (``:class:`copytrace.Trace``` -> ``copytrace.Trace``; with ``~``, the last name),
+    double backquotes around literals, and the ``::`` that opens a literal block."""
+    text = _ROLE.sub(lambda m: m[2].rsplit(".", 1)[-1] if m[1] else m[2], text)
+    text = re.sub(r"``(.+?)``", r"\1", text, flags=re.S)
+    return re.sub(r"(\w)::$", r"\1:", text, flags=re.M)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's parser with one-line errors: ``copytrace run: error: unrecognized arguments:
     --bogus (see copytrace run --help)`` on stderr and exit status 2, without the usage
-    block. Subcommand parsers are of this class too (``add_subparsers`` passes it on)."""
+    block, and help in plain text (:func:`plain`: the descriptions are the subcommands'
+    docstrings). Subcommand parsers are of this class too (``add_subparsers`` passes it on)."""
+
+    def format_help(self) -> str:
+        return plain(super().format_help())
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

@@ -80,8 +80,9 @@ def _write_page(args: argparse.Namespace, d: Any, out: TextIO) -> None:
         written = write_diff_page(d, args.output, offline=not args.cdn)
     except OSError as err:
         raise CopytraceError(f"cannot write {args.output}: {err.strerror or err}") from err
-    counts = ", ".join(f"{len(d.of(s))} {s}" for s in ("added", "removed", "changed"))
-    out.write(f"copytrace: diff written to {written} ({counts} call site(s))\n")
+    from copytrace.analysis.diff import site_counts
+
+    out.write(f"copytrace: diff written to {written} (call sites: {site_counts(d)})\n")
 
 
 def _rank_name(res: dict[str, Any], index: int) -> tuple[int, str]:

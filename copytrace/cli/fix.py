@@ -3,15 +3,18 @@
 Usage::
 
     copytrace fix TRACE [--code CODES] [--apply] [--verify -- python train.py args...]
+    copytrace fix TRACE > fix.diff && git apply fix.diff      (or: patch -p1 < fix.diff)
 
-The diff goes to stdout (``copytrace fix out > fix.diff; git apply fix.diff`` or
-``patch -p1 < fix.diff``), a ``# copytrace fix:`` reason line above each hunk; findings
-without a safe fix follow as ``# no patch:`` lines with their advice. ``--apply`` writes the
-files in place. ``--verify`` runs the program traced (``copytrace run``) in two scratch copies
-of the current directory, as it is and patched, and reports per finding whether it is gone,
-whether stdout is the same, and the bytes per step saved; it writes nothing to your files
-unless ``--apply`` is given too. Files outside the current directory, in installed packages
-or in the standard library are never touched. See docs/fix.md.
+The diff goes to stdout, each hunk under a ``# copytrace fix:`` line that gives its reason;
+each finding without a safe fix follows as a ``# no patch:`` line with its advice.
+
+``--apply`` writes the patched files in place. ``--verify`` checks the patch first: it copies
+the current directory twice into a scratch folder, patches one copy, runs the program traced
+in each (``copytrace run``), and says for each patched finding whether it was there before
+and is gone after, whether the program's stdout and exit status stayed the same, and the
+bytes copied per step before and after; it exits 1 unless all of that holds. Your files are
+written only with ``--apply``. Files outside the current directory, in installed packages or
+in the standard library are never touched. See docs/fix.md.
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
     """Plan the fixes, print the diff, and apply and/or verify them.
 
     Returns:
-        0, or 1 when ``--verify`` finds a fix whose finding stays or a changed stdout.
+        0, or 1 when ``--verify`` cannot confirm the patch (:attr:`Verification.ok`).
 
     Raises:
         TraceFileError: If the trace path is missing, empty or unreadable.
@@ -84,14 +87,15 @@ def handle(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | No
     print(f"copytrace fix: {patches} patch(es) in {len(plan.files)} file(s); "
           f"{len(plan.unfixed)} finding(s) without a safe fix", file=err)  # fmt: skip
     status = 0
-    if args.verify and plan.fixes:
+    if args.verify and not plan.fixes:
+        print("copytrace fix --verify: no patch to check; the program was not run", file=err)
+    elif args.verify:
         result = verify_plan(plan, command, timeout=args.timeout)
         for line in result.lines():
             print(f"copytrace fix --verify: {line}", file=err)
         if result.stdout_diff:
             err.write(result.stdout_diff)
-        if not result.stdout_same or not all(o.gone for o in result.outcomes):
-            status = 1
+        status = 0 if result.ok else 1
     if args.apply:
         for written in apply_plan(plan):
             print(f"copytrace fix: wrote {written}", file=err)

@@ -17,17 +17,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from copytrace._armfile import arm_dir, arm_file, request_file, start_time
 from copytrace._errors import CopytraceError
 
 __all__ = ["register"]
-
-
-def _trigger() -> Any:
-    """``copytrace.tracer._trigger``, imported when a command needs it: it imports torch,
-    which the CLI's start must not pay for."""
-    from copytrace.tracer import _trigger
-
-    return _trigger
 
 
 def _alive(pid: int) -> bool:
@@ -51,7 +44,7 @@ def _read_arm(path: Path) -> dict[str, Any] | None:
         return None
     if not _alive(pid):
         return None
-    start = _trigger().start_time(pid)
+    start = start_time(pid)
     if info.get("start") is not None and start is not None and start != info["start"]:
         return None
     return info
@@ -59,7 +52,7 @@ def _read_arm(path: Path) -> dict[str, Any] | None:
 
 def _all_armed() -> list[dict[str, Any]]:
     """The arm files of every living armed process."""
-    paths = sorted(_trigger().arm_dir().glob("*.json"))
+    paths = sorted(arm_dir().glob("*.json"))
     found = [_read_arm(p) for p in paths if not p.name.endswith(".request.json")]
     return [info for info in found if info is not None]
 
@@ -91,7 +84,7 @@ def _targets(pid: int, all_ranks: bool) -> list[dict[str, Any]]:
     """
     if not _alive(pid):
         raise CopytraceError(f"no process {pid}")
-    info = _read_arm(_trigger().arm_file(pid))
+    info = _read_arm(arm_file(pid))
     if info is None:
         under = _under(pid)
         if under and all_ranks:
@@ -122,7 +115,7 @@ def handle(args: argparse.Namespace) -> int:
         if sig is None:
             raise CopytraceError(f"this platform has no {target['signal']}")
         if args.steps is not None:
-            _trigger().request_file(pid).write_text(json.dumps({"steps": args.steps}))
+            request_file(pid).write_text(json.dumps({"steps": args.steps}))
         os.kill(pid, sig)
         steps = args.steps or target.get("steps")
         where = target.get("trace") or str(Path(target["output_dir"]))
@@ -134,7 +127,8 @@ def handle(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``trigger`` subcommand to ``subparsers``; returns its parser."""
     parser = subparsers.add_parser(
-        "trigger", help=__doc__.splitlines()[0], description=__doc__,
+        "trigger", help=__doc__[:1].lower() + __doc__.splitlines()[0][1:].rstrip("."),
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     parser.add_argument("pid", type=int, metavar="PID", help="the armed process")

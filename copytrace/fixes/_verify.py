@@ -27,13 +27,35 @@ _SKIP = (".git", ".hg", "__pycache__", ".venv", "venv", "node_modules", ".mypy_c
 
 @dataclass
 class Outcome:
-    """One fix, checked: whether the finding is gone and the bytes per step it stood for."""
+    """One fix, checked: whether its finding was in the first run and is in the second, and
+    the bytes per step of that finding's copies in each."""
 
     fix: Any
     before: bool
     gone: bool
     bytes_per_step_before: float
     bytes_per_step_after: float
+
+    @property
+    def confirmed(self) -> bool:
+        """The finding was there before the patch and is gone after it."""
+        return self.before and self.gone
+
+    def state(self) -> str:
+        """What the two runs say of this fix, in words."""
+        if self.confirmed:
+            return "fixed (found before the patch, not after)"
+        if self.before:
+            return "NOT fixed (still found after the patch)"
+        if self.gone:
+            return "not checked (found in neither run)"
+        return "NOT fixed (found only after the patch)"
+
+
+def _change(before: float, after: float) -> str:
+    if round(after) == round(before):
+        return "no change"
+    return f"{abs(after - before):.0f} {'fewer' if after < before else 'more'}"
 
 
 @dataclass
@@ -48,19 +70,26 @@ class Verification:
     bytes_per_step_before: float = 0.0
     bytes_per_step_after: float = 0.0
 
+    @property
+    def ok(self) -> bool:
+        """Every fix confirmed, and the same stdout and exit status before and after."""
+        same = self.stdout_same and self.status_before == self.status_after
+        return same and all(o.confirmed for o in self.outcomes)
+
     def lines(self) -> list[str]:
-        """The report, one line each."""
+        """The report, one line each: per fix, then the program's output, then the bytes."""
         out = []
         for o in self.outcomes:
             f = o.fix
-            state = "gone" if o.gone else ("still there" if o.before else "not seen before")
-            out.append(f"{f.finding.code} at {f.rel}:{f.line}: {state}; its bytes/step "
-                       f"{o.bytes_per_step_before:.0f} -> {o.bytes_per_step_after:.0f}")  # fmt: skip
-        same = "same" if self.stdout_same else "DIFFERENT"
-        out.append(f"stdout: {same}; exit status {self.status_before} -> {self.status_after}")
-        saved = self.bytes_per_step_before - self.bytes_per_step_after
-        out.append(f"bytes per step: {self.bytes_per_step_before:.0f} -> "
-                   f"{self.bytes_per_step_after:.0f} ({saved:.0f} saved)")  # fmt: skip
+            b, a = o.bytes_per_step_before, o.bytes_per_step_after
+            out.append(f"{f.finding.code} at {f.rel}:{f.line}: {o.state()}; its copies: "
+                       f"{b:.0f} -> {a:.0f} bytes per step")  # fmt: skip
+        stdout = "the same" if self.stdout_same else "DIFFERENT (diff below)"
+        status = "the same" if self.status_before == self.status_after else "DIFFERENT"
+        out.append(f"program stdout: {stdout}; exit status: {status} "
+                   f"({self.status_before} -> {self.status_after})")  # fmt: skip
+        b, a = self.bytes_per_step_before, self.bytes_per_step_after
+        out.append(f"all copies: {b:.0f} -> {a:.0f} bytes per step ({_change(b, a)})")
         return out
 
 

@@ -55,7 +55,8 @@ def activate(
 
     Sets ``COPYTRACE``, an absolute ``COPYTRACE_OUTPUT`` and ``COPYTRACE_LAUNCH`` in
     ``os.environ`` so that every process started below this one is traced into the same
-    directory and joins the same launch.
+    directory and joins the same launch. The root says unknown ``COPYTRACE_*`` variables
+    once (:func:`copytrace._envcheck.warn_unknown`).
 
     Args:
         output: output directory; default ``$COPYTRACE_OUTPUT`` or ``./copytrace-out``.
@@ -66,7 +67,7 @@ def activate(
         reconfigure: apply these arguments even when the hook already activated this
             process (as long as it has not started tracing yet).
     """
-    from copytrace import _env
+    from copytrace import _env, _envcheck
 
     if S.active:
         if not reconfigure or S.session is not None or S.finished:
@@ -84,6 +85,7 @@ def activate(
         root = launch is None
     if root:
         launch = f"{os.getpid()}-{time.time_ns()}"
+        _envcheck.warn_unknown()  # the launch's processes below inherit the same environment
     os.environ[_env.COPYTRACE] = "1"
     os.environ[_env.COPYTRACE_OUTPUT] = str(out)
     os.environ[_env.COPYTRACE_REPORT] = "1" if report else "0"

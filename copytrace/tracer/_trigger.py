@@ -29,41 +29,16 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
+from copytrace._armfile import arm_dir, arm_file, request_file, start_time
 from copytrace.tracer import _schedule as S
 
 __all__ = [
     "Trigger", "Windows", "arm_dir", "arm_file", "request_file", "start_time", "window_written",
 ]  # fmt: skip
-
-
-def arm_dir() -> Path:
-    """Where armed processes leave their arm files."""
-    return Path(tempfile.gettempdir()) / "copytrace-armed"
-
-
-def arm_file(pid: int) -> Path:
-    return arm_dir() / f"{pid}.json"
-
-
-def request_file(pid: int) -> Path:
-    return arm_dir() / f"{pid}.request.json"
-
-
-def start_time(pid: int) -> int | None:
-    """When process ``pid`` started, in clock ticks since boot (``/proc/PID/stat``'s 22nd
-    field, see proc(5)), or None where there is no ``/proc``. An arm file records it, so
-    that one left by a killed process is not taken for the process that reuses its pid."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-        return int(stat[stat.rindex(b")") + 2 :].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 class Windows:

@@ -40,6 +40,7 @@ from copytrace.analysis.diff._output import (
     format_terminal,
     item_json,
     short_paths,
+    site_counts,
     to_json,
 )
 from copytrace.analysis.diff._profile import (
@@ -59,7 +60,7 @@ __all__ = [
     "format_ranks", "format_terminal", "gate", "item_json", "load_run", "match_sites", "normalize",
     "number", "parse_increase", "parse_site", "profile_events", "profile_from_json",
     "profile_table", "profile_to_json", "ranks_json", "read_baseline", "read_sources",
-    "short_paths", "snapshot_sources", "to_json", "triple", "write_baseline",
+    "short_paths", "site_counts", "snapshot_sources", "to_json", "triple", "write_baseline",
 ]  # fmt: skip
 
 

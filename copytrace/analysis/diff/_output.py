@@ -13,7 +13,7 @@ from copytrace.analysis.diff._compare import Diff, Item, number, triple
 from copytrace.analysis.diff._source import parse_site
 
 __all__ = ["FORMAT_VERSION", "format_markdown", "format_terminal", "item_json", "short_paths",
-           "to_json"]  # fmt: skip
+           "site_counts", "to_json"]  # fmt: skip
 
 #: ``version`` of the JSON form.
 FORMAT_VERSION = 1
@@ -125,7 +125,19 @@ def _site_label(key: Any, names: dict[str, str]) -> str:
     return f"{names.get(file, file)}:{line}" + (f" {func}" if func else "")
 
 
+#: each listed status as its rows and the counts name it (``time``: only the copy time changed)
+_LABELS = {"added": "added", "removed": "removed", "changed": "changed", "time": "time only"}
+
+
+def site_counts(d: Diff) -> str:
+    """How many call sites each row label lists: ``"3 added, 1 removed, 1 changed, 2 time
+    only"``, every label, zeros too (the headline of the Markdown form and of ``-o``)."""
+    return ", ".join(f"{len(d.of(status))} {label}" for status, label in _LABELS.items())
+
+
 def _rows(d: Diff, names: dict[str, str]) -> list[list[str]]:
+    """One row per listed call site (every status but ``same``), in :attr:`Diff.sites`'
+    order, its first cell the label of :data:`_LABELS`."""
     rows = []
     for i in d.sites:
         if i.status == "same":
@@ -134,7 +146,7 @@ def _rows(d: Diff, names: dict[str, str]) -> list[list[str]]:
         where = _site_label(i.key, names)
         if i.status in ("changed", "time") and i.base_key[1] != i.new_key[1]:
             where += f" (was :{i.base_key[1]})"
-        rows.append([i.status, where, f"{_signed(c[1] - c[0], _count)} ({_count(c[0])} -> "
+        rows.append([_LABELS[i.status], where, f"{_signed(c[1] - c[0], _count)} ({_count(c[0])} -> "
                      f"{_count(c[1])})", f"{_signed(b[1] - b[0], _bytes)} ({_bytes(b[0])} -> "
                      f"{_bytes(b[1])})", _time_cell(i), i.code[:60]])  # fmt: skip
     return rows
@@ -174,8 +186,8 @@ def format_terminal(d: Diff) -> str:
         widths = [max(len(r[k]) for r in [head, *rows]) for k in range(len(head))]
         for r in [head, *rows]:
             lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip())
-        lines.append(f"({len(d.of('same'))} call site(s) unchanged; time: * changed, ~ within "
-                     f"noise (Mann-Whitney U over steps after the first {d.warmup}; [95% interval]), ? "
+        lines.append(f"(call sites: {site_counts(d)}, {len(d.of('same'))} unchanged; "
+                     f"time: * changed, ~ within noise (Mann-Whitney U over steps after the first {d.warmup}; [95% interval]), ? "
                      "too few steps to tell)")  # fmt: skip
     else:
         lines.append(f"no call site changed ({len(d.of('same'))} unchanged)")
@@ -188,9 +200,7 @@ def format_terminal(d: Diff) -> str:
 def format_markdown(d: Diff) -> str:
     """The diff as GitHub-flavoured Markdown, for a pull-request comment."""
     names = _names(d)
-    added, removed, changed = d.of("added"), d.of("removed"), d.of("changed")
-    out = [f"### copytrace diff: {len(added)} added, {len(removed)} removed, "
-           f"{len(changed)} changed call site(s)", "", _totals_line(d).replace(
+    out = [f"### copytrace diff: call sites {site_counts(d)}", "", _totals_line(d).replace(
                "per step:", "**Per step:**"), ""]  # fmt: skip
     rows = _rows(d, names)
     if rows:
