@@ -332,7 +332,7 @@ class Query:
         )
         site, entry = _keys_sql("e.", self.group_by)
         # span ids by value: 8 bytes stored instead of 16 characters, and what the hazards'
-        # join and the timeline's order compare (10M events: about 4 s of CPU less to store)
+        # join and the timeline's order compare (10M events: 2.5 s of CPU less to build)
         sid = (f"CASE WHEN length(e.span_id) = 16 AND e.span_id = lower(e.span_id) AND NOT "
                f"contains(e.span_id, '_') THEN {id_value_sql('e.span_id')} END")  # fmt: skip
         con.execute(_EVENTS_SQL.format(meta=meta_names, site=site, entry=entry, sid=sid))
