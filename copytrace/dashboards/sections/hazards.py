@@ -13,7 +13,7 @@ import numpy as np
 
 from copytrace.dashboards._format import as_str, opt_int
 from copytrace.dashboards._pack import Strings
-from copytrace.dashboards._query import Query
+from copytrace.dashboards._query import Query, hex_id_sql, id_value_sql
 from copytrace.dashboards._rows import HazardRow
 from copytrace.schema import HAZARD_ATTRS
 
@@ -184,8 +184,12 @@ def attach_events(
     # the events joined once (three joins of 10M events with the span ids hazards name took
     # 3x as long), then grouped three ways
     none = first_of == {} or (first_of is None and not q.sql("SELECT count(*) FROM hz")[0][0])
-    on = (f"h.sid = {_ID_VALUE.replace('span_id', 'e.span_id')} AND length(e.span_id) = 16"
-          if by_value else "h.span_id = e.span_id")  # fmt: skip
+    if first_of is None and q.numeric_ids:  # ``ev`` holds the ids' values too
+        on = "h.sid = e.span_id"
+    elif by_value:
+        on = f"h.sid = {id_value_sql('e.span_id')} AND {hex_id_sql('e.span_id')}"
+    else:
+        on = f"h.span_id = {q.span_text('e.span_id')}"
     q.con.execute(
         "CREATE OR REPLACE TABLE hzev AS SELECT h.hz, e.rowid AS r, e.site, e.step, e.run_idx, "
         f"e.start_ns, e.end_ns, e.span_id FROM ev e JOIN hz h ON {on}"
@@ -412,12 +416,6 @@ def _finding_runs(
     return out
 
 
-#: A span id of 16 lower-case hex digits (OTLP's, as the tracer writes it), and its value.
-_HEX_ID = ("length(span_id) = 16 AND span_id = lower(span_id) AND "
-           "TRY_CAST('0x' || span_id AS UBIGINT) IS NOT NULL")  # fmt: skip
-_ID_VALUE = "TRY_CAST('0x' || span_id AS UBIGINT)"
-
-
 def _register_events(q: Query, rows: list[HazardRow], new_pos: list[int]) -> bool:
     """Table ``hz``: each span id a hazard names, and the hazard's position in ``rows``; an
     event named by several hazards takes the first finding's, in the findings' own order.
@@ -448,8 +446,15 @@ def _register_events(q: Query, rows: list[HazardRow], new_pos: list[int]) -> boo
     # span ids as OTLP writes them (16 lower-case hex digits) are keyed by their value: a
     # join of 10M events with the 4M ids hazards name then fits DuckDB's memory cap (as text
     # it spilled, 12 s of CPU)
-    by_value = not q.sql(f"SELECT count(*) FILTER (WHERE NOT ({_HEX_ID})) FROM _hz")[0][0]
-    key = f"{_ID_VALUE} AS sid" if by_value else "span_id"
+    if q.numeric_ids:  # every event's id is hex: an id of another form names none of them
+        # (the ids are lower-case here: ``from_finding``, ``from_trace``); NULL joins none
+        by_value = True
+        key = (f"CASE WHEN length(span_id) = 16 AND NOT contains(span_id, '_') THEN "
+               f"{id_value_sql('span_id')} END AS sid")  # fmt: skip
+    else:
+        by_value = not q.sql(
+            f"SELECT count(*) FILTER (WHERE NOT ({hex_id_sql('span_id')})) FROM _hz")[0][0]
+        key = f"{id_value_sql('span_id')} AS sid" if by_value else "span_id"
     q.con.execute(f"CREATE OR REPLACE TABLE hz AS SELECT {key}, arg_min(hz, own) AS hz "
                   "FROM _hz GROUP BY ALL")  # fmt: skip
     q.con.unregister("_hz")

@@ -66,10 +66,12 @@ _PICKED_SPANS_SQL = """
 CREATE OR REPLACE TEMP TABLE picked_spans AS
 SELECT r.run_idx, span_id, shape, dtype, src_dtype, grad_fn, aten, thread_name, error, origin
 FROM spans JOIN runs r USING (run)
-WHERE span_id IN (SELECT e.span_id FROM ev e JOIN picked p ON e.rowid = p.r)
+WHERE span_id IN (SELECT {span_id} FROM ev e JOIN picked p ON e.rowid = p.r)
 """
+# (``{span_id}``: the picked events' span ids as text, :meth:`Query.span_text`)
 _TEMPLATE_SQL = """
-WITH chosen AS (SELECT e.*, e.rowid AS r FROM ev e JOIN picked p ON e.rowid = p.r)
+WITH chosen AS (SELECT e.* REPLACE ({span_id} AS span_id), e.rowid AS r
+  FROM ev e JOIN picked p ON e.rowid = p.r)
 SELECT e.op, e.kind, e.ba, e.bl, COALESCE(s.shape, []), COALESCE(s.dtype, ''),
   COALESCE(s.src_dtype, ''), e.src_device, e.dst_device, e.transfer, e.non_blocking,
   e.pinned, e.graph, COALESCE(s.grad_fn, ''), e.phase, e.module, e.site,
@@ -218,9 +220,10 @@ def sample(q: Query, max_points: int, large_bytes: int = LARGE_EVENT_BYTES) -> S
         q.con.execute(f"CREATE OR REPLACE TEMP TABLE cnt AS {_COUNTS}", {"large": large_bytes})
         plan, threshold = _plan(q, max_points, out.info)
         _pick(q, plan, threshold, large_bytes)
-    q.con.execute(_PICKED_SPANS_SQL)
+    span_id = q.span_text("e.span_id")
+    q.con.execute(_PICKED_SPANS_SQL.format(span_id=span_id))
     index: dict[tuple[Any, ...], int] = {}
-    for row in q.sql(_TEMPLATE_SQL):
+    for row in q.sql(_TEMPLATE_SQL.format(span_id=span_id)):
         key = (*row[:4], tuple(row[4]), *row[5:17], tuple(row[17]), *row[18:23], row[29])
         ti = index.get(key)
         if ti is None:
