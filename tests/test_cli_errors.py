@@ -38,6 +38,16 @@ def _copytrace(*args: str) -> subprocess.CompletedProcess[str]:
          "copytrace: error: argument COMMAND: invalid choice: 'bogus' (choose from 'run', "
          "'report', 'summary', 'check', 'diff', 'fix', 'export', 'doctor', 'trigger') "
          "(see copytrace --help)"),
+        # py-spy takes 0 and -5 and fails only after the program ran: refused before it
+        (("run", "--py-spy", "--py-spy-rate", "0", "x.py"),
+         "copytrace run: error: argument --py-spy-rate: must be >= 1, got 0 "
+         "(see copytrace run --help)"),
+        (("run", "--py-spy-rate=-5", "x.py"),
+         "copytrace run: error: argument --py-spy-rate: must be >= 1, got -5 "
+         "(see copytrace run --help)"),
+        (("run", "--py-spy-rate", "fast", "x.py"),
+         "copytrace run: error: argument --py-spy-rate: not a whole number: 'fast' "
+         "(see copytrace run --help)"),
         (("fix", "t", "--bogus", "--", "python", "train.py", "--lr", "1"),
          "copytrace fix: error: unrecognized arguments: --bogus (see copytrace fix --help)"),
     ],
