@@ -66,6 +66,7 @@ is not meant to be set by hand.
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -340,6 +341,34 @@ def _patterns(name: str, text: str) -> tuple[str, ...]:
                 name, text, f"comma separated regular expressions ({part!r}: {err})"
             ) from None
     return parts
+
+
+def parse_count(value: Any, name: str, least: int = 0) -> int:
+    """A whole number >= ``least`` given as an option (an int or numpy integer; not a bool,
+    a float or a string), e.g. ``trace(max_events=...)``.
+
+    Raises:
+        SettingError: anything else (``max_events: not -1; use a whole number >= 0``).
+    """
+    try:
+        number = operator.index(value) if not isinstance(value, bool) else -1
+    except TypeError:
+        number = least - 1
+    if number < least:
+        raise SettingError(f"{name}: not {value!r}; use a whole number >= {least}")
+    return number
+
+
+def parse_seconds(value: Any, name: str) -> float:
+    """A finite number of seconds >= 0 given as an option (``trace(flush_seconds=...)``).
+
+    Raises:
+        SettingError: anything else (``flush_seconds: not -5; use a number of seconds >= 0``).
+    """
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not 0 <= value < float("inf"):  # also refuses nan
+        raise SettingError(f"{name}: not {value!r}; use a number of seconds >= 0")
+    return float(value)
 
 
 def parse_level(value: Any, name: str = "level") -> str:
