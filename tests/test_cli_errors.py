@@ -69,3 +69,23 @@ def test_the_programs_own_flags_are_not_copytraces(tmp_path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[0] == "['--bogus']"
+
+
+def test_top_level_help_gives_each_command_one_short_line() -> None:
+    # `copytrace --help` lists each command with the first paragraph of its doc, not the whole
+    # doc (fix's printed its Usage:: block and export's its column notes there)
+    from copytrace.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    helps = {choice.dest: choice.help for choice in sub._choices_actions}
+    assert helps["fix"] == (
+        "propose the code change for each finding that has a mechanical fix, as a unified diff"
+    )
+    assert helps["export"] == (
+        "write a trace's events as one Parquet file, a Hive-partitioned Parquet dataset, "
+        "or a Chrome trace for Perfetto"
+    )
+    for name, text in helps.items():
+        assert "\n" not in text and "``" not in text, name
+        assert text[:1].islower() and not text.endswith("."), name

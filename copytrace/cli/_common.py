@@ -50,10 +50,12 @@ def check_outputs(args: argparse.Namespace) -> None:
 def add_trace_command(
     subparsers: Any, name: str, doc: str | None, extra_description: str = ""
 ) -> argparse.ArgumentParser:
-    """Add subcommand ``name`` whose help is the first line of ``doc`` and whose first
-    argument is the trace ``PATH`` (a file or a directory of trace files)."""
+    """Add subcommand ``name`` whose help (its line in ``copytrace --help``) is the first
+    paragraph of ``doc``, whose description is all of it, and whose first argument is the
+    trace ``PATH`` (a file or a directory of trace files)."""
     doc = (doc or "").strip()
-    short = doc[:1].lower() + doc[1:].rstrip(".")
+    first = " ".join(doc.split("\n\n", 1)[0].split())
+    short = first[:1].lower() + first[1:].rstrip(".")
     parser = subparsers.add_parser(name, help=short, description=doc + extra_description)
     parser.add_argument(
         "path", metavar="PATH", help="trace file (*.otlp.jsonl[.gz]) or a directory of them"
