@@ -555,8 +555,9 @@ def unwritable(out_dir: Any) -> str | None:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path, prefix=".copytrace-probe-"):
             pass
-    except OSError as err:
-        return f"output directory {out_dir} is not writable ({err.strerror or type(err).__name__})"
+    except OSError as err:  # mkdir's "File exists" would not say that it is a file
+        why = "a file is there" if path.is_file() else err.strerror or type(err).__name__
+        return f"output directory {out_dir} is not writable ({why})"
     return None
 
 

@@ -408,3 +408,16 @@ def test_trace_options_accept_whole_numbers_of_any_integer_type():
         for _ in range(5):
             torch.ones(2).clone()  # 5 copies, the cap keeps 3: the rest are counted dropped
     assert (len(t.events), t.stats["dropped"]) == (3, 2)
+
+
+def test_an_output_directory_that_is_a_file_is_said_so(tmp_path):
+    # mkdir's own reason, "File exists", read as if the directory existed and were writable
+    (tmp_path / "a-file").write_text("")
+    assert _env.unwritable(tmp_path / "a-file") == (
+        f"output directory {tmp_path / 'a-file'} is not writable (a file is there)"
+    )
+    # a path under a file keeps the system's reason
+    assert _env.unwritable(tmp_path / "a-file" / "out") == (
+        f"output directory {tmp_path / 'a-file' / 'out'} is not writable (Not a directory)"
+    )
+    assert _env.unwritable(tmp_path / "new") is None and (tmp_path / "new").is_dir()
