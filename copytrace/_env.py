@@ -66,6 +66,7 @@ is not meant to be set by hand.
 
 from __future__ import annotations
 
+import operator
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -342,6 +343,34 @@ def _patterns(name: str, text: str) -> tuple[str, ...]:
     return parts
 
 
+def parse_count(value: Any, name: str, least: int = 0) -> int:
+    """A whole number >= ``least`` given as an option (an int or numpy integer; not a bool,
+    a float or a string), e.g. ``trace(max_events=...)``.
+
+    Raises:
+        SettingError: anything else (``max_events: not -1; use a whole number >= 0``).
+    """
+    try:
+        number = operator.index(value) if not isinstance(value, bool) else -1
+    except TypeError:
+        number = least - 1
+    if number < least:
+        raise SettingError(f"{name}: not {value!r}; use a whole number >= {least}")
+    return number
+
+
+def parse_seconds(value: Any, name: str) -> float:
+    """A finite number of seconds >= 0 given as an option (``trace(flush_seconds=...)``).
+
+    Raises:
+        SettingError: anything else (``flush_seconds: not -5; use a number of seconds >= 0``).
+    """
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not ok or not 0 <= value < float("inf"):  # also refuses nan
+        raise SettingError(f"{name}: not {value!r}; use a number of seconds >= 0")
+    return float(value)
+
+
 def parse_level(value: Any, name: str = "level") -> str:
     """A tracing level, one of :data:`LEVELS` (case and blanks ignored).
 
@@ -526,8 +555,9 @@ def unwritable(out_dir: Any) -> str | None:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path, prefix=".copytrace-probe-"):
             pass
-    except OSError as err:
-        return f"output directory {out_dir} is not writable ({err.strerror or type(err).__name__})"
+    except OSError as err:  # mkdir's "File exists" would not say that it is a file
+        why = "a file is there" if path.is_file() else err.strerror or type(err).__name__
+        return f"output directory {out_dir} is not writable ({why})"
     return None
 
 

@@ -163,7 +163,9 @@ class Trace(contextlib.ContextDecorator):
             (``SIGUSR1``) into a file of their own (``docs/production.md``).
 
     Options left as None take their ``COPYTRACE_*`` variable (parsed by
-    :mod:`copytrace._env`); a value not accepted raises ``copytrace.SettingError``.
+    :mod:`copytrace._env`); a value not accepted, given or from the variable, raises
+    ``copytrace.SettingError`` (``max_events``, ``flush_events``, ``ring``: whole numbers
+    >= 0; ``trigger_steps`` >= 1; ``flush_seconds``: seconds >= 0).
 
     ``OTEL_TRACES_SAMPLER`` (or the given provider's sampler) decides once per run: a run
     sampled out is not traced at all.

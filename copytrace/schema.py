@@ -349,7 +349,9 @@ class CopyEvent:
 
     def __repr__(self) -> str:
         where = f"{self.file}:{self.line}" if self.file else "?"
-        kind = "alias" if self.alias else "copy"
+        # the three kinds the summary counts: a no-op returns its input itself (its alias
+        # flag is set too, as it shares the input's storage)
+        kind = "no-op" if self.noop else "alias" if self.alias else "copy"
         return (
             f"CopyEvent(#{self.seq} {self.op} {kind} {self.bytes_allocated} B "
             f"{self.dtype}{list(self.shape)} {self.src_device}->{self.dst_device} "

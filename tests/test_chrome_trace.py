@@ -104,3 +104,34 @@ def test_hta_loads_the_merged_trace(merged, tmp_path):
     names = set(analysis.t.symbol_table.get_sym_table())
     assert "copytrace::clone" in names and "aten::clone" in names
     assert len(df) > 0
+
+
+@pytest.mark.parametrize(
+    "content, problem",
+    [
+        (b"{bad", "is not JSON (Expecting property name enclosed in double quotes: "
+                  "line 1 column 2 (char 1))"),
+        (b"\xff\xfe{}", "is not JSON ("),
+        (b"[]", "is not a Chrome trace (no traceEvents)"),
+        (b'{"traceEvents": 5, "baseTimeNanoseconds": 1}', "is not a Chrome trace (no traceEvents)"),
+        (b'{"traceEvents": [1], "baseTimeNanoseconds": 1}',
+         "is not a Chrome trace (no traceEvents)"),
+        (b'{"traceEvents": []}', "has no baseTimeNanoseconds (not torch.profiler's?)"),
+    ],
+)  # fmt: skip
+def test_a_bad_profiler_file_is_one_line_naming_it_before_the_trace_is_read(
+    tmp_path, capsys, content, problem
+):
+    from copytrace.cli import main
+
+    prof = tmp_path / "prof.json"
+    prof.write_bytes(content)
+    # the trace is unreadable too: an error about the profiler's file shows it was read first
+    trace = tmp_path / "bad.otlp.jsonl"
+    trace.write_bytes(b"not a trace\n")
+    out = tmp_path / "m.json"
+    assert main(["export", str(trace), "--chrome-trace", str(out), "--merge", str(prof)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert err.startswith(f"copytrace: error: --merge: {prof} {problem}"), err
+    assert not out.exists()

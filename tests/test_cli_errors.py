@@ -38,6 +38,16 @@ def _copytrace(*args: str) -> subprocess.CompletedProcess[str]:
          "copytrace: error: argument COMMAND: invalid choice: 'bogus' (choose from 'run', "
          "'report', 'summary', 'check', 'diff', 'fix', 'export', 'doctor', 'trigger') "
          "(see copytrace --help)"),
+        # py-spy takes 0 and -5 and fails only after the program ran: refused before it
+        (("run", "--py-spy", "--py-spy-rate", "0", "x.py"),
+         "copytrace run: error: argument --py-spy-rate: must be >= 1, got 0 "
+         "(see copytrace run --help)"),
+        (("run", "--py-spy-rate=-5", "x.py"),
+         "copytrace run: error: argument --py-spy-rate: must be >= 1, got -5 "
+         "(see copytrace run --help)"),
+        (("run", "--py-spy-rate", "fast", "x.py"),
+         "copytrace run: error: argument --py-spy-rate: not a whole number: 'fast' "
+         "(see copytrace run --help)"),
         (("fix", "t", "--bogus", "--", "python", "train.py", "--lr", "1"),
          "copytrace fix: error: unrecognized arguments: --bogus (see copytrace fix --help)"),
     ],
@@ -95,3 +105,23 @@ def test_plain_takes_out_roles_literals_and_block_markers():
     text = "See :class:`copytrace.Trace` and :func:`~copytrace.fixes.plan_fixes`.\nUsage::\n"
     assert plain(text) == "See copytrace.Trace and plan_fixes.\nUsage:\n"
     assert plain("``--steps N``, else\n``a\nb``") == "--steps N, else\na\nb"
+
+
+def test_top_level_help_gives_each_command_one_short_line() -> None:
+    # `copytrace --help` lists each command with the first paragraph of its doc, not the whole
+    # doc (fix's printed its Usage:: block and export's its column notes there)
+    from copytrace.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    helps = {choice.dest: choice.help for choice in sub._choices_actions}
+    assert helps["fix"] == (
+        "propose the code change for each finding that has a mechanical fix, as a unified diff"
+    )
+    assert helps["export"] == (
+        "write a trace's events as one Parquet file, a Hive-partitioned Parquet dataset, "
+        "or a Chrome trace for Perfetto"
+    )
+    for name, text in helps.items():
+        assert "\n" not in text and "``" not in text, name
+        assert text[:1].islower() and not text.endswith("."), name

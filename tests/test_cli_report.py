@@ -184,6 +184,36 @@ def test_corrupt_file(tmp_path: Path, capsys: pytest.CaptureFixture, command: st
     assert not (tmp_path / "bad.report.html").exists()
 
 
+def _drop_trace_ids(line: str) -> str:
+    doc = json.loads(line)
+    for rs in doc["resourceSpans"]:
+        for ss in rs["scopeSpans"]:
+            for span in ss["spans"]:
+                del span["traceId"]
+    return json.dumps(doc)
+
+
+def test_spans_without_trace_id_are_unreadable_lines(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    # OTLP requires a traceId (copytrace's run id): a line of spans without one is skipped
+    # and counted like any unreadable line, never a traceback
+    path = write_trace(tmp_path)
+    lines = path.read_text().splitlines()
+    cut = [_drop_trace_ids(lines[0]), *lines[1:]]  # lines[0]: the 7 events' spans
+    path.write_text("\n".join(cut) + "\n")
+    assert main(["report", str(path), "-o", str(tmp_path / "r.html")]) == 0
+    out, err = capsys.readouterr()
+    assert out.endswith("(0 events, 0 bytes copied)\n")
+    assert err.startswith(f"copytrace: warning: skipped 1 unreadable line(s) in {path}")
+
+    path.write_text("\n".join(_drop_trace_ids(ln) for ln in lines) + "\n")
+    assert main(["summary", str(path)]) == 2
+    assert _error_line(capsys.readouterr().err) == (
+        f"copytrace: error: no readable copytrace spans in {path} (4 unreadable line(s))"
+    )
+
+
 def test_empty_directory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert main(["report", str(tmp_path)]) == 2
     assert "no trace files" in _error_line(capsys.readouterr().err)

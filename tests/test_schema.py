@@ -64,3 +64,16 @@ def test_schema_imports_neither_torch_nor_pyarrow() -> None:
             "print(sorted(m for m in ('torch', 'pyarrow', 'opentelemetry') if m in sys.modules))")  # fmt: skip
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_repr_names_the_kind_the_summary_counts() -> None:
+    # a real run: x.to("cpu") on a CPU float32 tensor returns x itself (a no-op), detach()
+    # shares x's storage (an alias), clone() writes new storage (a copy)
+    x = torch.ones(2, 3)
+    with copytrace.trace(write=False) as t:
+        x.to("cpu")
+        x.detach()
+        x.clone()
+    kinds = [(ev.op, repr(ev).split()[2]) for ev in t.events]
+    assert kinds == [("to", "no-op"), ("detach", "alias"), ("clone", "copy")]
+    assert [(ev.noop, ev.alias) for ev in t.events] == [(True, True), (False, True), (False, False)]

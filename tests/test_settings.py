@@ -451,3 +451,50 @@ def test_a_trace_says_an_unknown_variable_once_per_process(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert [ln for ln in proc.stderr.splitlines() if "unknown variable" in ln] == [_TYPO]
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        ({"max_events": -1}, "max_events: not -1; use a whole number >= 0"),
+        # 2.5 once reached the C++ observer's callback, whose slice failed on every event
+        ({"max_events": 2.5}, "max_events: not 2.5; use a whole number >= 0"),
+        ({"max_events": True}, "max_events: not True; use a whole number >= 0"),
+        ({"flush_events": -3}, "flush_events: not -3; use a whole number >= 0"),
+        ({"flush_events": "9"}, "flush_events: not '9'; use a whole number >= 0"),
+        ({"flush_seconds": -5}, "flush_seconds: not -5; use a number of seconds >= 0"),
+        ({"flush_seconds": float("nan")}, "flush_seconds: not nan; use a number of seconds >= 0"),
+        ({"ring": -2}, "ring: not -2; use a whole number >= 0"),
+        ({"trigger": "signal", "trigger_steps": 0},
+         "trigger_steps: not 0; use a whole number >= 1"),
+    ],
+)  # fmt: skip
+def test_trace_options_are_checked_as_their_variables_are(option, message):
+    # the variables refuse these values (COPYTRACE_MAX_EVENTS=-1 ...); the options given to
+    # trace() must too, before anything is installed, not drop or break every event
+    with pytest.raises(copytrace.SettingError) as err:
+        copytrace.trace(write=False, **option)
+    assert str(err.value) == message
+
+
+def test_trace_options_accept_whole_numbers_of_any_integer_type():
+    np = pytest.importorskip("numpy")
+    t = copytrace.trace(write=False, max_events=np.int64(3), flush_events=0, flush_seconds=1)
+    assert (t.session._rec.max_events, t.flush_events, t.flush_seconds) == (3, 0, 1.0)
+    with t:
+        for _ in range(5):
+            torch.ones(2).clone()  # 5 copies, the cap keeps 3: the rest are counted dropped
+    assert (len(t.events), t.stats["dropped"]) == (3, 2)
+
+
+def test_an_output_directory_that_is_a_file_is_said_so(tmp_path):
+    # mkdir's own reason, "File exists", read as if the directory existed and were writable
+    (tmp_path / "a-file").write_text("")
+    assert _env.unwritable(tmp_path / "a-file") == (
+        f"output directory {tmp_path / 'a-file'} is not writable (a file is there)"
+    )
+    # a path under a file keeps the system's reason
+    assert _env.unwritable(tmp_path / "a-file" / "out") == (
+        f"output directory {tmp_path / 'a-file' / 'out'} is not writable (Not a directory)"
+    )
+    assert _env.unwritable(tmp_path / "new") is None and (tmp_path / "new").is_dir()

@@ -150,7 +150,7 @@ def _dataset(args: argparse.Namespace) -> int:
 def _chrome(args: argparse.Namespace) -> int:
     """``--chrome-trace`` (and ``--merge``): see the module docstring."""
     from copytrace.tracefile import event_table
-    from copytrace.tracefile.chrome import merge_into_profiler, write_chrome_trace
+    from copytrace.tracefile.chrome import merge_into_profiler, read_profiler, write_chrome_trace
 
     out = Path(args.chrome_trace)
     if out.is_dir():
@@ -158,15 +158,19 @@ def _chrome(args: argparse.Namespace) -> int:
     profiler = Path(args.merge) if args.merge is not None else None
     if profiler is not None and not profiler.is_file():
         raise CopytraceError(f"--merge: no such file: {profiler}")
+    try:  # the profiler's file is checked before the trace, which may be large, is read
+        doc = read_profiler(profiler) if profiler is not None else None
+    except (ValueError, OSError) as err:
+        raise CopytraceError(f"--merge: {err}") from err
     path = Path(args.path)
     table = event_table(path)
     warn_unreadable(table, path)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        if profiler is None:
+        if doc is None:
             n = write_chrome_trace(table, out)
         else:
-            n = merge_into_profiler(table, profiler, out)
+            n = merge_into_profiler(table, doc, out)
     except ValueError as err:
         raise CopytraceError(str(err)) from err
     except OSError as err:

@@ -66,8 +66,8 @@ def register(sub: Any) -> None:
         help="py-spy output: speedscope JSON (default) or raw collapsed stacks",
     )  # fmt: skip
     parser.add_argument(
-        "--py-spy-rate", type=int, default=100, metavar="HZ",
-        help="py-spy samples per second (default: 100)",
+        "--py-spy-rate", type=_rate, default=100, metavar="HZ",
+        help="py-spy samples per second, >= 1 (default: 100)",
     )  # fmt: skip
     # ``-m`` takes the rest of the line, like python's: everything after the module name is
     # the program's, even when it looks like one of copytrace's options.
@@ -150,6 +150,23 @@ def run(args: argparse.Namespace) -> int:
     finally:
         launch.finish()  # no-op when already finished; never raises
         launch.reset()
+
+
+def _rate(text: str) -> int:
+    """``--py-spy-rate``: a whole number of samples per second, >= 1. py-spy itself takes 0
+    and writes no profile, and reads a negative rate as an unknown flag; both would show
+    only after the whole program ran, so they are refused before it starts.
+
+    Raises:
+        argparse.ArgumentTypeError: not a whole number, or below 1.
+    """
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _check_writable(out_dir: Path) -> None:

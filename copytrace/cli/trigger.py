@@ -127,8 +127,8 @@ def handle(args: argparse.Namespace) -> int:
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``trigger`` subcommand to ``subparsers``; returns its parser."""
     parser = subparsers.add_parser(
-        "trigger", help=__doc__[:1].lower() + __doc__.splitlines()[0][1:].rstrip("."),
-        description=__doc__,
+        "trigger", help="start a traced window in a running, armed process "
+        "(COPYTRACE_TRIGGER=signal)", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
     parser.add_argument("pid", type=int, metavar="PID", help="the armed process")

@@ -160,6 +160,10 @@ class Builder:
         span_rs = pc.list_parent_indices(ss_list).to_numpy()[
             pc.list_parent_indices(sp_list).to_numpy()
         ]
+        if spans.field("traceId").null_count or spans.field("spanId").null_count:
+            # OTLP requires both; the Python reader refuses such a line (or skips a foreign
+            # span), and a null run id would break the table's run list
+            raise ValueError("a span without traceId or spanId")
         trace = pc.utf8_lower(spans.field("traceId"))
         pairs = pa.table({"rs": span_rs, "run": trace}).group_by(["rs", "run"]).aggregate([])
         res_attrs = rs.field("resource").field("attributes")

@@ -28,7 +28,7 @@ from typing import Any
 
 from copytrace.schema import META_SPANS
 
-__all__ = ["chrome_events", "merge_into_profiler", "write_chrome_trace"]
+__all__ = ["chrome_events", "merge_into_profiler", "read_profiler", "write_chrome_trace"]
 
 #: The event table's columns a slice's ``args`` carry (``None`` / empty values left out).
 ARG_COLUMNS = (
@@ -105,20 +105,32 @@ def write_chrome_trace(table: Any, out: Path) -> int:
     return sum(1 for e in events if e["ph"] == "X")
 
 
-def merge_into_profiler(table: Any, profiler: Path, out: Path) -> int:
-    """Write torch.profiler's Chrome trace ``profiler`` with ``table``'s events added on its
-    clock, each on the profiler's own process and thread track where their ids match.
+def read_profiler(profiler: Path) -> dict[str, Any]:
+    """torch.profiler's Chrome trace (``export_chrome_trace``) in ``profiler``, checked
+    before any trace is read.
 
     Raises:
-        ValueError: ``profiler`` is not a torch.profiler Chrome trace (no ``traceEvents``
-            or no ``baseTimeNanoseconds``).
+        ValueError: one line naming the file: it is not JSON text, has no ``traceEvents``
+            list of objects, or no ``baseTimeNanoseconds`` (torch.profiler's clock).
+        OSError: the file cannot be read.
     """
-    doc = json.loads(profiler.read_text())
-    if not isinstance(doc, dict) or "traceEvents" not in doc:
+    try:
+        doc = json.loads(profiler.read_bytes())
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError
+        raise ValueError(f"{profiler} is not JSON ({err})") from None
+    events = doc.get("traceEvents") if isinstance(doc, dict) else None
+    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
         raise ValueError(f"{profiler} is not a Chrome trace (no traceEvents)")
-    base = doc.get("baseTimeNanoseconds")
-    if not isinstance(base, int):
+    if not isinstance(doc.get("baseTimeNanoseconds"), int):
         raise ValueError(f"{profiler} has no baseTimeNanoseconds (not torch.profiler's?)")
+    return doc
+
+
+def merge_into_profiler(table: Any, doc: dict[str, Any], out: Path) -> int:
+    """Write torch.profiler's Chrome trace ``doc`` (from :func:`read_profiler`) with
+    ``table``'s events added on its clock, each on the profiler's own process and thread
+    track where their ids match; returns the slices added."""
+    base = doc["baseTimeNanoseconds"]
     pids = {e.get("pid") for e in doc["traceEvents"] if e.get("cat") == "cpu_op"}
     pid = next(iter(pids)) if len(pids) == 1 else None
     events = chrome_events(table, base, pid)

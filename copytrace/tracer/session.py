@@ -119,11 +119,12 @@ class Session(contextlib.ContextDecorator):
             flush_events = _env.setting(_env.COPYTRACE_FLUSH_EVENTS)
         if flush_seconds is None:
             flush_seconds = _env.setting(_env.COPYTRACE_FLUSH_SECONDS)
-        self.flush_events = max(0, int(flush_events))
-        self.flush_seconds = float(flush_seconds)
+        self.flush_events = _env.parse_count(flush_events, "flush_events")
+        self.flush_seconds = _env.parse_seconds(flush_seconds, "flush_seconds")
         self._flush_ns = int(self.flush_seconds * 1e9)
         self._production(trigger, trigger_steps, ring, schedule)
         self.on_window = on_window
+        max_events = _env.parse_count(max_events, "max_events")
         if self.ring:
             max_events = max(max_events, 2 * self.ring)
         self.write = write
@@ -161,7 +162,8 @@ class Session(contextlib.ContextDecorator):
                  "trigger" if trigger is not None else _env.COPYTRACE_TRIGGER)  # fmt: skip
         trigger = trigger if trigger is not None else _env.setting(_env.COPYTRACE_TRIGGER)
         if _env.parse_trigger(trigger) == "signal":
-            steps = trigger_steps or _env.setting(_env.COPYTRACE_TRIGGER_STEPS)
+            steps = (_env.parse_count(trigger_steps, "trigger_steps", 1) if trigger_steps
+                     is not None else _env.setting(_env.COPYTRACE_TRIGGER_STEPS))  # fmt: skip
             signame = _env.setting(_env.COPYTRACE_TRIGGER_SIGNAL)
             #: armed and idle until the signal (:mod:`copytrace.tracer._trigger`), else None
             self.trigger: _trigger.Trigger | None = _trigger.Trigger(signame, int(steps))
@@ -170,7 +172,8 @@ class Session(contextlib.ContextDecorator):
             self.trigger = None
             self.schedule = S.schedule_from(schedule)
         #: the flight recorder's size (:mod:`copytrace.tracer._ring`); 0: off
-        self.ring = int(ring if ring is not None else _env.setting(_env.COPYTRACE_RING))
+        self.ring = (_env.parse_count(ring, "ring") if ring is not None
+                     else _env.setting(_env.COPYTRACE_RING))  # fmt: skip
         _env.ring_and_trigger(self.ring, "none" if self.trigger is None else "signal", *names)
         ring_signal = _env.setting(_env.COPYTRACE_RING_SIGNAL)
         self._ring_signal = (
