@@ -155,7 +155,7 @@ PyMethodDef g_methods[] = {
     {"user_fn_install", FN(py_user_fn_install), METH_FASTCALL,
      "user_fn_install(orig, partial, run) -> BackwardCFunction._get_user_fn (None x 3 clears)"},
     {"cc_install", FN(py_cc_install), METH_FASTCALL,
-     "cc_install(state, rec, raw, code_graphs, graph_runs, sources, graphs, nothing) (None "
+     "cc_install(state, rec, raw, code_graphs, graph_runs, module_type, graphs, nothing) (None "
      "clears; returns whether a call was open)"},
     {nullptr, nullptr, 0, nullptr}};
 

@@ -294,7 +294,7 @@ def cc_install(
     raw: list[tuple[Any, ...]] | None,
     code_graphs: dict[CodeType, int | None] | None,
     graph_runs: dict[int, int] | None,
-    sources: dict[int, tuple[Any, Any]] | None,
+    module_type: type | None,
     graphs: dict[int, Any] | None,
     nothing: Any | None,
     /,
