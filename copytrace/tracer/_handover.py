@@ -42,6 +42,7 @@ import torch
 
 from copytrace.schema import CopyEvent
 from copytrace.tracer._callsite import user_frame
+from copytrace.tracer._hide import hide_frames
 from copytrace.tracer._storage_ref import StorageRef, storage_key
 
 if TYPE_CHECKING:
@@ -363,11 +364,18 @@ def _wrap_state_dict(orig: Any, here: Any) -> Any:
     def state_dict(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = here()
         if rec is None or _BUSY[0] or rec.active is not None:
-            return orig(self, *args, **kwargs)
+            try:
+                return orig(self, *args, **kwargs)
+            except BaseException as err:  # the program's: its traceback as untraced
+                hide_frames(err)
+                raise
         buffer, first = rec.events, len(rec.events)
         _BUSY[0] += 1
         try:
             result = orig(self, *args, **kwargs)
+        except BaseException as err:
+            hide_frames(err)
+            raise
         finally:
             _BUSY[0] -= 1
         try:
@@ -385,7 +393,11 @@ def _wrap_load(orig: Any, here: Any) -> Any:
     def load_state_dict(self: Any, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
         rec = here()
         if rec is None or _BUSY[0] or rec.active is not None:
-            return orig(self, state_dict, *args, **kwargs)
+            try:
+                return orig(self, state_dict, *args, **kwargs)
+            except BaseException as err:  # the program's: its traceback as untraced
+                hide_frames(err)
+                raise
         given: dict[int, _Tensor] = {}
         try:
             with _NoTorchFunction():  # no other mode sees copytrace's reads
@@ -399,6 +411,9 @@ def _wrap_load(orig: Any, here: Any) -> Any:
         _BUSY[0] += 1
         try:
             result = orig(self, state_dict, *args, **kwargs)
+        except BaseException as err:
+            hide_frames(err)
+            raise
         finally:
             _BUSY[0] -= 1
         try:

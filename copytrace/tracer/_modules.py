@@ -82,9 +82,9 @@ class Modules:
         self._nodes: dict[int, str] = {}
         # (id(tensor), TensorImpl address) -> name of the owners found by a heap search
         self._owners: dict[tuple[int, int], str | None] = {}
-        #: the C++ observer's ``frame_var`` while it is engaged (a running frame's ``self``
-        #: read without an ``f_locals`` dict), else None
-        self.frame_var: Any = None
+        #: the C++ observer's ``module_calls`` while it is engaged (the ``self`` of each
+        #: module call on the stack, in one walk in C), else None
+        self.module_calls: Any = None
 
     def name(self, module: torch.nn.Module) -> str:
         """Name of ``module`` as a root: its class, ``#n`` for the n-th root of that class
@@ -117,33 +117,39 @@ class Modules:
     def current(self, frame: FrameType | None) -> str | None:
         """Path of the innermost module whose call is in progress at or above ``frame``
         (``None``: not inside a module call)."""
-        calls = []
-        while frame is not None:
-            if frame.f_code is _CALL_IMPL:
-                calls.append(frame)
-            frame = frame.f_back
+        if frame is None:
+            return None
+        module_calls = self.module_calls
+        if module_calls is not None:  # the C++ observer: one walk in C
+            calls = module_calls(frame, _CALL_IMPL)
+        else:
+            calls = []
+            while frame is not None:
+                if frame.f_code is _CALL_IMPL:
+                    calls.append(frame.f_locals.get("self"))
+                frame = frame.f_back
+            calls.reverse()
         if not calls:
             return None
         path = parent = None
-        frame_var = self.frame_var
-        seen = self._seen
-        for call in reversed(calls):  # outermost first: each names the call inside it
-            if frame_var is not None:
-                module = frame_var(call, "self")
-            else:
-                module = call.f_locals.get("self")
+        relations, paths, seen = self._relations, self._paths, self._seen
+        for module in calls:  # outermost first: each names the call inside it
             if not isinstance(module, torch.nn.Module):
                 continue
             if parent is None:
                 path, parent = self._outermost(module), module
                 continue
-            names = self._under(parent, module)
+            names = relations.get((id(parent), id(module)))
+            # the usual case, a direct child named before: checked on the live parent
+            if names is None or len(names) != 1 or parent._modules.get(names[0]) is not module:
+                names = self._under(parent, module)
             if names is _NOT_UNDER:  # called from a module it does not belong to: a root
                 path = self.name(module)
             elif names:  # (): the same module called again inside its own call
-                path = self._join(path, names)
+                joined = paths.get((path, names))
+                path = joined if joined is not None else self._join(path, names)
                 known = seen.get(id(module))
-                if known is None or known[1] != path or known[0] is not type(module):
+                if known is None or known[1] is not path or known[0] is not type(module):
                     self._note(module, path)
             parent = module
         return path

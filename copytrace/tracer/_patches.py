@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from copytrace.tracer import _handover, _slots, _warnshim
+from copytrace.tracer._hide import hide_frames
 
 if TYPE_CHECKING:
     from copytrace.tracer._recorder import Recorder
@@ -81,23 +82,31 @@ _ORIG_PARAM_DEEPCOPY = torch.nn.Parameter.__deepcopy__
 
 
 def _traced_deepcopy(x, memo=None, _nil=[]):  # noqa: B006 - same signature as copy.deepcopy
-    rec = _here()
-    if rec is None or rec.group is not None or rec.active is not None:
-        return _ORIG_DEEPCOPY(x, memo, _nil)
-    if isinstance(x, _Tensor):
-        # Recorded here rather than at Tensor.__deepcopy__: a mode above copytrace's (torch's
-        # FakeCopyMode) may answer __deepcopy__ without calling down to copytrace.
-        return rec.api_call("deepcopy", _ORIG_DEEPCOPY, (x, memo, _nil), {})
-    return rec.deepcopy_group(_ORIG_DEEPCOPY, x, memo, _nil)
+    try:
+        rec = _here()
+        if rec is None or rec.group is not None or rec.active is not None:
+            return _ORIG_DEEPCOPY(x, memo, _nil)
+        if isinstance(x, _Tensor):
+            # Recorded here rather than at Tensor.__deepcopy__: a mode above copytrace's
+            # (torch's FakeCopyMode) may answer __deepcopy__ without calling down to copytrace.
+            return rec.api_call("deepcopy", _ORIG_DEEPCOPY, (x, memo, _nil), {})
+        return rec.deepcopy_group(_ORIG_DEEPCOPY, x, memo, _nil)
+    except BaseException as err:  # the program's error: its traceback as untraced (_hide.py)
+        hide_frames(err)
+        raise
 
 
 def _traced_copy(x):
     # Tensor has no __copy__: copy.copy rebuilds a new tensor on the same storage through
     # __reduce_ex__ (an alias), which neither mode sees as one call.
-    rec = _here()
-    if rec is None or rec.active is not None or not isinstance(x, _Tensor):
-        return _ORIG_COPY(x)
-    return rec.api_call("copy", _ORIG_COPY, (x,), {})
+    try:
+        rec = _here()
+        if rec is None or rec.active is not None or not isinstance(x, _Tensor):
+            return _ORIG_COPY(x)
+        return rec.api_call("copy", _ORIG_COPY, (x,), {})
+    except BaseException as err:
+        hide_frames(err)
+        raise
 
 
 def _traced_from_numpy(array):
@@ -105,9 +114,17 @@ def _traced_from_numpy(array):
     # as an alias of the array's memory.
     rec = _here()
     if rec is None or rec.active is not None:
-        return _ORIG_FROM_NUMPY(array)
+        try:
+            return _ORIG_FROM_NUMPY(array)
+        except BaseException as err:
+            hide_frames(err)
+            raise
     start = _perf_ns()
-    out = _ORIG_FROM_NUMPY(array)
+    try:
+        out = _ORIG_FROM_NUMPY(array)
+    except BaseException as err:
+        hide_frames(err)
+        raise
     end = _perf_ns()
     try:
         with _NoTorchFunction():
@@ -120,19 +137,27 @@ def _traced_from_numpy(array):
 def _traced_swap_tensors(t1, t2):
     # nn.Module._apply's swap path (torch.__future__.set_swap_module_params_on_conversion)
     # rebinds parameters with torch.utils.swap_tensors, which neither mode sees.
-    rec = _here()
-    if rec is None or rec.active is not None:
-        return _ORIG_SWAP(t1, t2)
-    return rec.api_call("swap_tensors", _ORIG_SWAP, (t1, t2), {})
+    try:
+        rec = _here()
+        if rec is None or rec.active is not None:
+            return _ORIG_SWAP(t1, t2)
+        return rec.api_call("swap_tensors", _ORIG_SWAP, (t1, t2), {})
+    except BaseException as err:
+        hide_frames(err)
+        raise
 
 
 def _traced_param_deepcopy(self, memo):
     # nn.Parameter.__deepcopy__ never reaches the function mode (its __torch_function__ is
     # disabled); it shows as `.data` + `clone`. Record it as one deepcopy of the parameter.
-    rec = _here()
-    if rec is None or rec.active is not None:
-        return _ORIG_PARAM_DEEPCOPY(self, memo)
-    return rec.api_call("deepcopy", _ORIG_PARAM_DEEPCOPY, (self, memo), {})
+    try:
+        rec = _here()
+        if rec is None or rec.active is not None:
+            return _ORIG_PARAM_DEEPCOPY(self, memo)
+        return rec.api_call("deepcopy", _ORIG_PARAM_DEEPCOPY, (self, memo), {})
+    except BaseException as err:
+        hide_frames(err)
+        raise
 
 
 #: the Python functions patched in (their frames are skipped by dynamo)

@@ -134,8 +134,12 @@ CcNames* g_ccn = nullptr;
 // obj.name, or nullptr without an error where obj has no such attribute; nullptr with the
 // error set for any other failure.
 PyObject* optional_attr(PyObject* obj, PyObject* name) {
-  PyObject* value = PyObject_GetAttr(obj, name);
-  if (value == nullptr && PyErr_ExceptionMatches(PyExc_AttributeError)) PyErr_Clear();
+  PyObject* value = nullptr;
+#if PY_VERSION_HEX >= 0x030D0000
+  (void)PyObject_GetOptionalAttr(obj, name, &value);
+#else
+  (void)_PyObject_LookupAttr(obj, name, &value);  // no AttributeError made where it can
+#endif
   return value;
 }
 

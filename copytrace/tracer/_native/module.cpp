@@ -125,6 +125,9 @@ PyMethodDef g_methods[] = {
      "Drop the call-site caches (and the code objects they hold)"},
     {"frame_var", FN(py_frame_var), METH_FASTCALL,
      "frame_var(frame, name): a frame's variable without f_locals"},
+    {"module_calls", FN(py_module_calls), METH_FASTCALL,
+     "module_calls(frame, code): the self of each frame running code at or above frame, "
+     "outermost first"},
     // record.cpp
     {"record", FN(record), METH_FASTCALL,
      "record(state, op, src, out, src_requires_grad, seq, start, end, aten, step, "

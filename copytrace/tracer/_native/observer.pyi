@@ -247,6 +247,8 @@ def call_site(
 def clear_sites() -> None: ...
 def frame_var(frame: FrameType, name: str, /) -> Any:
     """A running frame's variable without f_locals; NameError where it has none."""
+def module_calls(frame: FrameType, code: CodeType, /) -> list[Any]:
+    """The ``self`` of each frame running ``code`` at or above ``frame``, outermost first."""
 
 # --- record.cpp -----------------------------------------------------------------------------
 RECORD_FIELDS: Final[tuple[str, ...]]
