@@ -34,6 +34,7 @@ from copytrace.tracer._storage_ref import StorageRef, storage_key, storage_ref
 
 __all__ = ["Modules"]
 
+_Module = torch.nn.Module
 _CALL_IMPL = torch.nn.Module._call_impl.__code__
 CALL_IMPL = _CALL_IMPL  # the C++ observer's record finds the innermost frame running it
 _MAX_NODES = 200_000  # node sequence numbers kept for backward attribution
@@ -73,7 +74,7 @@ class Modules:
         #: (id(parent), id(child)) -> the child's attribute path under the parent, checked on
         #: every use against the live modules; ``_NOT_UNDER`` (kept one step): not a descendant
         self._relations: dict[tuple[int, int], tuple[str, ...]] = {}
-        self._paths: dict[tuple[str, tuple[str, ...]], str] = {}
+        self._paths: dict[tuple[str, Any], str] = {}
         #: id(module) -> (its class, its path, torch's weak handle on the storage of its first
         #: parameter or buffer or None): a module met under a root, for when it is called
         #: outside it (a checkpoint's recomputation, ``model.block(x)``)
@@ -132,12 +133,17 @@ class Modules:
         if not calls:
             return None
         path = parent = None
-        relations, paths, seen = self._relations, self._paths, self._seen
+        relations, paths, seen, names_of = self._relations, self._paths, self._seen, self.names
         for module in calls:  # outermost first: each names the call inside it
-            if not isinstance(module, torch.nn.Module):
+            if not isinstance(module, _Module):
                 continue
             if parent is None:
-                path, parent = self._outermost(module), module
+                root = names_of.get(id(module))
+                if root is not None and root[0] is type(module) and id(module) not in seen:
+                    path = root[1]  # the usual case: a root named before
+                else:
+                    path = self._outermost(module)
+                parent = module
                 continue
             names = relations.get((id(parent), id(module)))
             # the usual case, a direct child named before: checked on the live parent
@@ -146,7 +152,7 @@ class Modules:
             if names is _NOT_UNDER:  # called from a module it does not belong to: a root
                 path = self.name(module)
             elif names:  # (): the same module called again inside its own call
-                joined = paths.get((path, names))
+                joined = paths.get((path, names[0])) if len(names) == 1 else None
                 path = joined if joined is not None else self._join(path, names)
                 known = seen.get(id(module))
                 if known is None or known[1] is not path or known[0] is not type(module):
@@ -175,7 +181,9 @@ class Modules:
         seen[id(module)] = (type(module), path, storage_ref(first) if first is not None else None)
 
     def _join(self, path: Any, names: tuple[str, ...]) -> str:
-        key = (path, names)
+        """``path.names...``, one string object per path (cached by ``(path, first name)``
+        for a direct child, so that the same path is the same object)."""
+        key = (path, names[0]) if len(names) == 1 else (path, names)
         out = self._paths.get(key)
         if out is None:
             if len(self._paths) >= _MAX_RELATIONS:
