@@ -11,32 +11,38 @@ While tracing, ``state_dict`` and ``load_state_dict`` of ``nn.Module``, ``Optimi
 ``LRScheduler`` (and of every subclass that calls them) are wrapped:
 
 * ``state_dict()`` (the outermost call) notes, for each tensor it returns, its storage and
-  the object it came from (the *source*), weakly;
+  the object it came from (the *source*), by ``(id, class)``: nothing refers to it;
 * ``load_state_dict(sd)`` then looks for tensors of the receiver that share storage with a
   tensor of ``sd`` whose source is another live object: a *handover*. The events of the
   load that made those aliases (the no-op ``.to`` of the optimizer's load path) are marked
   ``snapshot``; where the load made none, the ``state_dict()`` aliases are; where neither
   exists, one ``load_state_dict`` alias event is recorded.
 
-At each step end a handover is checked by storage and version counter, not by the objects
-``state_dict()`` returned (they are usually gone): while both holders still hold a tensor on
-the shared storage, a moved version counter on either side marks the events ``stale``.
-Nothing here keeps a tensor, a storage or a holder alive; errors are counted, never raised.
+A write into a shared storage is seen by version counter (the C++ observer's handles on the
+counters of the tensors the load left there) or, on the Python fallback, by the dispatch
+mode (a write into one of those tensors, by identity, or into a view of one). At a step end
+after such a write the two holders are found again on the garbage collector's heap (by
+``(id, class)``; whichever object is found must itself hold a tensor on the storage, whose
+address copytrace's weak handle keeps from reuse): while both still hold one, the events are
+marked ``stale``. The source is found the same way at the load (a source that is gone hands
+nothing over). Nothing here refers to a tensor, a storage or a holder (no weak reference
+either); errors are counted, never raised.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import sys
 import threading
 import time
-import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from copytrace.schema import CopyEvent
 from copytrace.tracer._callsite import user_frame
+from copytrace.tracer._hide import hide_frames
 from copytrace.tracer._storage_ref import StorageRef, storage_key
 
 if TYPE_CHECKING:
@@ -93,33 +99,59 @@ def _storage(t: _Tensor) -> int | None:
     return storage_key(t)
 
 
-def _versions(holder: Any, keys: set[int]) -> dict[int, int]:
-    """``storage key -> sum of the version counters`` of ``holder``'s tensors on ``keys``."""
-    out: dict[int, int] = {}
-    seen: set[int] = set()
+def _find(idents: set[tuple[int, type]]) -> dict[int, Any]:
+    """The live objects named by ``(id, class)`` in ``idents``, found on the garbage
+    collector's heap (a pass over it: only at an aliased load and at the step end after a
+    write into a handed-over storage). ``id -> object``; a name whose object is gone is
+    missing (one of the same class that took its address is found instead: every caller
+    then checks what it holds)."""
+    want = dict(idents)
+    found: dict[int, Any] = {}
+    for obj in gc.get_objects():
+        cls = want.get(id(obj))
+        if cls is not None and type(obj) is cls:
+            found[id(obj)] = obj
+    return found
+
+
+def _holds(holder: Any, keys: set[int]) -> set[int]:
+    """Which of the storages ``keys`` (each kept from reuse by copytrace's handle) a tensor
+    of ``holder`` is on."""
+    out: set[int] = set()
     for t in _held_by(holder):
-        if id(t) in seen:
-            continue
-        seen.add(id(t))
         storage = _storage(t)
-        if storage is None or storage not in keys:
-            continue
-        try:
-            version = t._version
-        except Exception:  # inference tensors have no version counter
-            continue
-        out[storage] = out.get(storage, 0) + version
+        if storage is not None and storage in keys:
+            out.add(storage)
     return out
 
 
-class _Handover:
-    __slots__ = ("src", "dst", "storages", "base", "events")
+class _Shared:
+    """One storage of a handover: torch's weak handle on it, and how a write into it is seen:
+    with the C++ observer its handles on the version counters of the tensors the load left
+    on it (``versions``); on the Python fallback ``written``, set by the dispatch mode when it
+    sees a write into a tensor with one of the identities ``idents`` (``(id, TensorImpl
+    address)``) or into a view of one."""
 
-    def __init__(self, src: Any, dst: Any, storages: dict[int, StorageRef]) -> None:
-        self.src = weakref.ref(src)
-        self.dst = weakref.ref(dst)
-        self.storages = storages  # storage key -> torch's weak handle on it
-        self.base: dict[int, int] = {}
+    __slots__ = ("ref", "versions", "idents", "written")
+
+    def __init__(self, ref: StorageRef) -> None:
+        self.ref = ref
+        self.versions: list[Any] = []
+        self.idents: list[tuple[int, int]] = []
+        self.written = False
+
+
+class _Handover:
+    """A load that left ``src`` and ``dst`` (each named by ``(id, class)``: nothing refers
+    to either) sharing the storages ``shared``; ``events`` are marked ``stale`` when one is
+    written while both still hold a tensor on it."""
+
+    __slots__ = ("src", "dst", "shared", "events")
+
+    def __init__(self, src: tuple[int, type], dst: tuple[int, type]) -> None:
+        self.src = src
+        self.dst = dst
+        self.shared: dict[int, _Shared] = {}
         self.events: list[CopyEvent] = []
 
 
@@ -128,8 +160,9 @@ class Handovers:
 
     def __init__(self, rec: Recorder) -> None:
         self.rec = rec
-        #: storage key -> (weak handle on the storage, weakref to its source, snapshot events)
-        self.sources: dict[int, tuple[StorageRef, weakref.ref, list[CopyEvent]]] = {}
+        #: storage key -> (weak handle on the storage, (id, class) of its source, snapshot
+        #: events)
+        self.sources: dict[int, tuple[StorageRef, tuple[int, type], list[CopyEvent]]] = {}
         self._limit = 4096
         self.watched: list[_Handover] = []
 
@@ -140,10 +173,7 @@ class Handovers:
     def returned(self, source: Any, result: Any, first_event: int) -> None:
         """``source.state_dict()`` returned ``result``; events from ``first_event`` on (in
         the recorder's buffer) were made by it."""
-        try:
-            src_ref = weakref.ref(source)
-        except TypeError:
-            return
+        src = (id(source), type(source))
         snaps: dict[int, list[CopyEvent]] = {}
         ids = self.rec.watch.ids
         for ev in self.rec.events[first_event:]:
@@ -157,15 +187,13 @@ class Handovers:
             storage = _storage(t)
             if storage is not None:
                 sid = ids.of(t)
-                sources[storage] = (StorageRef(storage), src_ref, snaps.get(sid, []))
+                sources[storage] = (StorageRef(storage), src, snaps.get(sid, []))
 
     # -- load_state_dict() ----------------------------------------------------------------------
     def loaded(self, receiver: Any, given: dict[int, _Tensor], buffer: list, first: int) -> None:
         """``receiver.load_state_dict(sd)`` returned; ``given`` maps the storages of ``sd``'s
         tensors; ``buffer[first:]`` are the events the load made."""
-        by_source: dict[int, tuple[Any, dict[int, StorageRef], list[_Tensor]]] = {}
-        site = user_frame(sys._getframe(1))  # the user's load_state_dict call
-        load_site = f"{site[0]}:{site[1]} {site[2]}" if site is not None else None
+        by_source: dict[tuple[int, type], tuple[dict[int, StorageRef], list[_Tensor]]] = {}
         for t in _held_by(receiver):
             storage = _storage(t)
             if storage is None or storage not in given:
@@ -173,24 +201,54 @@ class Handovers:
             entry = self.sources.get(storage)
             if entry is None or not entry[0].holds(storage):
                 continue  # not from a live state_dict() (torch.load, a copy...)
-            source = entry[1]()
-            if source is None or source is receiver:
-                continue
-            group = by_source.setdefault(id(source), (source, {}, []))
-            group[1][storage] = entry[0]
-            group[2].append(t)
-        for source, storages, tensors in by_source.values():
+            if entry[1][0] == id(receiver):
+                continue  # the receiver's own state (or a dead source's at its address)
+            group = by_source.setdefault(entry[1], ({}, []))
+            group[0][storage] = entry[0]
+            group[1].append(t)
+        if not by_source:
+            return
+        live = _find(set(by_source))  # a source that is gone hands nothing over
+        site = user_frame(sys._getframe(1))  # the user's load_state_dict call
+        load_site = f"{site[0]}:{site[1]} {site[2]}" if site is not None else None
+        dst = (id(receiver), type(receiver))
+        for src, (storages, tensors) in by_source.items():
             if len(self.watched) >= _MAX_HANDOVERS:
                 return
-            h = _Handover(source, receiver, storages)
-            keys = set(storages)
-            src_v, dst_v = _versions(source, keys), _versions(receiver, keys)
-            h.base = {k: src_v.get(k, 0) + dst_v.get(k, 0) for k in keys}
+            source = live.get(src[0])
+            if source is None:
+                continue
+            h = _Handover(src, dst)
+            held = _holds(source, set(storages))
+            for key, ref in storages.items():
+                if key in held:
+                    h.shared[key] = self._follow(ref, key, tensors, given)
+            del source
+            if not h.shared:
+                continue
             h.events = self._evidence(receiver, tensors, buffer[first:], storages)
             for ev in h.events:
                 ev.snapshot = True
                 ev.load_site = load_site
             self.watched.append(h)
+            self._watch_idents([h])
+
+    def _follow(
+        self, ref: StorageRef, key: int, tensors: list[_Tensor], given: dict[int, _Tensor]
+    ) -> _Shared:
+        """Watch the writes into storage ``key``: through the receiver's tensors on it and the
+        state dict's (which share the source's version counters, or are its tensors)."""
+        shared = _Shared(ref)
+        version_of = self.rec.watch.copies.version_of  # the C++ observer's counter handles
+        on = [t for t in tensors if _storage(t) == key] + [given[key]]
+        for t in on:
+            if version_of is not None:
+                handle = version_of(t)
+                if handle is not None:  # None: an inference tensor, no counter
+                    shared.versions.append(handle)
+            else:
+                shared.idents.append((id(t), t._cdata))
+        return shared
 
     def _evidence(
         self, receiver: Any, tensors: list[_Tensor], made: list, storages: dict[int, Any]
@@ -240,23 +298,49 @@ class Handovers:
 
     # -- step ends ------------------------------------------------------------------------------
     def check(self) -> None:
-        """Mark handovers whose shared storage changed in place while both held it."""
+        """Mark handovers whose shared storage was written while both sides held it: the sides
+        are found again (on the heap) only after such a write."""
+        delta = self.rec.watch.copies.version_delta
+        written: list[tuple[_Handover, set[int]]] = []
         keep = []
         for h in self.watched:
-            src, dst = h.src(), h.dst()
-            if src is None or dst is None:
-                continue
-            keys = {k for k, ref in h.storages.items() if not ref.expired()}
-            src_v, dst_v = _versions(src, keys), _versions(dst, keys)
-            common = set(src_v) & set(dst_v)
-            if not common:
-                continue  # one side let go of every shared tensor
-            if any(src_v[k] + dst_v[k] != h.base.get(k) for k in common):
-                for ev in h.events:
-                    ev.stale = True
-                continue
-            keep.append(h)
+            h.shared = {k: s for k, s in h.shared.items() if not s.ref.expired()}
+            if not h.shared:
+                continue  # every shared storage is gone
+            keys = {
+                k for k, s in h.shared.items()
+                if s.written or any(delta(v) != 0 for v in s.versions)
+            }  # fmt: skip
+            if keys:
+                written.append((h, keys))
+            else:
+                keep.append(h)
+        if written:
+            live = _find({side for h, _ in written for side in (h.src, h.dst)})
+            for h, keys in written:
+                src, dst = live.get(h.src[0]), live.get(h.dst[0])
+                if src is None or dst is None:
+                    continue  # one side is gone
+                if _holds(src, keys) & _holds(dst, keys):
+                    for ev in h.events:
+                        ev.stale = True
+                    continue
+                # the writer held it alone (the other side let go): the rest stays watched
+                h.shared = {k: s for k, s in h.shared.items() if k not in keys}
+                if h.shared:
+                    keep.append(h)
+            del live, src, dst
         self.watched = keep
+        self._watch_idents(keep)
+
+    def _watch_idents(self, handovers: list[_Handover]) -> None:
+        """The Python fallback: put the identities of the handed-over tensors in the
+        watch's write table (rebuilt from its own snapshots at each step end)."""
+        table = self.rec.watch.snap_watch
+        for h in handovers:
+            for shared in h.shared.values():
+                for ident in shared.idents:
+                    table.setdefault(ident, []).append(shared)
 
     def clear(self) -> None:
         self.sources.clear()
@@ -280,11 +364,18 @@ def _wrap_state_dict(orig: Any, here: Any) -> Any:
     def state_dict(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = here()
         if rec is None or _BUSY[0] or rec.active is not None:
-            return orig(self, *args, **kwargs)
+            try:
+                return orig(self, *args, **kwargs)
+            except BaseException as err:  # the program's: its traceback as untraced
+                hide_frames(err)
+                raise
         buffer, first = rec.events, len(rec.events)
         _BUSY[0] += 1
         try:
             result = orig(self, *args, **kwargs)
+        except BaseException as err:
+            hide_frames(err)
+            raise
         finally:
             _BUSY[0] -= 1
         try:
@@ -302,7 +393,11 @@ def _wrap_load(orig: Any, here: Any) -> Any:
     def load_state_dict(self: Any, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
         rec = here()
         if rec is None or _BUSY[0] or rec.active is not None:
-            return orig(self, state_dict, *args, **kwargs)
+            try:
+                return orig(self, state_dict, *args, **kwargs)
+            except BaseException as err:  # the program's: its traceback as untraced
+                hide_frames(err)
+                raise
         given: dict[int, _Tensor] = {}
         try:
             with _NoTorchFunction():  # no other mode sees copytrace's reads
@@ -316,6 +411,9 @@ def _wrap_load(orig: Any, here: Any) -> Any:
         _BUSY[0] += 1
         try:
             result = orig(self, state_dict, *args, **kwargs)
+        except BaseException as err:
+            hide_frames(err)
+            raise
         finally:
             _BUSY[0] -= 1
         try:

@@ -97,6 +97,7 @@ def engage(rec: Any, native: Any, full: bool) -> NativeFunctionMode:
     """Connect ``native`` to ``rec`` and return the (not yet entered) function mode."""
     global _OPS
     rec.native = native
+    rec.modules.module_calls = native.module_calls  # the module calls on the stack, in C
     watch = rec.watch
     native.set_api_hooks(rec.api_table, rec.api_before, rec.api_after, watch.before_api)
     fast = frozenset(op for op in rec.api_table.values()) - _rules.BEFORE_OPS
@@ -142,6 +143,7 @@ def disengage(rec: Any) -> None:
         rec.first_error = rec.first_error or "error in the C++ observer's callback (no traceback)"
     native.uninstall()
     rec.native = None
+    rec.modules.module_calls = None
 
 
 # --- level "lean": the API table's callables wrapped in C --------------------------------------

@@ -17,7 +17,6 @@ go, such names in the modules imported meanwhile are bound to the originals agai
 from __future__ import annotations
 
 import copy
-import os
 import sys
 import threading
 import time
@@ -27,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from copytrace.tracer import _handover, _slots, _warnshim
+from copytrace.tracer._hide import hide_frames
 
 if TYPE_CHECKING:
     from copytrace.tracer._recorder import Recorder
@@ -81,40 +81,18 @@ _ORIG_FROM_NUMPY = torch.from_numpy
 _ORIG_PARAM_DEEPCOPY = torch.nn.Parameter.__deepcopy__
 
 
-#: where copytrace's own code lives: its frames are taken out of a patch's exceptions
-_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
-
-
-def _untraced_tb(err: BaseException) -> None:
-    """Take copytrace's frames out of ``err``'s traceback, which then lists the frames it
-    would untraced. Called in a patch's ``except`` before a bare ``raise``: the patch's own
-    frame is already in the traceback (added as the exception passed through it), and a bare
-    ``raise`` adds none (CPython's ``RAISE_VARARGS 0`` unwinds without ``PyTraceBack_Here``),
-    so the program sees the untraced frames. Frames torch adds under copytrace's modes
-    (``handle_torch_function``) stay."""
-    tb, kept = err.__traceback__, []
-    while tb is not None:
-        if not tb.tb_frame.f_code.co_filename.startswith(_OWN):
-            kept.append(tb)
-        tb = tb.tb_next
-    out = None
-    for t in reversed(kept):
-        out = types.TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
-    err.__traceback__ = out
-
-
 def _traced_deepcopy(x, memo=None, _nil=[]):  # noqa: B006 - same signature as copy.deepcopy
     try:
         rec = _here()
         if rec is None or rec.group is not None or rec.active is not None:
             return _ORIG_DEEPCOPY(x, memo, _nil)
         if isinstance(x, _Tensor):
-            # Recorded here rather than at Tensor.__deepcopy__: a mode above copytrace's (torch's
-            # FakeCopyMode) may answer __deepcopy__ without calling down to copytrace.
+            # Recorded here rather than at Tensor.__deepcopy__: a mode above copytrace's
+            # (torch's FakeCopyMode) may answer __deepcopy__ without calling down to copytrace.
             return rec.api_call("deepcopy", _ORIG_DEEPCOPY, (x, memo, _nil), {})
         return rec.deepcopy_group(_ORIG_DEEPCOPY, x, memo, _nil)
-    except BaseException as err:  # an object that refuses deepcopy: its own traceback
-        _untraced_tb(err)
+    except BaseException as err:  # the program's error: its traceback as untraced (_hide.py)
+        hide_frames(err)
         raise
 
 
@@ -126,8 +104,8 @@ def _traced_copy(x):
         if rec is None or rec.active is not None or not isinstance(x, _Tensor):
             return _ORIG_COPY(x)
         return rec.api_call("copy", _ORIG_COPY, (x,), {})
-    except BaseException as err:  # an object that refuses copy: its own traceback
-        _untraced_tb(err)
+    except BaseException as err:
+        hide_frames(err)
         raise
 
 
@@ -136,9 +114,17 @@ def _traced_from_numpy(array):
     # as an alias of the array's memory.
     rec = _here()
     if rec is None or rec.active is not None:
-        return _ORIG_FROM_NUMPY(array)
+        try:
+            return _ORIG_FROM_NUMPY(array)
+        except BaseException as err:
+            hide_frames(err)
+            raise
     start = _perf_ns()
-    out = _ORIG_FROM_NUMPY(array)
+    try:
+        out = _ORIG_FROM_NUMPY(array)
+    except BaseException as err:
+        hide_frames(err)
+        raise
     end = _perf_ns()
     try:
         with _NoTorchFunction():
@@ -151,10 +137,14 @@ def _traced_from_numpy(array):
 def _traced_swap_tensors(t1, t2):
     # nn.Module._apply's swap path (torch.__future__.set_swap_module_params_on_conversion)
     # rebinds parameters with torch.utils.swap_tensors, which neither mode sees.
-    rec = _here()
-    if rec is None or rec.active is not None:
-        return _ORIG_SWAP(t1, t2)
-    return rec.api_call("swap_tensors", _ORIG_SWAP, (t1, t2), {})
+    try:
+        rec = _here()
+        if rec is None or rec.active is not None:
+            return _ORIG_SWAP(t1, t2)
+        return rec.api_call("swap_tensors", _ORIG_SWAP, (t1, t2), {})
+    except BaseException as err:
+        hide_frames(err)
+        raise
 
 
 def _traced_param_deepcopy(self, memo):
@@ -166,7 +156,7 @@ def _traced_param_deepcopy(self, memo):
             return _ORIG_PARAM_DEEPCOPY(self, memo)
         return rec.api_call("deepcopy", _ORIG_PARAM_DEEPCOPY, (self, memo), {})
     except BaseException as err:
-        _untraced_tb(err)
+        hide_frames(err)
         raise
 
 

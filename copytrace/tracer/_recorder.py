@@ -200,10 +200,10 @@ class Recorder(ApiEvents, ImplicitEvents):
             self.api_table[fn] = "backward"
 
     def release(self) -> None:
-        """Let go of what follows the program's objects once the trace is written: the weak
-        references on modules and optimizers (module names, ``state_dict()`` handovers), the
-        node tags' weak pointers, the storage ids' weak handles. The events stay."""
-        self.modules.names.clear()
+        """Let go of what follows the program's objects once the trace is written: the
+        ``state_dict()`` handovers, the node tags' weak pointers, the storage ids' and the module
+        paths' weak handles on storages. The events stay."""
+        self.modules.release()
         handovers = self.watch.handovers
         handovers.sources = {}
         handovers.watched = []
@@ -219,6 +219,7 @@ class Recorder(ApiEvents, ImplicitEvents):
 
     def step(self, now_ns: int | None = None) -> int:
         self.watch.step_end()
+        self.modules.step()
         self.step_index += 1
         self.step_starts.append(_perf_ns() if now_ns is None else now_ns)
         return self.step_index

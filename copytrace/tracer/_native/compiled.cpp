@@ -86,7 +86,7 @@ PyObject* cfs_call(PyObject* callback) {
 // (copytrace/tracer/_compiled.py). The common call (the traced thread, not nested, no mode on
 // torch's stacks, no guard reading a patched name) is handled here: depth 1 on the Compiled
 // object and the recorder, the observer suppressed, the start time, the step, the compiled
-// callable's source (from the wrapper's `fn`, through Compiled._sources), and the list the
+// callable's source (from the wrapper's `fn`, read at each call: source_of), and the list the
 // graphs' codes go to (cfs). compiled_leave records the call as one tuple in Compiled._raw
 // (graph ids from Compiled._code_graphs, graph_runs counted, the graphs' copies summed), the
 // same tuple Compiled._leave makes. Any other call goes to Compiled.enter (Python).
@@ -96,7 +96,7 @@ struct CompiledHook {
   PyObject* raw = nullptr;          // Compiled._raw
   PyObject* code_graphs = nullptr;  // Compiled._code_graphs: code -> graph id or None
   PyObject* graph_runs = nullptr;   // Compiled.graph_runs: graph id -> runs
-  PyObject* sources = nullptr;      // Compiled._sources: id(fn) -> (weakref, source)
+  PyObject* module_type = nullptr;  // torch.nn.Module
   PyObject* graphs = nullptr;       // GraphLogHandler.graphs: graph id -> GraphInfo
   PyObject* nothing = nullptr;      // the exit hook of a call not recorded
 };
@@ -116,16 +116,102 @@ PyObject* interned(const char* s) {
 
 struct CcNames {
   PyObject *depth, *sticky, *compiled_depth, *step_index, *aside, *enter, *source_for,
-      *resolve, *step_back, *copies, *copy_bytes, *fn;
+      *resolve, *step_back, *copies, *copy_bytes, *fn, *self_, *name_, *wrapped, *code,
+      *forward, *call, *call_impl, *wrapped_call_impl;
   CcNames()
       : depth(interned("depth")), sticky(interned("sticky")),
         compiled_depth(interned("compiled_depth")), step_index(interned("step_index")),
         aside(interned("_aside")), enter(interned("enter")),
         source_for(interned("_source_for")), resolve(interned("resolve")),
         step_back(interned("_step_back")), copies(interned("copies")),
-        copy_bytes(interned("copy_bytes")), fn(interned("fn")) {}
+        copy_bytes(interned("copy_bytes")), fn(interned("fn")), self_(interned("__self__")),
+        name_(interned("__name__")), wrapped(interned("__wrapped__")),
+        code(interned("__code__")), forward(interned("forward")), call(interned("__call__")),
+        call_impl(interned("_call_impl")), wrapped_call_impl(interned("_wrapped_call_impl")) {}
 };
 CcNames* g_ccn = nullptr;
+
+// obj.name, or nullptr without an error where obj has no such attribute; nullptr with the
+// error set for any other failure.
+PyObject* optional_attr(PyObject* obj, PyObject* name) {
+  PyObject* value = nullptr;
+#if PY_VERSION_HEX >= 0x030D0000
+  (void)PyObject_GetOptionalAttr(obj, name, &value);
+#else
+  (void)_PyObject_LookupAttr(obj, name, &value);  // no AttributeError made where it can
+#endif
+  return value;
+}
+
+// Whether fn is a module's __call__ / _call_impl / _wrapped_call_impl (bound).
+int is_module_call(PyObject* fn, PyObject* owner) {
+  const int module = PyObject_IsInstance(owner, g_cc.module_type);
+  if (module <= 0) return module;
+  PyObject* name = optional_attr(fn, g_ccn->name_);
+  if (name == nullptr) return PyErr_Occurred() ? -1 : 0;
+  int found = 0;
+  for (PyObject* want : {g_ccn->call, g_ccn->call_impl, g_ccn->wrapped_call_impl}) {
+    const int eq = PyObject_RichCompareBool(name, want, Py_EQ);
+    if (eq != 0) {
+      found = eq;
+      break;
+    }
+  }
+  Py_DECREF(name);
+  return found;
+}
+
+// _calls._source_of in C: (file, first line, name) of the function a compiled callable
+// compiles (a module's forward for a module or its bound __call__, through __wrapped__), or
+// None; nothing is kept about the callable. Steals fn; nullptr with an error set on failure.
+PyObject* source_of(PyObject* fn) {
+  for (int i = 0; i < 8; ++i) {
+    PyObject* owner = optional_attr(fn, g_ccn->self_);
+    if (owner == nullptr && PyErr_Occurred()) break;
+    PyObject* next = nullptr;
+    int call = 0;
+    if (owner != nullptr) {
+      call = is_module_call(fn, owner);
+      if (call > 0) {
+        next = PyObject_GetAttr(reinterpret_cast<PyObject*>(Py_TYPE(owner)), g_ccn->forward);
+      }
+      Py_DECREF(owner);
+      if (call < 0) break;
+    }
+    if (call == 0) {
+      const int module = PyObject_IsInstance(fn, g_cc.module_type);
+      if (module < 0) break;
+      if (module > 0) {
+        next = PyObject_GetAttr(reinterpret_cast<PyObject*>(Py_TYPE(fn)), g_ccn->forward);
+      } else {
+        next = optional_attr(fn, g_ccn->wrapped);
+        if (next == Py_None) Py_CLEAR(next);
+        if (next == nullptr && !PyErr_Occurred()) break;  // nothing wrapped: fn is the one
+      }
+    }
+    if (next == nullptr) break;
+    Py_SETREF(fn, next);
+  }
+  if (PyErr_Occurred()) {
+    Py_DECREF(fn);
+    return nullptr;
+  }
+  PyObject* code = optional_attr(fn, g_ccn->code);
+  Py_DECREF(fn);
+  if (code == nullptr) {
+    if (PyErr_Occurred()) return nullptr;
+    Py_RETURN_NONE;
+  }
+  if (!PyCode_Check(code)) {  // _source_of reads the attributes of whatever __code__ is
+    Py_DECREF(code);
+    PyErr_SetString(PyExc_TypeError, "__code__ is not a code object");
+    return nullptr;
+  }
+  PyCodeObject* co = reinterpret_cast<PyCodeObject*>(code);
+  PyObject* out = Py_BuildValue("(OiO)", co->co_filename, co->co_firstlineno, co->co_name);
+  Py_DECREF(code);
+  return out;
+}
 
 // The source of the callable the compile_wrapper frame (a caller of the hook) wraps.
 PyObject* cc_source() {
@@ -147,27 +233,10 @@ PyObject* cc_source() {
     PyErr_Clear();
     Py_RETURN_NONE;
   }
-  PyObject* key = PyLong_FromVoidPtr(fn);
-  PyObject* hit = key != nullptr ? PyDict_GetItemWithError(g_cc.sources, key) : nullptr;
-  Py_XDECREF(key);
-  if (hit != nullptr && PyTuple_Check(hit) && PyTuple_GET_SIZE(hit) == 2) {
-    PyObject* target = PyMethod_Check(fn) ? PyMethod_GET_SELF(fn) : fn;
-    PyObject* ref = PyTuple_GET_ITEM(hit, 0);
-    if (PyWeakref_Check(ref) && PyWeakref_GetObject(ref) == target) {
-      Py_DECREF(fn);
-      PyObject* src = PyTuple_GET_ITEM(hit, 1);
-      Py_INCREF(src);
-      return src;
-    }
-  }
-  if (PyErr_Occurred()) PyErr_Clear();
-  PyObject* src = PyObject_CallMethodOneArg(g_cc.state, g_ccn->source_for, fn);
-  Py_DECREF(fn);
-  if (src == nullptr) {
-    swallow();
-    Py_RETURN_NONE;
-  }
-  return src;
+  PyObject* src = source_of(fn);  // steals fn
+  if (src != nullptr) return src;
+  swallow();
+  Py_RETURN_NONE;
 }
 
 inline void cc_set_depth(PyObject* value) {
@@ -392,12 +461,13 @@ PyObject* py_user_fn_install(PyObject*, PyObject* const* argv, Py_ssize_t nargs)
   return method;
 }
 
-// cc_install(state, rec, raw, code_graphs, graph_runs, sources, graphs, nothing) on the traced
+// cc_install(state, rec, raw, code_graphs, graph_runs, module_type, graphs, nothing) on the traced
 // thread; cc_install(None, ...) clears and returns whether a call compiled_enter recorded is
 // still open (tracing stops inside it: its exit only unsuppresses).
 PyObject* py_cc_install(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   if (!arity(nargs, 8,
-             "cc_install(state, rec, raw, code_graphs, graph_runs, sources, graphs, nothing)"))
+             "cc_install(state, rec, raw, code_graphs, graph_runs, module_type, graphs, "
+             "nothing)"))
     return nullptr;
   if (g_ccn == nullptr) g_ccn = new CcNames();
   if (g_cc_run_backward == nullptr) g_cc_run_backward = interned("_run_backward");
@@ -408,7 +478,7 @@ PyObject* py_cc_install(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   const bool was_open = g_cc_open;
   if (argv[0] == Py_None) g_cc_open = false;
   PyObject** slots[] = {&g_cc.state,      &g_cc.rec,     &g_cc.raw,    &g_cc.code_graphs,
-                        &g_cc.graph_runs, &g_cc.sources, &g_cc.graphs, &g_cc.nothing};
+                        &g_cc.graph_runs, &g_cc.module_type, &g_cc.graphs, &g_cc.nothing};
   for (size_t i = 0; i < 8; ++i) set_slot(*slots[i], argv[i]);
   return Py_NewRef(was_open ? Py_True : Py_False);
 }

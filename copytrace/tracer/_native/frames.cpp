@@ -221,6 +221,76 @@ PyObject* frame_var_of(PyFrameObject* frame, PyObject* name) {
 #endif
 }
 
+// module_calls(frame, code): the `self` of every frame running `code` (Module._call_impl) at
+// or above `frame`, outermost first: the module calls in progress (tracer/_modules.py names
+// an event's module from them). One walk, no f_locals dict, nothing kept.
+PyObject* py_module_calls(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
+  if (nargs != 2 || !PyFrame_Check(argv[0])) {
+    PyErr_SetString(PyExc_TypeError, "module_calls(frame, code)");
+    return nullptr;
+  }
+  static PyObject* self_name = PyUnicode_InternFromString("self");  // kept for the process
+  if (self_name == nullptr) return nullptr;
+  PyObject* out = PyList_New(0);
+  if (out == nullptr) return nullptr;
+#if PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030C0000
+  // 3.11: the interpreter frames themselves (Include/internal/pycore_frame.h), so that no
+  // frame object is made for each frame passed (PyFrame_GetBack makes one); incomplete
+  // frames skipped as PyFrame_GetBack skips them; `self` read as frame_var_of reads it
+  for (_PyInterpreterFrame* fr = reinterpret_cast<PyFrameObject*>(argv[0])->f_frame;
+       fr != nullptr; fr = fr->previous) {
+    if (_PyFrame_IsIncomplete(fr) || reinterpret_cast<PyObject*>(fr->f_code) != argv[1])
+      continue;
+    PyCodeObject* co = fr->f_code;
+    PyObject* self = nullptr;
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(co->co_localsplusnames); ++i) {
+      PyObject* n = PyTuple_GET_ITEM(co->co_localsplusnames, i);
+      if (n != self_name && PyUnicode_Compare(n, self_name) != 0) continue;
+      self = fr->localsplus[i];
+      const _PyLocals_Kind kind = _PyLocals_GetKind(co->co_localspluskinds, static_cast<int>(i));
+      if (self != nullptr && (kind & (CO_FAST_CELL | CO_FAST_FREE)) && PyCell_Check(self))
+        self = PyCell_GET(self);
+      break;
+    }
+    if (self == nullptr) {
+      Py_DECREF(out);
+      PyErr_SetString(PyExc_NameError, "module_calls: a frame without self");
+      return nullptr;
+    }
+    if (PyList_Append(out, self) < 0) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+  }
+#else
+  PyFrameObject* frame = reinterpret_cast<PyFrameObject*>(argv[0]);
+  Py_INCREF(frame);
+  while (frame != nullptr) {
+    PyCodeObject* c = PyFrame_GetCode(frame);  // new reference
+    const bool found = reinterpret_cast<PyObject*>(c) == argv[1];
+    Py_DECREF(c);
+    if (found) {
+      PyObject* self = frame_var_of(frame, self_name);
+      if (self == nullptr || PyList_Append(out, self) < 0) {
+        Py_XDECREF(self);
+        Py_DECREF(frame);
+        Py_DECREF(out);
+        return nullptr;
+      }
+      Py_DECREF(self);
+    }
+    PyFrameObject* back = PyFrame_GetBack(frame);  // new reference
+    Py_DECREF(frame);
+    frame = back;
+  }
+#endif
+  if (PyList_Reverse(out) < 0) {
+    Py_DECREF(out);
+    return nullptr;
+  }
+  return out;
+}
+
 PyObject* py_frame_var(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   if (nargs != 2 || !PyFrame_Check(argv[0]) || !PyUnicode_Check(argv[1])) {
     PyErr_SetString(PyExc_TypeError, "frame_var(frame, name)");

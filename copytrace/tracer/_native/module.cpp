@@ -127,6 +127,9 @@ PyMethodDef g_methods[] = {
      "Drop the call-site caches (and the code objects they hold)"},
     {"frame_var", FN(py_frame_var), METH_FASTCALL,
      "frame_var(frame, name): a frame's variable without f_locals"},
+    {"module_calls", FN(py_module_calls), METH_FASTCALL,
+     "module_calls(frame, code): the self of each frame running code at or above frame, "
+     "outermost first"},
     // record.cpp
     {"record", FN(record), METH_FASTCALL,
      "record(state, op, src, out, src_requires_grad, seq, start, end, aten, step, "
@@ -157,7 +160,7 @@ PyMethodDef g_methods[] = {
     {"user_fn_install", FN(py_user_fn_install), METH_FASTCALL,
      "user_fn_install(orig, partial, run) -> BackwardCFunction._get_user_fn (None x 3 clears)"},
     {"cc_install", FN(py_cc_install), METH_FASTCALL,
-     "cc_install(state, rec, raw, code_graphs, graph_runs, sources, graphs, nothing) (None "
+     "cc_install(state, rec, raw, code_graphs, graph_runs, module_type, graphs, nothing) (None "
      "clears; returns whether a call was open)"},
     {nullptr, nullptr, 0, nullptr}};
 

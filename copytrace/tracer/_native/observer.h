@@ -240,6 +240,7 @@ COPYTRACE_FAST(py_set_step_idle)
 COPYTRACE_O(py_set_step_code) COPYTRACE_NOARGS(py_optimizer_step_seen)
 // frames.cpp
 COPYTRACE_NOARGS(py_clear_sites) COPYTRACE_FAST(py_frame_var)
+COPYTRACE_FAST(py_module_calls)
 // record.cpp
 COPYTRACE_FAST(py_record_setup) COPYTRACE_O(py_set_record_rules)
 // watch_cb.cpp

@@ -249,6 +249,8 @@ def call_site(
 def clear_sites() -> None: ...
 def frame_var(frame: FrameType, name: str, /) -> Any:
     """A running frame's variable without f_locals; NameError where it has none."""
+def module_calls(frame: FrameType, code: CodeType, /) -> list[Any]:
+    """The ``self`` of each frame running ``code`` at or above ``frame``, outermost first."""
 
 # --- record.cpp -----------------------------------------------------------------------------
 RECORD_FIELDS: Final[tuple[str, ...]]
@@ -296,7 +298,7 @@ def cc_install(
     raw: list[tuple[Any, ...]] | None,
     code_graphs: dict[CodeType, int | None] | None,
     graph_runs: dict[int, int] | None,
-    sources: dict[int, tuple[Any, Any]] | None,
+    module_type: type | None,
     graphs: dict[int, Any] | None,
     nothing: Any | None,
     /,

@@ -37,7 +37,6 @@ class StepAside:
     _aside: tuple[Any, bool] | None
     _callbacks: dict[int, tuple[Any, Any]]
     _names: Any
-    _checked: Any
 
     def _suspend(self) -> tuple[Any, Any]:
         """Take copytrace's modes off torch's stacks (cheap C calls, at every compiled call)."""
@@ -113,20 +112,11 @@ class StepAside:
 
     def _sensitive(self, guard_manager: Any) -> bool:
         """Whether a compiled frame's guards read an attribute copytrace patches (then they
-        would fail with the patches in place: a recompile the untraced program never has)."""
-        try:
-            if guard_manager in self._checked:
-                return False
-        except TypeError:
-            pass
+        would fail with the patches in place: a recompile the untraced program never has).
+        Read afresh each time (at each compile, and for every cached frame at engage until
+        one is found): nothing is kept about torch's guard manager."""
         text = str(guard_manager)
-        found = any(self._names.search(line.split("#", 1)[0]) for line in text.splitlines())
-        if not found:
-            try:
-                self._checked.add(guard_manager)
-            except TypeError:
-                pass
-        return found
+        return any(self._names.search(line.split("#", 1)[0]) for line in text.splitlines())
 
     def _any_cached_sensitive(self) -> bool:
         """:meth:`_sensitive` over every frame compiled so far (at engage: code compiled before

@@ -3,8 +3,6 @@ it ran, and the calls and graph spans handed to the export."""
 
 from __future__ import annotations
 
-import weakref
-from types import MethodType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -18,7 +16,9 @@ _MAX_CALLS = 1_000_000  # calls buffered between two flushes; beyond it they are
 
 
 def _source_of(fn: Any) -> tuple[str, int, str] | None:
-    """File, first line and name of the function a compiled callable compiles."""
+    """File, first line and name of the function a compiled callable compiles (read at each
+    compiled call: nothing is kept on, or about, the callable; ``compiled.cpp``'s
+    ``cc_source`` is the same walk in C)."""
     for _ in range(8):
         owner = getattr(fn, "__self__", None)
         if isinstance(owner, torch.nn.Module) and getattr(fn, "__name__", "") in (
@@ -65,12 +65,10 @@ class CallLog:
     _calls_total: int
     _raw: list[tuple[Any, ...]]
     _code_graphs: dict[Any, Any]
-    _sources: dict[int, tuple[Any, Any]]
 
     def _wrapper_source(self, frame: Any, native: Any) -> tuple[str, int, str] | None:
         """:func:`_source_of` the callable that torch.compile's ``compile_wrapper`` (``frame``
-        or one of the next frames out) wraps, cached per callable (checked by weak reference).
-        The wrapper's ``fn`` is read with the observer's ``frame_var`` (no f_locals dict)."""
+        or one of the next frames out) wraps. The wrapper's ``fn`` is read with the observer's ``frame_var`` (no f_locals dict)."""
         for _ in range(4):
             if frame is None or frame.f_code.co_name == "compile_wrapper":
                 break
@@ -88,18 +86,9 @@ class CallLog:
         return self._source_for(fn)
 
     def _source_for(self, fn: Any) -> tuple[str, int, str] | None:
-        """:func:`_source_of`, cached per callable (checked by weak reference; compiled.cpp's
-        cc_enter reads the same cache)."""
-        hit = self._sources.get(id(fn))
-        target = fn.__self__ if type(fn) is MethodType else fn
-        if hit is not None and hit[0]() is target:
-            return hit[1]
-        src = _source_of(fn)
-        try:
-            self._sources[id(fn)] = (weakref.ref(target), src)
-        except TypeError:  # not weakly referenceable: not cached
-            pass
-        return src
+        """:func:`_source_of` (compiled.cpp's ``cc_source`` calls this where its own walk
+        fails)."""
+        return _source_of(fn)
 
     def resolve(self, codes: list[Any]) -> None:
         """Find the graph ids of codes not seen before (compiled.cpp's cc_leave calls this for

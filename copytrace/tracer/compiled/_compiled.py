@@ -7,9 +7,10 @@ import functools
 import sys
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import torch
 
 from copytrace.tracer.compiled._aside import (
     StepAside,
@@ -83,9 +84,7 @@ class Compiled(StepAside, CallLog):
         self._aside: tuple[Any, bool] | None = None  # (hidden hooks, patches removed)
         self._callbacks: dict[int, tuple[Any, Any]] = {}
         self._names: Any = None
-        self._checked: Any = weakref.WeakSet()
         self._code_graphs: dict[Any, Any] = {}
-        self._sources: dict[int, tuple[Any, Any]] = {}
         self._cls: Any = None
         self._prop: Any = None
         self._prev_cfs: Any = None
@@ -116,10 +115,7 @@ class Compiled(StepAside, CallLog):
         self._handles = list(handles)
         self._hook_entries = [(d, h.id) for h in self._handles for d in hook_dicts(h)]
         _skip_patch_codes(d[key] for d, key in self._hook_entries if key in d)
-        names = _patched_names()
-        if self._names is None or names.pattern != self._names.pattern:
-            self._checked = weakref.WeakSet()  # checked against other names
-        self._names = names
+        self._names = _patched_names()
         self.sticky = self.sticky or self._any_cached_sensitive()
         self.thread = threading.get_ident()
         self._cls = cls
@@ -131,7 +127,7 @@ class Compiled(StepAside, CallLog):
         if native is not None:  # compiled.cpp's hooks: no Python frame per call or graph run
             native.cfs_install(self._prev_cfs, self, self._wrapped)
             native.cc_install(
-                self, self.rec, self._raw, self._code_graphs, self.graph_runs, self._sources,
+                self, self.rec, self._raw, self._code_graphs, self.graph_runs, torch.nn.Module,
                 self.handler.graphs, _nothing,
             )  # fmt: skip
             _ENTER[0] = native.compiled_enter
@@ -202,8 +198,6 @@ class Compiled(StepAside, CallLog):
             trace_log.removeHandler(self.handler)
             self._logging = False
         self._code_graphs.clear()
-        self._sources.clear()  # weak references on the compiled functions
-        self._checked = weakref.WeakSet()  # dynamo's guard managers
 
     def _make_cfs(self, orig: Callable[[Any], Any]) -> Callable[[Any], Any]:
         def _callback_from_stance(callback: Any) -> Any:
