@@ -202,6 +202,52 @@ def test_without_ring_or_trigger_only_an_unhandled_sigterm_is_taken_and_given_ba
     assert changed == [signal.SIGTERM]  # the one taken: SIG_DFL before (pytest leaves it)
 
 
+_C_HANDLER_PROGRAM = textwrap.dedent(
+    """
+    import faulthandler, os, signal, sys, time
+    import torch
+    import copytrace
+
+    # a C-level handler (sigaction): Python's table of handlers, which getsignal reads,
+    # keeps answering SIG_DFL over it
+    faulthandler.register(signal.SIGTERM, chain=False)
+    print("before", int(signal.getsignal(signal.SIGTERM)), flush=True)
+    with copytrace.trace(sys.argv[1], write=sys.argv[1] != "-"):
+        torch.ones(3).clone()
+        os.kill(os.getpid(), signal.SIGTERM)  # faulthandler prints the stacks and returns
+        time.sleep(0.2)
+        print("alive while tracing", flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.2)
+    print("alive after", flush=True)
+    """
+)
+
+
+def test_a_c_sigterm_handler_the_program_set_is_kept(tmp_path):
+    """``faulthandler.register(SIGTERM)`` sets a C handler that ``getsignal`` does not see (it
+    answers SIG_DFL, the first line): copytrace reads the C-level action and leaves it, so the
+    program survives both signals and faulthandler prints its stacks twice, as untraced."""
+    script = tmp_path / "c_handler.py"
+    script.write_text(_C_HANDLER_PROGRAM)
+    runs = {}
+    for how, out in (("untraced", "-"), ("traced", str(tmp_path / "out"))):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("COPYTRACE")}
+        runs[how] = subprocess.run(
+            [sys.executable, str(script), out],
+            env=env, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    untraced, traced = runs["untraced"], runs["traced"]
+    assert untraced.returncode == 0, untraced.stderr
+    assert traced.returncode == untraced.returncode, traced.stderr
+    lines = ["before 0", "alive while tracing", "alive after"]
+    assert untraced.stdout.splitlines() == lines
+    assert traced.stdout.splitlines() == lines
+    dumps = "Current thread"
+    assert untraced.stderr.count(dumps) == 2
+    assert traced.stderr.count(dumps) == 2
+
+
 # --- threads ---------------------------------------------------------------------------------
 def _threads() -> list[str]:
     return sorted(t.name for t in threading.enumerate())

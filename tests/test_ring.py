@@ -20,6 +20,16 @@ import pytest
 TRAIN = """
 import os, signal, sys, time, torch
 how = sys.argv[1]
+if how == "usr1_at_end":  # SIGUSR1 while the trace's end is being written, at exit
+    from copytrace.tracer.session import Session
+
+    write_final = Session._write_final
+
+    def late_signal(self, *args):
+        os.kill(os.getpid(), signal.SIGUSR1)  # handled at the next bytecode, in the write
+        return write_final(self, *args)
+
+    Session._write_final = late_signal
 model = torch.nn.Linear(4, 4)
 opt = torch.optim.SGD(model.parameters(), lr=0.1)
 for i in range(21):
@@ -129,6 +139,20 @@ def test_ring_on_sigusr1_while_running(tmp_path):
     assert dumped[-1] == 16 and RING <= len(dumped) <= 2 * RING + 2
     assert run["copytrace.ring_reason"] == "SIGUSR1"
     steps, run = _read(files[1])
+    _last_steps(steps)
+    assert run["copytrace.ring_reason"] == "the end of the run"
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="no SIGUSR1")
+def test_a_ring_signal_while_the_end_is_written_is_taken(tmp_path):
+    # copytrace's handler stays until the end is written: the signal is taken (the ring is
+    # being written anyway); before, SIG_DFL was back first and the process died of SIGUSR1
+    # (status -10) in the middle of its trace file. SIG_DFL is back once the file is written.
+    proc, out = _run(tmp_path, "usr1_at_end")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "done\n"
+    (path,) = out.glob("*.otlp.jsonl.gz")  # one file: the end of the run, whole
+    steps, run = _read(path)
     _last_steps(steps)
     assert run["copytrace.ring_reason"] == "the end of the run"
 

@@ -151,6 +151,32 @@ def test_an_ignored_signal_is_the_programs(tmp_path):
     assert proc.stderr.count("the program handles SIGUSR2 itself") == 1
 
 
+def test_a_c_handler_on_the_ring_signal_is_the_programs(tmp_path):
+    # faulthandler.register sets a C handler that getsignal does not see (it answers SIG_DFL):
+    # copytrace reads the C-level action and leaves the signal to it; faulthandler still
+    # prints the stacks on SIGUSR1, the process lives on, and no ring is written
+    code = (
+        "import faulthandler, os, signal, time, torch, copytrace\n"
+        "faulthandler.register(signal.SIGUSR1, chain=False)\n"
+        "assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL\n"
+        f"with copytrace.trace({str(tmp_path / 'out')!r}, ring=4) as t:\n"
+        "    assert not t.session._ring_signal.installed\n"
+        "    torch.ones(2).clone()\n"
+        "    os.kill(os.getpid(), signal.SIGUSR1)\n"
+        "    time.sleep(0.2)\n"
+        "    torch.ones(2).clone()\n"
+        "print('alive', flush=True)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "alive\n"
+    assert proc.stderr.count("the program handles SIGUSR1 itself") == 1
+    assert proc.stderr.count("Current thread") == 1  # faulthandler's dump, once
+    assert len(list((tmp_path / "out").glob("*.otlp.jsonl*"))) == 1  # the end only
+
+
 def test_trigger_refuses_a_process_that_is_not_armed():
     exe = Path(sys.executable).with_name("copytrace")
     proc = subprocess.run(

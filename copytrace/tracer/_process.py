@@ -116,13 +116,49 @@ def _on_fatal_signal(signum: int, frame: Any) -> None:
     os.kill(os.getpid(), signum)
 
 
+_SIGACTION: list[Any] = []  # libc's sigaction, looked up once (None where there is none)
+
+
+def c_action_is_default(signum: int) -> bool:
+    """Whether the process-level action of ``signum`` is ``SIG_DFL``, read with libc's
+    ``sigaction(signum, NULL, &old)`` (a query: nothing is set).
+
+    ``signal.getsignal`` answers from Python's own table of handlers, which a C handler set
+    after Python started (``faulthandler.register``, a C extension's ``sigaction``) does not
+    change: it keeps answering ``SIG_DFL`` over such a handler. ``struct sigaction`` opens
+    with the handler's pointer on Linux (glibc, musl) and macOS; the buffer is larger than
+    any of them. True (Python's answer stands) where libc cannot be asked.
+
+    Args:
+        signum: a signal number."""
+    if not _SIGACTION:
+        try:
+            import ctypes
+
+            # dlopen(NULL): the process's own symbols, libc's among them (find_library
+            # would start ldconfig, a child process the program would see)
+            _SIGACTION.append(ctypes.CDLL(None).sigaction)
+        except (OSError, AttributeError, ImportError):
+            _SIGACTION.append(None)
+    call = _SIGACTION[0]
+    if call is None:
+        return True
+    import ctypes
+
+    old = ctypes.create_string_buffer(512)
+    if call(int(signum), None, old) != 0:
+        return True
+    return not ctypes.c_void_p.from_buffer(old).value  # SIG_DFL is the null pointer
+
+
 def install_signal_handlers() -> None:
-    """Catch SIGTERM while tracing, unless the program handles or ignores it itself."""
+    """Catch SIGTERM while tracing, unless the program handles or ignores it itself, in
+    Python or in C (:func:`c_action_is_default`)."""
     if threading.current_thread() is not threading.main_thread():
         return
     for sig in _FATAL_SIGNALS:
         try:
-            if signal.getsignal(sig) is signal.SIG_DFL:
+            if signal.getsignal(sig) is signal.SIG_DFL and c_action_is_default(sig):
                 signal.signal(sig, _on_fatal_signal)
                 _SAVED_HANDLERS[sig] = signal.SIG_DFL
         except (ValueError, OSError):  # not the main interpreter

@@ -35,6 +35,7 @@ from typing import Any
 
 from copytrace._armfile import arm_dir, arm_file, request_file, start_time
 from copytrace.tracer import _schedule as S
+from copytrace.tracer._process import c_action_is_default
 
 __all__ = [
     "Trigger", "Windows", "arm_dir", "arm_file", "request_file", "start_time", "window_written",
@@ -131,6 +132,8 @@ class Trigger:
             return False
         try:
             current = signal.getsignal(sig)
+            if current is signal.SIG_DFL and not c_action_is_default(sig):
+                current = None  # a C handler set after Python started (faulthandler.register)
             if current is signal.SIG_IGN or current is None:
                 _say_once(
                     self.signame,

@@ -400,8 +400,12 @@ class Session(contextlib.ContextDecorator):
             self._pipeline.abandon()
             self._pipeline = None
 
-    def _uninstall(self) -> None:
-        """Remove the modes, patches and step hooks; no longer the active session."""
+    def _uninstall(self, keep_ring_signal: bool = False) -> None:
+        """Remove the modes, patches and step hooks; no longer the active session.
+
+        ``keep_ring_signal``: the flight recorder's handler stays until the trace's end is
+        written (:meth:`_stop`): a ring signal sent then is taken (the ring is being written
+        anyway) instead of killing the process in the middle of the write."""
         self._engagement.disengage(self._rec, force=True)
         for handle in self._optim_hooks:
             handle.remove()
@@ -416,7 +420,7 @@ class Session(contextlib.ContextDecorator):
         self.running = False
         if self.trigger is not None:
             self.trigger.uninstall()
-        if self._ring_signal is not None:
+        if self._ring_signal is not None and not keep_ring_signal:
             self._ring_signal.uninstall()
         if _process.active() is self:
             _process.set_active(None)
@@ -449,7 +453,7 @@ class Session(contextlib.ContextDecorator):
         settle_unreal_events(self._rec.events)
         if self._exit is None:
             self._exit = self._exit_error = _process.uncaught_exit()
-        self._uninstall()
+        self._uninstall(keep_ring_signal=True)
         _process.set_finishing(self)
         if self._pipeline is not None and self._file_sink is not None:
             self._pipeline.hazards = self._hazards
@@ -460,6 +464,8 @@ class Session(contextlib.ContextDecorator):
         finally:
             _process.set_finishing(None)
             _process.restore_signal_handlers()
+            if self._ring_signal is not None:
+                self._ring_signal.uninstall()
             self._engagement.close()
             self._rec.release()
         _runattrs.say_losses(self._rec)

@@ -270,7 +270,7 @@ void call_back(const OpInfo& info, const c10::FunctionSchema& schema,
                                             info.kind, tuple, kw, result,
                                             static_cast<long long>(t0),
                                             static_cast<long long>(t1));
-  if (r == nullptr) {
+  if (r == nullptr && !given_back()) {
     g_errors.fetch_add(1, std::memory_order_relaxed);
     PyErr_WriteUnraisable(g_callback);  // as pybind11's discard_as_unraisable did
   }

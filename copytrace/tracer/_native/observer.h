@@ -99,8 +99,50 @@ inline PyObject* fold_names() {
   return names;
 }
 
-// An error in copytrace's own hook: counted, never raised into the program.
+// The error a pending call raises: the one given_back() took (its references).
+struct GivenBack {
+  PyObject* type;
+  PyObject* value;
+  PyObject* tb;
+};
+
+// A pending call on the main thread: raise the error given back, where the program runs,
+// without copytrace's frames (its traceback starts again from here, as if the signal had
+// come at this bytecode, which is where it would have been handled untraced).
+inline int raise_given_back(void* arg) {
+  auto* held = static_cast<GivenBack*>(arg);
+  PyErr_NormalizeException(&held->type, &held->value, &held->tb);
+  Py_CLEAR(held->tb);
+  if (held->value != nullptr) PyException_SetTraceback(held->value, Py_None);
+  PyErr_Restore(held->type, held->value, nullptr);  // steals the references
+  delete held;
+  return -1;  // Python raises it at this bytecode boundary
+}
+
+// Whether the Python error set now is the program's, handed back (cleared here): a
+// KeyboardInterrupt or SystemExit (not an Exception) on the main thread is one that a signal
+// handler raised while copytrace's own code ran for the program (Python runs handlers between
+// any two bytecodes of the main thread; Ctrl-C's raises KeyboardInterrupt), never copytrace's
+// own. Counting it would lose the program's Ctrl-C: it is raised again, the same object with
+// at the main thread's next bytecode boundary (Py_AddPendingCall, called with
+// the GIL held on the main thread, not from a C signal handler: that is where it is safe).
+inline bool given_back() {
+  PyObject* type = PyErr_Occurred();
+  if (type == nullptr || PyErr_GivenExceptionMatches(type, PyExc_Exception) ||
+      !_PyOS_IsMainThread())
+    return false;
+  auto* held = new GivenBack{nullptr, nullptr, nullptr};
+  PyErr_Fetch(&held->type, &held->value, &held->tb);
+  if (Py_AddPendingCall(raise_given_back, held) == 0) return true;
+  PyErr_Restore(held->type, held->value, held->tb);  // the queue is full: counted as before
+  delete held;
+  return false;
+}
+
+// An error in copytrace's own hook: counted, never raised into the program (an interrupt a
+// signal handler raised in it is the program's: given_back()).
 inline void swallow() {
+  if (given_back()) return;
   g_errors.fetch_add(1, std::memory_order_relaxed);
   PyErr_Clear();
 }

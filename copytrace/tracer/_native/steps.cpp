@@ -53,7 +53,7 @@ void step_call(PyObject** slot) {
   if (fn != nullptr) {
     Py_INCREF(fn);
     PyObject* r = PyObject_CallNoArgs(fn);
-    if (r == nullptr) {
+    if (r == nullptr && !given_back()) {
       g_errors.fetch_add(1, std::memory_order_relaxed);
       PyErr_WriteUnraisable(fn);
     }
