@@ -31,7 +31,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
+from torch.utils.flop_counter import FlopCounterMode
 
 import copytrace
 from copytrace import CopyEvent, Trace
@@ -473,8 +475,9 @@ def test_wrapper_subclass_detach_reaches_dispatch_once() -> None:
     t, out = run_traced(w.detach)
     ev = only_event(t)
     assert ev.op == "detach"
-    # the wrapper handles detach above the backend: the observer sees its inner call nested
-    assert ev.aten == (() if NATIVE else ("aten::detach",))  # torch 2.13: once
+    # the wrapper takes detach at the Python key and calls it again on its inner tensor: both
+    # paths see that one call (torch 2.13: once; releases before torch PR #163671 saw two)
+    assert ev.aten == ("aten::detach",)
     assert t.stats["internal_detaches"] == 0
     assert isinstance(out, Wrapped) and torch.equal(out.inner, w.inner)
 
@@ -485,6 +488,118 @@ def test_wrapper_subclass_detach_is_zero_byte_alias() -> None:
     ev = only_event(t)
     assert ev.alias is True
     assert ev.bytes_allocated == 0
+
+
+# --------------------------------------------------------------------------------------------
+# a program's own Python dispatch handler (a mode, a wrapper subclass) above copytrace's
+# --------------------------------------------------------------------------------------------
+
+
+class PassThrough(TorchDispatchMode):
+    """A do-nothing dispatch mode of the program's own, as logging and counting modes are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _copies_torch_makes() -> tuple[torch.Tensor, torch.Tensor]:
+    leaf = torch.arange(4.0, requires_grad=True)
+    leaf.double().sum().backward()  # ToCopyBackward0 casts the float64 grad back: implicit
+    return torch.arange(6.0).reshape(2, 3).t().reshape(6), leaf.grad  # reshape's hidden clone
+
+
+def _event_facts(t: Trace) -> list[tuple[str, tuple[str, ...], int, str]]:
+    return [(e.op, e.aten, e.bytes_allocated, e.phase) for e in t.events]
+
+
+# Without a program's mode: .double() of 4 float32 makes 32 B; backward's ToCopyBackward0 makes
+# the 4 float32 grad again (16 B), implicitly; reshape(2, 3) of contiguous input is a view (0 B)
+# and reshape after .t() clones 6 float32 (24 B).
+COPIES_TORCH_MAKES = [
+    ("reshape", (), 0, "other"),
+    ("reshape", ("aten::clone",), 24, "other"),
+    ("double", ("aten::_to_copy",), 32, "other"),
+    ("implicit", ("aten::_to_copy",), 16, "backward"),
+]
+
+
+@pytest.mark.parametrize("stack", ["one mode", "two modes", "FlopCounterMode"])
+def test_copies_under_the_programs_own_dispatch_mode_are_recorded_as_without_it(
+    stack: str,
+) -> None:
+    def under_modes() -> tuple[torch.Tensor, torch.Tensor]:
+        with contextlib.ExitStack() as modes:
+            if stack == "FlopCounterMode":
+                modes.enter_context(FlopCounterMode(display=False))
+            else:
+                for _ in range(2 if stack == "two modes" else 1):
+                    modes.enter_context(PassThrough())
+            return _copies_torch_makes()
+
+    t_plain, plain = run_traced(_copies_torch_makes)
+    t, traced = run_traced(under_modes)
+    # the mode takes each op at the Python key and calls it again: that call is the op itself,
+    # neither hidden as an op inside another one's kernel nor recorded twice
+    assert sorted(_event_facts(t)) == sorted(_event_facts(t_plain)) == sorted(COPIES_TORCH_MAKES)
+    assert all(torch.equal(a, b) for a, b in zip(traced, plain, strict=True))
+
+
+def test_kernel_internal_copy_under_the_programs_mode_stays_unrecorded() -> None:
+    # addmm's CPU kernel copies the bias into its output (a copy_ inside another op's kernel,
+    # which no dispatch mode sees): not an event with the program's mode on either
+    torch.manual_seed(0)
+    layer = nn.Linear(8, 4)
+    x = torch.randn(2, 8)
+    mode = PassThrough()
+
+    def forward() -> torch.Tensor:
+        with mode:
+            return layer(x)
+
+    t, out = run_traced(forward)
+    assert "aten.addmm.default" in mode.ops and "aten.copy_.default" not in mode.ops
+    assert t.events == []
+    assert torch.equal(out, layer(x))
+
+
+class CallsTwice(torch.Tensor):
+    """A wrapper subclass whose handler calls each op once for its result, then once more."""
+
+    inner: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor) -> CallsTwice:
+        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+            cls, inner.shape, dtype=inner.dtype, device=inner.device
+        )
+
+    def __init__(self, inner: torch.Tensor) -> None:
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def unwrap(a: Any) -> Any:
+            return a.inner if isinstance(a, CallsTwice) else a
+
+        out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+        func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))  # the handler's own
+        return tree_map(lambda a: CallsTwice(a) if isinstance(a, torch.Tensor) else a, out)
+
+
+def test_handler_calling_the_op_again_counts_its_first_call_only() -> None:
+    w = CallsTwice(torch.arange(4.0))
+    t, out = run_traced(w.clone)
+    ev = only_event(t)
+    # the first call is the op itself; the second, made after it ran, is the handler's own
+    # work, which copytrace's dispatch mode (below the subclass) does not see either
+    assert ev.op == "clone" and ev.aten == ("aten::clone",)
+    assert ev.bytes_allocated == 16  # the inner 4 float32
+    assert isinstance(out, CallsTwice) and torch.equal(out.inner, torch.arange(4.0))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1103,3 +1218,4 @@ def test_parameter_dict_copy_is_shallow_and_allocates_nothing() -> None:
     t, pd_copy = run_traced(pd.copy)
     assert t.events == []
     assert pd_copy["w"] is pd["w"]
+
