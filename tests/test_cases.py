@@ -8,8 +8,10 @@ copy-tracing tool must observe on it: bytes allocated, alias / no-op flags, grap
 counted in ``t.stats["internal_detaches"]``), exceptions passing through unchanged, and results
 identical with and without tracing.
 
-Hazard detection (flagging the dangerous patterns) is not part of the tracer: where a situation
-is a hazard, the tests assert the facts it would be built on, and leave the hazard alone.
+Where a situation is a hazard, the tests assert the facts it is built on, and then the finding
+``copytrace.analyze`` makes of them (its code, its lines, its bytes) together with a near miss
+that must stay clean; each runs on both observer paths (``COPYTRACE_OBSERVER=python`` for the
+fallback).
 
 A test marked ``xfail(strict=True)`` documents something the tracer records wrongly or misses
 today; its ``reason`` says what, and it starts to fail (XPASS) once the tracer is fixed.
@@ -1675,3 +1677,131 @@ def test_warning_filter_on_the_module_torch_names_matches_traced_as_untraced() -
     untraced = construct_under_device()
     _, traced = run_traced(construct_under_device)
     assert traced == untraced == "raised: To copy construct from a tenso"  # 30 characters
+
+
+# --------------------------------------------------------------------------------------------
+# the hazards of the situations above: each found where it is, absent from its near miss
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how, flagged", [("data", True), ("detach", False)])
+def test_write_through_data_alias_of_saved_activation_is_flagged_detach_is_not(
+    how: str, flagged: bool
+) -> None:
+    t, _ = run_traced(lambda: _write_through_alias(how))
+    found = hazards(t, "data-inplace")
+    # through .detach() autograd raises by itself: nothing silent to report
+    assert len(found) == (1 if flagged else 0)
+    if flagged:
+        assert found[0].severity == "error" and "SigmoidBackward0" in found[0].message
+        assert site_lines(found[0]) >= lines_of(t, "data_get")
+
+
+@pytest.mark.parametrize("how, flagged", [("data", True), ("no_grad", False)])
+def test_parameter_slice_edit_through_data_is_flagged_no_grad_is_not(
+    how: str, flagged: bool
+) -> None:
+    t, _ = run_traced(lambda: _edit_weight_slice(how))
+    found = hazards(t, "data-inplace")
+    assert len(found) == (1 if flagged else 0)  # no_grad's write makes backward raise instead
+    if flagged:
+        assert "AddmmBackward0" in found[0].message
+
+
+def test_deepcopy_of_module_caching_graph_activation_is_flagged() -> None:
+    torch.manual_seed(0)
+    net = CachingNet()
+    net(torch.randn(2, 8))
+    fixed = CachingNet(cache_detached=True)
+    fixed(torch.randn(2, 8))
+
+    def both() -> None:
+        with contextlib.suppress(RuntimeError):
+            copy.deepcopy(net)
+        copy.deepcopy(fixed)  # the near miss: the cache was detached
+
+    t, _ = run_traced(both)
+    (finding,) = hazards(t, "deepcopy-nonleaf")
+    assert "last_hidden" in finding.message and "AddmmBackward0" in finding.message
+    assert site_lines(finding) == {groups(t)[0].line}
+
+
+@pytest.mark.parametrize(
+    "strategy, keep, flagged",
+    [
+        ("clone", lambda loss: loss.clone(), True),
+        ("detach", lambda loss: loss.detach(), False),
+    ],
+)
+def test_loss_clones_kept_across_iterations_are_flagged_detach_is_not(
+    strategy: str, keep: Callable[[torch.Tensor], Any], flagged: bool
+) -> None:
+    t, _ = run_traced(lambda: _eval_loop(keep))
+    found = hazards(t, "graph-retaining-copy")
+    assert len(found) == (1 if flagged else 0)
+    if flagged:
+        assert site_lines(found[0]) == lines_of(t, "clone")
+        assert found[0].bytes > 0  # the saved activations kept alive
+
+
+def _write_into_result(how: str) -> float:
+    """Keep a conversion's result apart from its input, write into it in place; return how
+    much the input changed."""
+    x = torch.zeros(4, 4)
+    if how == "no-op to":
+        staging = x.to("cpu")  # on a CPU-only run: x itself
+    elif how == "reshape view":
+        staging = x.reshape(16)  # contiguous input: a view
+    elif how == "copy.copy":
+        staging = copy.copy(x)  # a new tensor on the same storage
+    elif how == "to copy=True":
+        staging = x.to("cpu", copy=True)
+    else:
+        staging = x.t().reshape(16)  # not contiguous: a copy
+    staging += 1.0  # meant for a private copy
+    return float(x.sum())
+
+
+@pytest.mark.parametrize(
+    "how, flagged",
+    [
+        ("no-op to", True),
+        pytest.param(
+            "reshape view",
+            True,
+            marks=pytest.mark.xfail(
+                not NATIVE, strict=True, reason="the fallback watches no reshape view (hazards.md)"
+            ),
+        ),
+        ("copy.copy", True),
+        ("to copy=True", False),
+        ("reshape copy", False),
+    ],
+)
+def test_write_into_a_result_that_shares_its_input_is_flagged(how: str, flagged: bool) -> None:
+    untraced = _write_into_result(how)
+    t, traced = run_traced(lambda: _write_into_result(how))
+    assert traced == untraced == (16.0 if flagged else 0.0)  # 16 elements changed, or none
+    found = hazards(t, "alias-write")
+    assert len(found) == (1 if flagged else 0)
+    if flagged:
+        assert len(site_lines(found[0])) == 2  # the write's line, then the call's
+
+
+def test_copy_construct_and_clone_detach_order_are_flagged() -> None:
+    src = _source()
+
+    def three_forms() -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.tensor(src)
+        src.clone().detach()
+        src.detach().clone()  # the near miss of both
+
+    t, _ = run_traced(three_forms)
+    (ctor,) = hazards(t, "tensor-ctor-copy")
+    assert site_lines(ctor) == lines_of(t, "tensor_ctor")
+    (order,) = hazards(t, "clone-detach-order")
+    assert order.severity == "info" and order.bytes == 4000  # 1000 float32
+    detach_first = max(e.line for e in t.events if e.op == "detach")  # detach().clone()
+    assert detach_first not in site_lines(order) | site_lines(ctor)
