@@ -8,8 +8,10 @@ copy-tracing tool must observe on it: bytes allocated, alias / no-op flags, grap
 counted in ``t.stats["internal_detaches"]``), exceptions passing through unchanged, and results
 identical with and without tracing.
 
-Hazard detection (flagging the dangerous patterns) is not part of the tracer: where a situation
-is a hazard, the tests assert the facts it would be built on, and leave the hazard alone.
+Where a situation is a hazard, the tests assert the facts it is built on, and then the finding
+``copytrace.analyze`` makes of them (its code, its lines, its bytes) together with a near miss
+that must stay clean; each runs on both observer paths (``COPYTRACE_OBSERVER=python`` for the
+fallback).
 
 A test marked ``xfail(strict=True)`` documents something the tracer records wrongly or misses
 today; its ``reason`` says what, and it starts to fail (XPASS) once the tracer is fixed.
@@ -31,7 +33,9 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
+from torch.utils.flop_counter import FlopCounterMode
 
 import copytrace
 from copytrace import CopyEvent, Trace
@@ -473,8 +477,9 @@ def test_wrapper_subclass_detach_reaches_dispatch_once() -> None:
     t, out = run_traced(w.detach)
     ev = only_event(t)
     assert ev.op == "detach"
-    # the wrapper handles detach above the backend: the observer sees its inner call nested
-    assert ev.aten == (() if NATIVE else ("aten::detach",))  # torch 2.13: once
+    # the wrapper takes detach at the Python key and calls it again on its inner tensor: both
+    # paths see that one call (torch 2.13: once; releases before torch PR #163671 saw two)
+    assert ev.aten == ("aten::detach",)
     assert t.stats["internal_detaches"] == 0
     assert isinstance(out, Wrapped) and torch.equal(out.inner, w.inner)
 
@@ -485,6 +490,118 @@ def test_wrapper_subclass_detach_is_zero_byte_alias() -> None:
     ev = only_event(t)
     assert ev.alias is True
     assert ev.bytes_allocated == 0
+
+
+# --------------------------------------------------------------------------------------------
+# a program's own Python dispatch handler (a mode, a wrapper subclass) above copytrace's
+# --------------------------------------------------------------------------------------------
+
+
+class PassThrough(TorchDispatchMode):
+    """A do-nothing dispatch mode of the program's own, as logging and counting modes are."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def _copies_torch_makes() -> tuple[torch.Tensor, torch.Tensor]:
+    leaf = torch.arange(4.0, requires_grad=True)
+    leaf.double().sum().backward()  # ToCopyBackward0 casts the float64 grad back: implicit
+    return torch.arange(6.0).reshape(2, 3).t().reshape(6), leaf.grad  # reshape's hidden clone
+
+
+def _event_facts(t: Trace) -> list[tuple[str, tuple[str, ...], int, str]]:
+    return [(e.op, e.aten, e.bytes_allocated, e.phase) for e in t.events]
+
+
+# Without a program's mode: .double() of 4 float32 makes 32 B; backward's ToCopyBackward0 makes
+# the 4 float32 grad again (16 B), implicitly; reshape(2, 3) of contiguous input is a view (0 B)
+# and reshape after .t() clones 6 float32 (24 B).
+COPIES_TORCH_MAKES = [
+    ("reshape", (), 0, "other"),
+    ("reshape", ("aten::clone",), 24, "other"),
+    ("double", ("aten::_to_copy",), 32, "other"),
+    ("implicit", ("aten::_to_copy",), 16, "backward"),
+]
+
+
+@pytest.mark.parametrize("stack", ["one mode", "two modes", "FlopCounterMode"])
+def test_copies_under_the_programs_own_dispatch_mode_are_recorded_as_without_it(
+    stack: str,
+) -> None:
+    def under_modes() -> tuple[torch.Tensor, torch.Tensor]:
+        with contextlib.ExitStack() as modes:
+            if stack == "FlopCounterMode":
+                modes.enter_context(FlopCounterMode(display=False))
+            else:
+                for _ in range(2 if stack == "two modes" else 1):
+                    modes.enter_context(PassThrough())
+            return _copies_torch_makes()
+
+    t_plain, plain = run_traced(_copies_torch_makes)
+    t, traced = run_traced(under_modes)
+    # the mode takes each op at the Python key and calls it again: that call is the op itself,
+    # neither hidden as an op inside another one's kernel nor recorded twice
+    assert sorted(_event_facts(t)) == sorted(_event_facts(t_plain)) == sorted(COPIES_TORCH_MAKES)
+    assert all(torch.equal(a, b) for a, b in zip(traced, plain, strict=True))
+
+
+def test_kernel_internal_copy_under_the_programs_mode_stays_unrecorded() -> None:
+    # addmm's CPU kernel copies the bias into its output (a copy_ inside another op's kernel,
+    # which no dispatch mode sees): not an event with the program's mode on either
+    torch.manual_seed(0)
+    layer = nn.Linear(8, 4)
+    x = torch.randn(2, 8)
+    mode = PassThrough()
+
+    def forward() -> torch.Tensor:
+        with mode:
+            return layer(x)
+
+    t, out = run_traced(forward)
+    assert "aten.addmm.default" in mode.ops and "aten.copy_.default" not in mode.ops
+    assert t.events == []
+    assert torch.equal(out, layer(x))
+
+
+class CallsTwice(torch.Tensor):
+    """A wrapper subclass whose handler calls each op once for its result, then once more."""
+
+    inner: torch.Tensor
+
+    @staticmethod
+    def __new__(cls, inner: torch.Tensor) -> CallsTwice:
+        return torch.Tensor._make_wrapper_subclass(  # type: ignore[attr-defined]
+            cls, inner.shape, dtype=inner.dtype, device=inner.device
+        )
+
+    def __init__(self, inner: torch.Tensor) -> None:
+        self.inner = inner
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        def unwrap(a: Any) -> Any:
+            return a.inner if isinstance(a, CallsTwice) else a
+
+        out = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))
+        func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs or {}))  # the handler's own
+        return tree_map(lambda a: CallsTwice(a) if isinstance(a, torch.Tensor) else a, out)
+
+
+def test_handler_calling_the_op_again_counts_its_first_call_only() -> None:
+    w = CallsTwice(torch.arange(4.0))
+    t, out = run_traced(w.clone)
+    ev = only_event(t)
+    # the first call is the op itself; the second, made after it ran, is the handler's own
+    # work, which copytrace's dispatch mode (below the subclass) does not see either
+    assert ev.op == "clone" and ev.aten == ("aten::clone",)
+    assert ev.bytes_allocated == 16  # the inner 4 float32
+    assert isinstance(out, CallsTwice) and torch.equal(out.inner, torch.arange(4.0))
 
 
 # --------------------------------------------------------------------------------------------
@@ -1103,3 +1220,588 @@ def test_parameter_dict_copy_is_shallow_and_allocates_nothing() -> None:
     t, pd_copy = run_traced(pd.copy)
     assert t.events == []
     assert pd_copy["w"] is pd["w"]
+
+
+# --------------------------------------------------------------------------------------------
+# hazards the situations above and below are built on: helpers
+# --------------------------------------------------------------------------------------------
+
+
+def hazards(t: Trace, code: str) -> list[copytrace.Finding]:
+    return [f for f in copytrace.analyze(t.events) if f.code == code]
+
+
+def site_lines(finding: copytrace.Finding) -> set[int]:
+    """The line numbers of a finding's call sites (``file:line function``)."""
+    return {int(site.split(" ")[0].rsplit(":", 1)[1]) for site in finding.call_sites}
+
+
+def lines_of(t: Trace, op: str) -> set[int]:
+    return {e.line for e in t.events if e.op == op and not e.group}
+
+
+# --------------------------------------------------------------------------------------------
+# an optimizer "copied" through load_state_dict(other.state_dict()) shares its state tensors
+# --------------------------------------------------------------------------------------------
+
+
+def _hand_over_optimizer_state(deep: bool) -> bool:
+    """Train a parent, start a child optimizer from the parent's state, train the parent on;
+    return whether the child's momentum changed with it."""
+    torch.manual_seed(0)
+    parent = nn.Linear(8, 8)
+    opt_parent = torch.optim.SGD(parent.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(4, 8)
+
+    def train_parent() -> None:
+        opt_parent.zero_grad()
+        parent(x).square().mean().backward()
+        opt_parent.step()
+
+    train_parent()
+    child = nn.Linear(8, 8)
+    opt_child = torch.optim.SGD(child.parameters(), lr=0.1, momentum=0.9)
+    state = opt_parent.state_dict()
+    opt_child.load_state_dict(copy.deepcopy(state) if deep else state)
+    before = opt_child.state[child.weight]["momentum_buffer"].tolist()
+    train_parent()
+    return opt_child.state[child.weight]["momentum_buffer"].tolist() != before
+
+
+def test_optimizer_state_handover_aliases_the_live_state_and_is_flagged() -> None:
+    assert _hand_over_optimizer_state(deep=False) is True  # untraced: the child follows
+    t, changed = run_traced(lambda: _hand_over_optimizer_state(deep=False))
+    assert changed is True
+
+    # load_state_dict keeps each state tensor through a no-op .to(): weight 8x8 and bias 8
+    # momentum buffers, float32: 256 + 32 B, none allocated
+    handover = [e for e in t.events if e.op == "to"]
+    assert [(e.noop, e.alias, e.bytes_allocated, e.bytes_logical) for e in handover] == [
+        (True, True, 0, 256), (True, True, 0, 32),
+    ]  # fmt: skip
+    (finding,) = hazards(t, "aliasing-snapshot")
+    assert site_lines(finding) & {e.line for e in handover}
+    assert finding.bytes == 288
+
+
+def test_deep_copied_optimizer_state_is_not_flagged() -> None:
+    assert _hand_over_optimizer_state(deep=True) is False
+    t, changed = run_traced(lambda: _hand_over_optimizer_state(deep=True))
+    assert changed is False
+    assert hazards(t, "aliasing-snapshot") == []
+    (group,) = groups(t)
+    assert group.bytes_allocated == 288  # the two momentum buffers, copied
+
+
+def test_module_state_dict_kept_while_training_is_flagged_and_its_deepcopy_is_not() -> None:
+    def keep_best(deep: bool) -> bool:
+        torch.manual_seed(0)
+        model = nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        best = model.state_dict()
+        if deep:
+            best = copy.deepcopy(best)
+        kept = best["weight"].tolist()
+        for _ in range(2):
+            opt.zero_grad()
+            model(torch.ones(3, 4)).sum().backward()
+            opt.step()
+        return best["weight"].tolist() != kept
+
+    t, changed = run_traced(lambda: keep_best(deep=False))
+    assert changed is True  # the "best" weights moved with the model
+    assert len(hazards(t, "aliasing-snapshot")) == 1
+    t, changed = run_traced(lambda: keep_best(deep=True))
+    assert changed is False
+    assert hazards(t, "aliasing-snapshot") == []
+
+
+# --------------------------------------------------------------------------------------------
+# an in-place op on an advanced-indexing result writes into a temporary copy
+# --------------------------------------------------------------------------------------------
+
+
+def _reinit_rows(how: str) -> bool:
+    """Zero three rows of an embedding; return whether the embedding changed."""
+    torch.manual_seed(0)
+    emb = nn.Embedding(50, 8)
+    rows = torch.tensor([3, 17, 42])
+    before = emb.weight.tolist()
+    with torch.no_grad():
+        if how == "fill_":
+            emb.weight[rows].fill_(0.0)
+        elif how == "init":
+            nn.init.zeros_(emb.weight[rows])
+        elif how == "copy_ range":
+            emb.weight[range(0, 2), :].copy_(torch.ones(2, 8))
+        else:
+            emb.weight[rows] = 0.0  # index_put_: writes back
+    return emb.weight.tolist() != before
+
+
+@pytest.mark.parametrize(
+    "how, gathered",
+    [("fill_", 96), ("init", 96), ("copy_ range", 64)],  # 3 or 2 rows x 8 float32
+)
+def test_inplace_write_into_advanced_index_copy_is_a_lost_write(how: str, gathered: int) -> None:
+    assert _reinit_rows(how) is False  # untraced: the write never reaches the embedding
+    t, changed = run_traced(lambda: _reinit_rows(how))
+    assert changed is False
+    (index,) = [e for e in t.events if e.op == "index"]
+    assert index.bytes_allocated == gathered and index.alias is False
+    (finding,) = hazards(t, "lost-inplace-write")
+    assert finding.severity == "error"
+    assert site_lines(finding) == {index.line}
+
+
+def test_index_assignment_writes_back_and_is_not_flagged() -> None:
+    assert _reinit_rows("index_put_") is True
+    t, changed = run_traced(lambda: _reinit_rows("index_put_"))
+    assert changed is True
+    assert [e for e in t.events if e.op == "index"] == []  # no gathered copy
+    assert hazards(t, "lost-inplace-write") == []
+
+
+# --------------------------------------------------------------------------------------------
+# one clone per consumer that writes in place is needed; two clones nobody writes are not
+# --------------------------------------------------------------------------------------------
+
+
+def _scale_(t: torch.Tensor) -> torch.Tensor:
+    t.mul_(2.0)  # writes into its argument: each caller hands in its own copy
+    return t.sum()
+
+
+def test_clone_per_inplace_consumer_is_not_a_redundant_copy() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(1000)
+    t, (a, b) = run_traced(lambda: (_scale_(x.clone()), _scale_(x.clone())))
+    clones = [e for e in t.events if e.op == "clone"]
+    assert [e.bytes_allocated for e in clones] == [4000, 4000]  # 1000 float32 each
+    # the first copy was written (its version counter moved) before the second was made
+    assert hazards(t, "redundant-copy") == []
+    assert torch.equal(a, b) and torch.equal(a, _scale_(x.clone()))
+
+
+def test_two_clones_nobody_writes_are_one_redundant_copy() -> None:
+    torch.manual_seed(0)
+    x = torch.randn(1000)
+    t, (c, d) = run_traced(lambda: (x.clone(), x.clone()))
+    (finding,) = hazards(t, "redundant-copy")
+    assert finding.bytes == 4000  # the second clone: data already copied
+    assert site_lines(finding) == lines_of(t, "clone")
+    assert torch.equal(c, d)
+
+
+# --------------------------------------------------------------------------------------------
+# torch.tensor([...]) of 0-d tensors that require grad: a copy that cuts the graph
+# --------------------------------------------------------------------------------------------
+
+
+def _combine_losses(how: str) -> tuple[float, list[float]]:
+    """Three per-layer 0-d losses combined into one auxiliary loss; return the loss and the
+    gradient it gives the layers' weights."""
+    torch.manual_seed(0)
+    layers = nn.ModuleList([nn.Linear(4, 3) for _ in range(3)])
+    x = torch.randn(5, 4)
+    parts = [layer(x).softmax(-1).mean(0).var() for layer in layers]  # each 0-d, needs grad
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's scalar-conversion warning for the list form
+        aux = torch.tensor(parts).sum() if how == "tensor" else torch.stack(parts).sum()
+    if aux.requires_grad:
+        aux.backward()
+    grads = [float(layer.weight.grad.abs().sum()) if layer.weight.grad is not None else 0.0
+             for layer in layers]  # fmt: skip
+    return aux.item(), grads
+
+
+def test_tensor_of_a_list_of_graph_tensors_is_a_detached_copy_and_flagged() -> None:
+    untraced = _combine_losses("tensor")
+    t, traced = run_traced(lambda: _combine_losses("tensor"))
+    assert traced == untraced and traced[1] == [0.0, 0.0, 0.0]  # no gradient reaches them
+    (ev,) = [e for e in t.events if e.op == "tensor_ctor"]
+    assert ev.bytes_allocated == 12  # 3 float32
+    assert ev.graph == "detached" and ev.src_requires_grad is True and ev.grad_fn is None
+    (finding,) = hazards(t, "tensor-ctor-copy")
+    assert site_lines(finding) == {ev.line}
+    assert "cuts it from the autograd graph" in finding.message
+
+
+def test_stack_of_graph_tensors_and_tensor_of_floats_are_not_flagged() -> None:
+    untraced = _combine_losses("stack")
+    t, traced = run_traced(lambda: _combine_losses("stack"))
+    assert traced == untraced and all(g > 0.0 for g in traced[1])
+    assert [e for e in t.events if e.op == "tensor_ctor"] == []
+    t, _ = run_traced(lambda: torch.tensor([0.5, 2.0]))  # from Python floats
+    assert hazards(t, "tensor-ctor-copy") == []
+
+
+# --------------------------------------------------------------------------------------------
+# .to(bfloat16).float() rounds; .double().float() gives the input back: only that is redundant
+# --------------------------------------------------------------------------------------------
+
+
+def test_lossless_round_trip_is_redundant_and_bf16_rounding_is_not() -> None:
+    torch.manual_seed(0)
+    raw = torch.randn(16, 48, 7)  # float32: 16*48*7*4 = 21504 B
+
+    def both() -> tuple[torch.Tensor, torch.Tensor]:
+        rounded = raw.to(torch.bfloat16).float()
+        same = raw.double().float()
+        return rounded, same
+
+    t, (rounded, same) = run_traced(both)
+    assert not torch.equal(rounded, raw) and torch.equal(same, raw)
+    by_op = [(e.op, e.dtype, e.bytes_allocated) for e in t.events]
+    assert by_op == [
+        ("to", "bfloat16", 10752), ("float", "float32", 21504),
+        ("double", "float64", 43008), ("float", "float32", 21504),
+    ]  # fmt: skip
+    (finding,) = hazards(t, "redundant-copy")
+    assert site_lines(finding) == lines_of(t, "double")  # the float64 line only
+    assert lines_of(t, "double").isdisjoint(lines_of(t, "to"))
+    assert finding.bytes == 43008  # the intermediate float64 copy, allocated for nothing
+
+
+# --------------------------------------------------------------------------------------------
+# activation checkpointing re-runs the user's upcast in backward
+# --------------------------------------------------------------------------------------------
+
+
+class UpcastBlock(nn.Module):
+    def __init__(self, d: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(d, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.float()  # upcast of a bfloat16 activation
+        return x + self.fc(h).relu().to(x.dtype)
+
+
+def _checkpointed_step(use_ckpt: bool) -> float:
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    block = UpcastBlock(32)
+    x = torch.randn(8, 32, requires_grad=True).to(torch.bfloat16)
+    y = checkpoint(block, x, use_reentrant=False) if use_ckpt else block(x)
+    loss = y.float().square().mean()
+    loss.backward()
+    return loss.item()
+
+
+@pytest.mark.parametrize("use_ckpt", [True, False])
+def test_checkpoint_recomputes_the_users_upcast_without_a_redundant_copy(use_ckpt: bool) -> None:
+    untraced = _checkpointed_step(use_ckpt)
+    t, traced = run_traced(lambda: _checkpointed_step(use_ckpt))
+    assert traced == untraced
+    upcasts = [e for e in t.events if e.op == "float" and e.module == "UpcastBlock"]
+    # 8x32 float32 = 1024 B each: in forward, and again in backward when checkpointed
+    assert [(e.phase, e.bytes_allocated) for e in upcasts] == [("forward", 1024)] + (
+        [("backward", 1024)] if use_ckpt else []
+    )
+    assert all(e.graph == "attached" for e in upcasts)
+    assert hazards(t, "redundant-copy") == []
+
+
+# --------------------------------------------------------------------------------------------
+# Module.to() on the swap_tensors path, after an EMA copy kept up with state_dict()
+# --------------------------------------------------------------------------------------------
+
+
+def _ema_then_convert() -> tuple[list[str], list[str]]:
+    """An EMA model updated through both models' state_dict(), then converted to float64 on
+    the swap_tensors path (which refuses any tensor something holds a weakref to)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    ema = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+
+    @torch.no_grad()
+    def update() -> None:  # its loop variables, the last aliases, die when it returns
+        for e, m in zip(ema.state_dict().values(), model.state_dict().values(), strict=True):
+            e.copy_(e * 0.9 + 0.1 * m)
+
+    for _ in range(2):
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+        update()
+    ema.to(torch.float64)
+    return [str(p.dtype) for p in ema.parameters()], [str(v) for v in ema(x.double()).tolist()]
+
+
+def test_swap_path_conversion_succeeds_traced_after_state_dict_aliases() -> None:
+    with swap_on_conversion(True):
+        untraced = _ema_then_convert()
+        t, traced = run_traced(_ema_then_convert)
+    assert traced == untraced and traced[0] == ["torch.float64"] * 4
+
+    # deepcopy: weight 16x8 + bias 16 + weight 2x16 + bias 2, float32 = 512+64+128+8 = 712 B
+    first_group = groups(t)[0]
+    assert first_group.tensors == 4 and first_group.bytes_allocated == 712
+    # per update: 8 state_dict() aliases (4 per model) and 4 copy_ into the EMA's tensors
+    assert len([e for e in t.events if e.op == "detach"]) == 2 * 8
+    assert [e.bytes_allocated for e in t.events if e.op == "copy_"] == [0] * (2 * 4)
+    assert hazards(t, "aliasing-snapshot") == []  # the aliases are used at once and dropped
+    # the conversion: one float64 copy (twice the bytes: 1424 B) and one swap per parameter
+    conversions = [e for e in t.events if e.op == "to" and e.dtype == "float64"]
+    assert sum(e.bytes_allocated for e in conversions) == 2 * 712 and len(conversions) == 4
+    swaps = [e for e in t.events if e.op == "swap_tensors"]
+    assert len(swaps) == 4 and all(e.alias and e.bytes_allocated == 0 for e in swaps)
+
+
+# --------------------------------------------------------------------------------------------
+# clone inside torch.func.vmap: the bytes really allocated are the whole batch's
+# --------------------------------------------------------------------------------------------
+
+
+def test_clone_inside_vmap_records_the_whole_batch_once_per_call() -> None:
+    from torch.func import vmap
+
+    x = torch.randn(5, 64, 16)  # 5 members x 64 x 16 float32 = 20480 B
+
+    def member(xi: torch.Tensor) -> torch.Tensor:
+        h = xi.clone()  # a private copy of this member's input
+        h[:, :2] = 0.0
+        return h.sum()
+
+    untraced = vmap(member)(x)
+    t, traced = run_traced(lambda: vmap(member)(x))
+    assert torch.equal(traced, untraced)
+    (clone,) = [e for e in t.events if e.op == "clone"]  # the body runs once, batched
+    assert clone.bytes_allocated == 20480  # not one member's 4096 B
+    assert t.stats["errors"] == 0
+
+
+def test_numpy_of_a_batched_tensor_fails_unchanged_and_is_recorded_as_failed() -> None:
+    from torch.func import vmap
+
+    flips = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0])
+
+    def to_numpy(f: torch.Tensor) -> torch.Tensor:
+        return f * float(f.clone().cpu().numpy())
+
+    untraced = raise_untraced(lambda: vmap(to_numpy)(flips))
+    t, traced = raise_traced(lambda: vmap(to_numpy)(flips))
+    assert_same_exception(untraced, traced)
+    ops = [(e.op, e.bytes_allocated, e.noop, e.error) for e in t.events]
+    # clone of the batch of 5 float32 = 20 B; .cpu() returns its input; .numpy() raised
+    assert ops == [
+        ("clone", 20, False, None),
+        ("cpu", 0, True, None),
+        ("numpy", 0, False, "RuntimeError"),
+    ]
+    assert t.stats["errors"] == 0
+
+
+# --------------------------------------------------------------------------------------------
+# a torch.Tensor subclass made from an existing tensor, and torch.tensor(t) under torch.device
+# --------------------------------------------------------------------------------------------
+
+
+class Sampler(torch.Tensor):
+    """A tensor subclass whose ``.to()`` re-wraps itself and sets ``.data``."""
+
+    def to(self, *args: Any, **kwargs: Any) -> Sampler:  # type: ignore[override]
+        new = Sampler(self)  # Tensor.__new__(cls, t): torch's legacy constructor, an alias
+        new.data = super().to(*args, **kwargs)
+        return new
+
+
+def _make_samplers() -> tuple[str, str, list[str]]:
+    z = Sampler(torch.zeros(8, 16)).to("cpu", torch.float32)  # same device and dtype
+    y = Sampler(torch.zeros(8)).to("cpu", torch.int64)  # a real conversion: 8 x 8 B
+    errors = []
+    for _ in range(2):
+        try:
+            copy.deepcopy(z)
+        except RuntimeError as err:  # torch refuses the default deepcopy of such a subclass
+            errors.append(str(err)[:40])
+    return f"{type(z).__name__} {z.dtype}", f"{type(y).__name__} {y.dtype}", errors
+
+
+@pytest.mark.xfail(
+    not NATIVE,
+    strict=True,
+    reason="the fallback's dispatch mode gives the alias torch's legacy constructor makes a "
+    "plain Tensor object, so S(t) raises (docs/limitations.md)",
+)
+def test_subclass_from_existing_tensor_runs_as_untraced_and_its_copies_are_recorded() -> None:
+    untraced = _make_samplers()
+    t, traced = run_traced(_make_samplers)
+    assert traced == untraced
+    assert untraced[:2] == ("Sampler torch.float32", "Sampler torch.int64")
+    assert len(untraced[2]) == 2
+    to = [(e.noop, e.alias, e.bytes_allocated) for e in t.events if e.op == "to"]
+    assert to == [(True, True, 0), (False, False, 64)]
+    assert [e.op for e in t.events if e.op == "data_set"] == ["data_set", "data_set"]
+    failed = [e for e in t.events if e.op == "deepcopy"]
+    assert [(e.error, e.bytes_allocated) for e in failed] == [("RuntimeError", 0)] * 2
+
+
+def _neighbours(coords: torch.Tensor, rcut: torch.Tensor) -> torch.Tensor:
+    with torch.device("cpu"):  # a default-device context: itself a TorchFunctionMode
+        rc = torch.tensor(rcut)  # already a tensor: a copy, and torch's warning
+        return (torch.cdist(coords, coords) < rc).sum(-1)
+
+
+def test_tensor_ctor_under_device_context_is_recorded_and_flagged() -> None:
+    torch.manual_seed(0)
+    coords, rcut = torch.randn(16, 3), torch.tensor(1.2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        untraced = _neighbours(coords, rcut)
+        t, traced = run_traced(lambda: _neighbours(coords, rcut))
+    assert torch.equal(traced, untraced)
+    (ev,) = [e for e in t.events if e.op == "tensor_ctor"]
+    assert ev.bytes_allocated == 4 and ev.aten == ("aten::detach", "aten::_to_copy")
+    (finding,) = hazards(t, "tensor-ctor-copy")
+    assert site_lines(finding) == {ev.line}
+
+
+def test_warning_filter_on_the_module_torch_names_matches_traced_as_untraced() -> None:
+    def construct_under_device() -> str:
+        with warnings.catch_warnings():
+            warnings.filterwarnings(
+                "error", message="To copy construct", module=r"torch\.utils\._device"
+            )
+            try:
+                with torch.device("cpu"):
+                    torch.tensor(torch.ones(3))
+            except UserWarning as w:
+                return f"raised: {str(w)[:30]}"
+            return "no exception"
+
+    untraced = construct_under_device()
+    _, traced = run_traced(construct_under_device)
+    assert traced == untraced == "raised: To copy construct from a tenso"  # 30 characters
+
+
+# --------------------------------------------------------------------------------------------
+# the hazards of the situations above: each found where it is, absent from its near miss
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how, flagged", [("data", True), ("detach", False)])
+def test_write_through_data_alias_of_saved_activation_is_flagged_detach_is_not(
+    how: str, flagged: bool
+) -> None:
+    t, _ = run_traced(lambda: _write_through_alias(how))
+    found = hazards(t, "data-inplace")
+    # through .detach() autograd raises by itself: nothing silent to report
+    assert len(found) == (1 if flagged else 0)
+    if flagged:
+        assert found[0].severity == "error" and "SigmoidBackward0" in found[0].message
+        assert site_lines(found[0]) >= lines_of(t, "data_get")
+
+
+@pytest.mark.parametrize("how, flagged", [("data", True), ("no_grad", False)])
+def test_parameter_slice_edit_through_data_is_flagged_no_grad_is_not(
+    how: str, flagged: bool
+) -> None:
+    t, _ = run_traced(lambda: _edit_weight_slice(how))
+    found = hazards(t, "data-inplace")
+    assert len(found) == (1 if flagged else 0)  # no_grad's write makes backward raise instead
+    if flagged:
+        assert "AddmmBackward0" in found[0].message
+
+
+def test_deepcopy_of_module_caching_graph_activation_is_flagged() -> None:
+    torch.manual_seed(0)
+    net = CachingNet()
+    net(torch.randn(2, 8))
+    fixed = CachingNet(cache_detached=True)
+    fixed(torch.randn(2, 8))
+
+    def both() -> None:
+        with contextlib.suppress(RuntimeError):
+            copy.deepcopy(net)
+        copy.deepcopy(fixed)  # the near miss: the cache was detached
+
+    t, _ = run_traced(both)
+    (finding,) = hazards(t, "deepcopy-nonleaf")
+    assert "last_hidden" in finding.message and "AddmmBackward0" in finding.message
+    assert site_lines(finding) == {groups(t)[0].line}
+
+
+@pytest.mark.parametrize(
+    "strategy, keep, flagged",
+    [
+        ("clone", lambda loss: loss.clone(), True),
+        ("detach", lambda loss: loss.detach(), False),
+    ],
+)
+def test_loss_clones_kept_across_iterations_are_flagged_detach_is_not(
+    strategy: str, keep: Callable[[torch.Tensor], Any], flagged: bool
+) -> None:
+    t, _ = run_traced(lambda: _eval_loop(keep))
+    found = hazards(t, "graph-retaining-copy")
+    assert len(found) == (1 if flagged else 0)
+    if flagged:
+        assert site_lines(found[0]) == lines_of(t, "clone")
+        assert found[0].bytes > 0  # the saved activations kept alive
+
+
+def _write_into_result(how: str) -> float:
+    """Keep a conversion's result apart from its input, write into it in place; return how
+    much the input changed."""
+    x = torch.zeros(4, 4)
+    if how == "no-op to":
+        staging = x.to("cpu")  # on a CPU-only run: x itself
+    elif how == "reshape view":
+        staging = x.reshape(16)  # contiguous input: a view
+    elif how == "copy.copy":
+        staging = copy.copy(x)  # a new tensor on the same storage
+    elif how == "to copy=True":
+        staging = x.to("cpu", copy=True)
+    else:
+        staging = x.t().reshape(16)  # not contiguous: a copy
+    staging += 1.0  # meant for a private copy
+    return float(x.sum())
+
+
+@pytest.mark.parametrize(
+    "how, flagged",
+    [
+        ("no-op to", True),
+        pytest.param(
+            "reshape view",
+            True,
+            marks=pytest.mark.xfail(
+                not NATIVE, strict=True, reason="the fallback watches no reshape view (hazards.md)"
+            ),
+        ),
+        ("copy.copy", True),
+        ("to copy=True", False),
+        ("reshape copy", False),
+    ],
+)
+def test_write_into_a_result_that_shares_its_input_is_flagged(how: str, flagged: bool) -> None:
+    untraced = _write_into_result(how)
+    t, traced = run_traced(lambda: _write_into_result(how))
+    assert traced == untraced == (16.0 if flagged else 0.0)  # 16 elements changed, or none
+    found = hazards(t, "alias-write")
+    assert len(found) == (1 if flagged else 0)
+    if flagged:
+        assert len(site_lines(found[0])) == 2  # the write's line, then the call's
+
+
+def test_copy_construct_and_clone_detach_order_are_flagged() -> None:
+    src = _source()
+
+    def three_forms() -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.tensor(src)
+        src.clone().detach()
+        src.detach().clone()  # the near miss of both
+
+    t, _ = run_traced(three_forms)
+    (ctor,) = hazards(t, "tensor-ctor-copy")
+    assert site_lines(ctor) == lines_of(t, "tensor_ctor")
+    (order,) = hazards(t, "clone-detach-order")
+    assert order.severity == "info" and order.bytes == 4000  # 1000 float32
+    detach_first = max(e.line for e in t.events if e.op == "detach")  # detach().clone()
+    assert detach_first not in site_lines(order) | site_lines(ctor)

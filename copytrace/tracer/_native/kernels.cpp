@@ -105,7 +105,8 @@ PyObject* g_callback = nullptr;  // owned reference; changed only with the GIL h
 // RecordFunction::name() of every non-composite operator overload: the schema's own string,
 // so named RecordFunctions (RECORD_FUNCTION("detach") in autograd kernels, profiler scopes)
 // never match.
-std::unordered_set<const char*> g_counted;
+// The value: whether copytrace has a kernel for the op (a copy op, see OpenCopy below).
+std::unordered_map<const char*, bool> g_counted;
 // The callback is thread-local: registered on the thread that starts tracing (the owner), it
 // reaches the threads that run that thread's work with its ThreadLocalState (the autograd
 // engine's device threads). Only the owner thread can deregister it (removeCallback of another
@@ -128,9 +129,27 @@ thread_local std::vector<int> tls_saved_depth;
 // A dispatch mode sees one of them, on the physical tensor. So an op started while a
 // functorch layer is active counts once: its re-calls (the same op, innermost) do not.
 thread_local std::vector<const char*> tls_functorch_ops;
-struct FunctorchMark : at::ObserverContext {
-  bool pushed;  // counted and pushed on tls_functorch_ops (else: a re-call, not counted)
-  explicit FunctorchMark(bool p) : pushed(p) {}
+
+// A Python __torch_dispatch__ (a program's TorchDispatchMode, FlopCounterMode, a wrapper tensor
+// subclass) takes an op at the Python key, above BackendSelect, and usually calls the same op
+// again (`func(*args)`): a second RecordFunction of the same name starts while the first has
+// not reached any of copytrace's kernels. That re-call is the op itself, not an op inside the
+// first one's kernel: it is not counted (copytrace's Python dispatch mode, below the program's,
+// sees it so too). A same-named op started after the first reached copytrace's kernel is that
+// kernel's own internals (a device copy_ copying through a temporary) and counts as usual.
+// Entries are copy ops in progress (the ops copytrace has kernels for); nullptr marks a
+// backward node's start, which begins afresh as tls_depth does.
+struct OpenCopy {
+  const char* name;
+  int depth;     // tls_depth once counted
+  bool entered;  // reached copytrace's kernel
+};
+thread_local std::vector<OpenCopy> tls_open_copies;
+
+struct Mark : at::ObserverContext {
+  bool counted = false;    // tls_depth was incremented
+  bool functorch = false;  // pushed on tls_functorch_ops
+  bool open_copy = false;  // pushed on tls_open_copies
 };
 
 inline bool functorch_active() {
@@ -138,20 +157,48 @@ inline bool functorch_active() {
       c10::DispatchKey::FuncTorchDynamicLayerBackMode);
 }
 
+// The op a Python dispatch handler calls again: the innermost counted op, of the same name,
+// and not yet in copytrace's kernel.
+inline bool python_recall(const char* name) {
+  if (tls_open_copies.empty()) return false;
+  const OpenCopy& top = tls_open_copies.back();
+  return top.name == name && top.depth == tls_depth && !top.entered;
+}
+
+// Called by every kernel of copytrace's: the innermost open copy op of this name reached it.
+inline void mark_entered(const char* name) {
+  if (tls_open_copies.empty()) return;
+  OpenCopy& top = tls_open_copies.back();
+  if (top.name == name && top.depth == tls_depth) top.entered = true;
+}
+
 std::unique_ptr<at::ObserverContext> rf_start(const at::RecordFunction& fn) {
   if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
     tls_saved_depth.push_back(tls_depth);
     tls_depth = 0;
-  } else if (g_counted.count(fn.name()) != 0) {
-    if (!tls_functorch_ops.empty() && tls_functorch_ops.back() == fn.name())
-      return std::make_unique<FunctorchMark>(false);  // a functorch re-call: not counted
-    ++tls_depth;
-    if (functorch_active()) {
-      tls_functorch_ops.push_back(fn.name());
-      return std::make_unique<FunctorchMark>(true);
-    }
+    tls_open_copies.push_back({nullptr, 0, false});
+    return nullptr;
   }
-  return nullptr;
+  auto found = g_counted.find(fn.name());
+  if (found == g_counted.end()) return nullptr;
+  if (!tls_functorch_ops.empty() && tls_functorch_ops.back() == fn.name())
+    return std::make_unique<Mark>();  // a functorch re-call: not counted
+  const bool copy_op = found->second;
+  if (copy_op && python_recall(fn.name())) return std::make_unique<Mark>();
+  ++tls_depth;
+  const bool functorch = functorch_active();
+  if (!functorch && !copy_op) return nullptr;  // counted; rf_end decrements by name
+  auto mark = std::make_unique<Mark>();
+  mark->counted = true;
+  if (functorch) {
+    tls_functorch_ops.push_back(fn.name());
+    mark->functorch = true;
+  }
+  if (copy_op) {
+    tls_open_copies.push_back({fn.name(), tls_depth, false});
+    mark->open_copy = true;
+  }
+  return mark;
 }
 
 void rf_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
@@ -160,11 +207,14 @@ void rf_end(const at::RecordFunction& fn, at::ObserverContext* ctx) {
       tls_depth = tls_saved_depth.back();
       tls_saved_depth.pop_back();
     }
+    if (!tls_open_copies.empty()) tls_open_copies.pop_back();
     return;
   }
   if (ctx != nullptr) {
-    if (!static_cast<FunctorchMark*>(ctx)->pushed) return;
-    if (!tls_functorch_ops.empty()) tls_functorch_ops.pop_back();
+    auto* mark = static_cast<Mark*>(ctx);
+    if (!mark->counted) return;  // a re-call
+    if (mark->functorch && !tls_functorch_ops.empty()) tls_functorch_ops.pop_back();
+    if (mark->open_copy && !tls_open_copies.empty()) tls_open_copies.pop_back();
   }
   if (tls_depth > 0 && g_counted.count(fn.name()) != 0) --tls_depth;
 }
@@ -176,7 +226,11 @@ void counted_names() {
     auto handle = dispatcher.findOp(name);
     if (handle && handle->hasSchema() &&
         !handle->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd))
-      g_counted.insert(handle->schema().name().c_str());
+      g_counted.emplace(handle->schema().name().c_str(), false);
+  }
+  for (const auto& entry : g_ops) {
+    auto counted = g_counted.find(entry.first->name().c_str());
+    if (counted != g_counted.end()) counted->second = true;
   }
 }
 
@@ -285,6 +339,7 @@ void call_back(const OpInfo& info, const c10::FunctionSchema& schema,
 
 void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
+  mark_entered(schema.name().c_str());
   auto found = g_ops.find(&schema);
   const size_t nargs = schema.arguments().size();
   const size_t base = stack->size() - nargs;
@@ -333,6 +388,8 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet ks, torch::jit::S
 // that only re-dispatch or fold (almost all); an implicit copy_ goes through `kernel` boxed.
 int g_detach_index = -1;
 int g_copy_index = -1;
+const char* g_detach_name = nullptr;  // RecordFunction names (the schemas' own strings)
+const char* g_copy_name = nullptr;
 
 // 0: only re-dispatch; 1: fold (index appended); 2: record (alias: counted; copy: boxed path)
 inline int decide(int index) {
@@ -347,12 +404,14 @@ inline int decide(int index) {
 }
 
 at::Tensor detach_kernel(c10::DispatchKeySet ks, const at::Tensor& self) {
+  mark_entered(g_detach_name);
   if (decide(g_detach_index) == 2) g_internal.fetch_add(1, std::memory_order_relaxed);
   return at::_ops::detach::redispatch(ks & kAfterBS, self);
 }
 
 at::Tensor& copy__kernel(c10::DispatchKeySet ks, at::Tensor& self, const at::Tensor& src,
                          bool non_blocking) {
+  mark_entered(g_copy_name);
   if (decide(g_copy_index) == 2) {
     if (!tls_folding) {  // decide() appends only when folding: an implicit copy_
       static const c10::OperatorHandle op =
@@ -412,12 +471,14 @@ int install(const std::vector<OpSpec>& ops) {
     const int index = g_ops[schema].index;
     if (name == "aten::detach" && overload.empty()) {
       g_detach_index = index;
+      g_detach_name = schema->name().c_str();
       lib->impl("detach", torch::dispatch(c10::DispatchKey::BackendSelect,
                                           TORCH_FN(detach_kernel)));
       continue;
     }
     if (name == "aten::copy_" && overload.empty()) {
       g_copy_index = index;
+      g_copy_name = schema->name().c_str();
       lib->impl("copy_", torch::dispatch(c10::DispatchKey::BackendSelect,
                                          TORCH_FN(copy__kernel)));
       continue;
