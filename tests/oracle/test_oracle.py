@@ -106,9 +106,10 @@ FALLBACK_RESHAPE = (
 # fmt: off
 #: Known differences: Known(config, case, key, at, reason), fnmatch patterns.
 KNOWN: list[Known] = [
-    # the Python fallback (its dispatch mode is on for the whole trace)
-    Known("lean/python", "*", "*", "*._version", FALLBACK_VERSION),
-    Known("lean/python", "*", "*", "*.grad_fn", FALLBACK_RESHAPE),
+    # the Python fallback at lean and full (its dispatch mode is on for the whole trace; at
+    # api it has none)
+    Known("[lf]*/python", "*", "*", "*._version", FALLBACK_VERSION),
+    Known("[lf]*/python", "*", "*", "*.grad_fn", FALLBACK_RESHAPE),
 ]
 # fmt: on
 
