@@ -142,18 +142,12 @@ def test_prod_gradients_with_retain_graph_and_double_backward():
     assert _run(program, "traced") == untraced
 
 
-@pytest.mark.parametrize(
-    "reentrant",
-    [
-        False,
-        pytest.param(True, marks=pytest.mark.xfail(strict=True, reason=(
-            "the forward run again inside backward makes its prod node while copytrace's "
-            "function mode is off the stack (docs/oracle.md, the Python fallback)"))),
-    ],
-)  # fmt: skip
+@pytest.mark.parametrize("reentrant", [False, True])
 def test_prod_inside_a_checkpoint(reentrant):
     """The forward is run again inside backward: non-reentrant, for the saved tensors of the
-    nodes made in forward; reentrant, with new nodes run by a nested engine call."""
+    nodes made in forward; reentrant, with new nodes run by a nested engine call (their prod
+    node is made under the fallback's ValueMode, which hooks it:
+    tests/test_fallback_backward.py)."""
 
     def program():
         x = torch.randn(4, 5, requires_grad=True)

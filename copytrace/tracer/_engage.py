@@ -99,6 +99,7 @@ class Engagement:
             dmode.__enter__()
             self.modes.append(dmode)
             fmode.dispatch = dmode
+            fmode.values = _recorder.ValueMode(rec, dmode)  # its function mode in backward
         self._engage_compiled(rec, optim_hooks, eager_fallback=self.level != "api")
 
     def _engage_compiled(self, rec: Any, optim_hooks: list[Any], eager_fallback: bool) -> None:

@@ -25,7 +25,9 @@ untraced:
   ``evaluate_function`` in engine.cpp ``thread_main``), also when the node raises.
 
 What runs with the mode stepped aside is not seen by it: the implicit copies inside those
-calls and nodes go unrecorded on the fallback (the C++ observer records them).
+calls and nodes go unrecorded on the fallback (the C++ observer records them). Inside
+backward the function mode's place is taken by :class:`copytrace.tracer._modes.ValueMode`,
+which does the same for the calls it sees (:data:`BACKWARD`: where it is put on the stack).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import torch
 from torch.utils.hooks import RemovableHandle
 
 __all__ = [
+    "BACKWARD",
     "GRAD_NODE",
     "GRAD_NODES",
     "MATMUL",
@@ -64,6 +67,10 @@ MATMUL = frozenset(
 )
 #: the calls the fallback's function mode looks at before running them
 VALUE_CALLS = MODE_SENSITIVE | MATMUL
+#: the entry points of a backward pass (each hands itself to ``handle_torch_function``;
+#: ``Tensor.backward`` calls ``torch.autograd.backward``): the autograd engine keeps the mode
+#: stacks they run under for the nodes it runs (``GraphTask::thread_locals_``)
+BACKWARD = frozenset((_Tensor.backward, torch.autograd.backward, torch.autograd.grad))
 
 #: the aten kind (in the dispatch mode's table) of an op whose node's backward branches
 GRAD_NODE = -1

@@ -11,6 +11,9 @@
 Where the C++ observer is built, its C handler and kernels replace both (see
 :mod:`copytrace.tracer._observer`). Neither mode is re-entered by its own handler: torch pops a
 mode from its stack while the mode's handler runs.
+
+Inside backward the fallback's function mode is :class:`ValueMode`, which records nothing and
+keeps only what torch computes as untraced (:mod:`copytrace.tracer._mode_values`).
 """
 
 from __future__ import annotations
@@ -23,21 +26,32 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from copytrace.tracer import _mode_values
-from copytrace.tracer._mode_values import GRAD_NODE, MATMUL, VALUE_CALLS, matmul_differs
+from copytrace.tracer._mode_values import (
+    BACKWARD,
+    GRAD_NODE,
+    MATMUL,
+    VALUE_CALLS,
+    matmul_differs,
+)
 from copytrace.tracer._rules import _ALIAS, _BASIC_INDEX, _GETITEM, _aten_name, _basic_index
 from copytrace.tracer._warnplace import call_placed
-from copytrace.tracer.compiled.stepaside import call_without
+from copytrace.tracer.compiled.stepaside import FUNCTION_STACK, call_without, lift
 
 if TYPE_CHECKING:
     from copytrace.tracer._recorder import Recorder
 
-__all__ = ["FunctionMode", "DispatchMode", "lift_for_node", "warm_up"]
+__all__ = ["FunctionMode", "DispatchMode", "ValueMode", "lift_for_node", "run_backward", "warm_up"]
 
 _perf_ns = time.perf_counter_ns
 _NoTorchFunction = torch._C.DisableTorchFunction
 _Tensor = torch.Tensor
 _C = torch._C
 _is_compiling = torch.compiler.is_compiling
+_len_function_stack = _C._len_torch_function_stack
+_push_function_mode = _C._push_on_torch_function_stack
+#: calls a function skipping one ``has_torch_function`` check (``torch.overrides.
+#: redispatch_function``; None on a torch without it: backward runs as before)
+_skip_one_hop = getattr(_C, "_skip_one_hop_torch_function", None)
 #: torch's record scope calls (``torch.autograd.profiler.record_function``): the optimizer steps
 _SCOPE_ENTER = torch.ops.profiler._record_function_enter_new
 _SCOPE_EXIT = torch.ops.profiler._record_function_exit._RecordFunction
@@ -51,6 +65,8 @@ class FunctionMode(TorchFunctionMode):
         self._rec = rec
         #: the Python fallback's DispatchMode while it is on the stack (set by _engage.py)
         self.dispatch: DispatchMode | None = None
+        #: the function mode on the stack inside backward (with ``dispatch``; _engage.py)
+        self.values: ValueMode | None = None
         self._table = rec.api_table
         self._copies = rec.watch.copies  # in-place writes into fresh copies (_fresh.py)
         self._fresh = self._copies.fresh  # both dicts live as long as the watch
@@ -80,18 +96,14 @@ class FunctionMode(TorchFunctionMode):
             return out
         if func is _GETITEM and (type(args[1]) in _BASIC_INDEX or _basic_index(args)):
             return call_placed(func, args, kwargs)  # x[i], x[a:b]: a view, no event
+        if func in BACKWARD and self.values is not None:
+            with _NoTorchFunction():
+                self._rec.api_before(op, func, args, kwargs)  # checks the graph; no event
+            return run_backward(self.values, func, types, args, kwargs)
         return self._rec.api_call(op, func, args, kwargs)
 
     def _hook_nodes(self, dispatch: DispatchMode, out) -> None:
-        """The call made nodes whose backward branches on the dispatch mode: hook them
-        (:func:`copytrace.tracer._mode_values.hook_nodes`)."""
-        since = dispatch.grad_since
-        dispatch.grad_since = None
-        try:
-            with _NoTorchFunction():
-                _mode_values.hook_nodes(out, since, lift_for_node)
-        except Exception as err:
-            self._rec.note_error(err)
+        _hook_nodes(self._rec, dispatch, out)
 
     def _scope(self, func, args, kwargs):
         """torch's record scope ``Optimizer.step#<Class>.step`` around an optimizer's
@@ -113,6 +125,73 @@ class FunctionMode(TorchFunctionMode):
             steps.pop()
             _call_hook(self._rec, hooks[1])
         return func(*args, **kwargs)
+
+
+def _hook_nodes(rec: Recorder, dispatch: DispatchMode, out) -> None:
+    """The call made nodes whose backward branches on the dispatch mode: hook them
+    (:func:`copytrace.tracer._mode_values.hook_nodes`). Never raises."""
+    since = dispatch.grad_since
+    dispatch.grad_since = None
+    try:
+        with _NoTorchFunction():
+            _mode_values.hook_nodes(out, since, lift_for_node)
+    except Exception as err:
+        rec.note_error(err)
+
+
+class ValueMode(TorchFunctionMode):
+    """The Python fallback's function mode inside backward: records nothing, and keeps what
+    torch computes there as untraced.
+
+    torch runs a mode's handler with the mode off its stack, and the autograd engine runs every
+    node under the mode stacks its entry point was called with (``GraphTask::thread_locals_``,
+    put back around each node in engine.cpp ``thread_main``). So the backward a program starts
+    under :class:`FunctionMode` would run its Python code (hooks, a custom ``Function``'s
+    backward, a reentrant checkpoint's forward run again, a saved-tensor unpack hook) with the
+    dispatch mode alone on the stack: a :data:`~copytrace.tracer._mode_values.MATMUL` or
+    ``MODE_SENSITIVE`` call there would compute other bits and a ``prod`` node made there
+    would get no lift. :func:`run_backward` puts this mode on the function stack for the
+    engine's run; it steps the dispatch mode aside for those calls and hooks the nodes, like
+    :class:`FunctionMode`, and is put there again for a backward started inside backward."""
+
+    def __init__(self, rec: Recorder, dispatch: DispatchMode) -> None:
+        super().__init__()
+        self._rec = rec
+        self._dispatch = dispatch
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if kwargs is None:
+            kwargs = {}
+        dispatch = self._dispatch
+        if func in VALUE_CALLS:
+            if func not in MATMUL or matmul_differs(func, args, kwargs):
+                return call_without(dispatch, call_placed, (func, args, kwargs), {})
+        elif func in BACKWARD:
+            return run_backward(self, func, types, args, kwargs)
+        out = call_placed(func, args, kwargs)
+        if dispatch.grad_since is not None:
+            _hook_nodes(self._rec, dispatch, out)
+        return out
+
+
+def run_backward(mode: ValueMode, func, types, args: tuple, kwargs: dict):
+    """``func(*args, **kwargs)``, a backward entry point called from a function mode's
+    handler, with ``mode`` on torch's function stack while it runs, so that the engine runs
+    the nodes with it (see :class:`ValueMode`); taken off after, also when ``func`` raises.
+
+    Only where the stack is otherwise empty (a program's own function mode below copytrace's
+    sees the call as untraced) and no argument's type has a ``__torch_function__`` of its own
+    (``types``): the call skips the one ``has_torch_function`` check it would now hit
+    (torch's ``_skip_one_hop_torch_function``), which would skip those too. Anywhere else, and
+    on a torch without it, the call runs as untraced with no mode. Returns what ``func``
+    returns, raises what it raises."""
+    if _skip_one_hop is None or _len_function_stack() or any(t is not _Tensor for t in types):
+        return call_placed(func, args, kwargs)
+    _push_function_mode(mode)
+    try:
+        return _skip_one_hop(func, types, args, kwargs)
+    finally:
+        lift(*FUNCTION_STACK, mode)
 
 
 def _call_hook(rec: Recorder, hook) -> None:

@@ -50,7 +50,7 @@ from copytrace.tracer._handover import Handovers
 from copytrace.tracer._implicit import ImplicitEvents
 
 # Names other modules and tests read from here (their homes are the modules named above).
-from copytrace.tracer._modes import DispatchMode, FunctionMode, warm_up  # noqa: F401
+from copytrace.tracer._modes import DispatchMode, FunctionMode, ValueMode, warm_up  # noqa: F401
 from copytrace.tracer._patches import (  # noqa: F401
     EXTRA_PATCHES,
     MISSING,

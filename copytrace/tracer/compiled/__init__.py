@@ -9,8 +9,9 @@ instance attribute, so it also covers callables compiled before tracing started)
 is the context's own hooks plus copytrace's. On the traced thread, copytrace's hook takes
 everything of copytrace that dynamo could see out of the way for the duration of the call:
 
-* its TorchFunctionMode and TorchDispatchMode, wherever they are on torch's mode stacks (the
-  modes above them are popped and pushed back; a user's own modes stay where they were);
+* its TorchFunctionMode (inside backward on the fallback, its ``ValueMode`` in that place)
+  and TorchDispatchMode, wherever they are on torch's mode stacks (the modes above them are
+  popped and pushed back; a user's own modes stay where they were);
 * its global optimizer step hooks (dynamo would inline them) and its patches of
   ``copy.deepcopy``, ``copy.copy``, ``torch.from_numpy``, ``torch.utils.swap_tensors``,
   ``nn.Parameter.__deepcopy__``, the ``state_dict``/``load_state_dict`` wrappers and level

@@ -38,16 +38,21 @@ class StepAside:
     _callbacks: dict[int, tuple[Any, Any]]
     _names: Any
 
-    def _suspend(self) -> tuple[Any, Any]:
-        """Take copytrace's modes off torch's stacks (cheap C calls, at every compiled call)."""
+    def _suspend(self) -> tuple[Any, Any, Any]:
+        """Take copytrace's modes off torch's stacks (cheap C calls, at every compiled call):
+        its function mode, or inside backward the fallback's ``ValueMode`` in its place
+        (``_modes.run_backward``), and its dispatch mode. Returns what :meth:`_resume` takes."""
         fmode, dmode = self._modes
         f_above = lift(*FUNCTION_STACK, fmode) if fmode is not None else None
+        values = getattr(fmode, "values", None)
+        if f_above is None and values is not None:
+            fmode, f_above = values, lift(*FUNCTION_STACK, values)
         d_above = lift(*DISPATCH_STACK, dmode) if dmode is not None else None
-        return f_above, d_above
+        return f_above, d_above, fmode
 
-    def _resume(self, saved: tuple[Any, Any]) -> None:
-        f_above, d_above = saved
-        fmode, dmode = self._modes
+    def _resume(self, saved: tuple[Any, Any, Any]) -> None:
+        f_above, d_above, fmode = saved
+        dmode = self._modes[1]
         if d_above is not None:
             length, _, pop, push = DISPATCH_STACK
             lower(length, pop, push, dmode, d_above)

@@ -37,8 +37,6 @@ from copytrace.tracer.compiled.stepaside import (
     DISPATCH_STACK,
     FUNCTION_STACK,
     hook_dicts,
-    lift,
-    lower,
 )
 
 __all__ = ["Compiled"]
@@ -234,17 +232,14 @@ class Compiled(StepAside, CallLog):
     def _run_backward(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run a compiled graph's backward with copytrace's modes off this thread's stacks."""
         fmode, dmode = self._modes
-        lifted: tuple[Any, Any] = (None, None)
+        lifted: tuple[Any, Any, Any] = (None, None, fmode)
         on_thread = _get_ident() == self.thread
         rec = self.rec
         try:
             if (fmode is not None and _function_stack_len()) or (
                 dmode is not None and _dispatch_stack_len()
             ):
-                lifted = (
-                    lift(*FUNCTION_STACK, fmode) if fmode is not None else None,
-                    lift(*DISPATCH_STACK, dmode) if dmode is not None else None,
-                )
+                lifted = self._suspend()
             if on_thread:
                 self.depth += 1
                 rec.compiled_depth = self.depth
@@ -259,12 +254,7 @@ class Compiled(StepAside, CallLog):
                     self.depth = max(0, self.depth - 1)
                     rec.compiled_depth = self.depth
                     _suppress(rec, False)
-                if lifted[1] is not None:
-                    length, _, pop, push = DISPATCH_STACK
-                    lower(length, pop, push, dmode, lifted[1])
-                if lifted[0] is not None:
-                    length, _, pop, push = FUNCTION_STACK
-                    lower(length, pop, push, fmode, lifted[0])
+                self._resume(lifted)
             except Exception as err:
                 self.rec.note_error(err)
 
