@@ -74,6 +74,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from copytrace._errors import SettingError
+from copytrace._outdir import unwritable
 
 __all__ = [
     "COPYTRACE",
@@ -537,28 +538,6 @@ def enabled() -> bool:
         SettingError: ``COPYTRACE`` is neither on nor off (``COPYTRACE=banana``).
     """
     return bool(setting(COPYTRACE))
-
-
-def unwritable(out_dir: Any) -> str | None:
-    """Why a trace could not be written into ``out_dir`` (created as the trace would be, then
-    probed with a temporary file), or None. ``copytrace run``, the ``COPYTRACE=1`` hook and
-    ``copytrace.trace()`` check it before tracing starts.
-
-    Returns:
-        ``"output directory D is not writable (REASON)"``, or None when it is writable.
-    """
-    import tempfile
-    from pathlib import Path
-
-    try:
-        path = Path(out_dir)
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=path, prefix=".copytrace-probe-"):
-            pass
-    except OSError as err:  # mkdir's "File exists" would not say that it is a file
-        why = "a file is there" if path.is_file() else err.strerror or type(err).__name__
-        return f"output directory {out_dir} is not writable ({why})"
-    return None
 
 
 def output_dir() -> str:

@@ -498,3 +498,37 @@ def test_an_output_directory_that_is_a_file_is_said_so(tmp_path):
         f"output directory {tmp_path / 'a-file' / 'out'} is not writable (Not a directory)"
     )
     assert _env.unwritable(tmp_path / "new") is None and (tmp_path / "new").is_dir()
+
+
+def test_the_hook_probe_leaves_nothing_on_disk(tmp_path):
+    # create=False (the COPYTRACE=1 hook's check): the same verdicts, and no directory made
+    (tmp_path / "a-file").write_text("")
+    for create in (True, False):
+        assert _env.unwritable(tmp_path / "a-file", create=create) == (
+            f"output directory {tmp_path / 'a-file'} is not writable (a file is there)"
+        )
+        assert _env.unwritable(tmp_path / "a-file" / "out", create=create) == (
+            f"output directory {tmp_path / 'a-file' / 'out'} is not writable (Not a directory)"
+        )
+    assert _env.unwritable(tmp_path / "x" / "y", create=False) is None
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # no x/, no probe file
+
+
+def test_a_launched_process_that_never_imports_torch_leaves_no_directory(tmp_path):
+    # under COPYTRACE=1 every Python process of a launch runs the hook (pip, a shell tool);
+    # one that never imports torch traces nothing and must write nothing: no copytrace-out/
+    proc = subprocess.run(
+        [sys.executable, "-c", "print('plain')"], capture_output=True, text=True,
+        cwd=tmp_path, timeout=120, env=_env_vars(COPYTRACE="1"),
+    )  # fmt: skip
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "plain\n", "")
+    assert list(tmp_path.iterdir()) == []
+    # the near miss: a process that imports torch and copies writes its trace there
+    (tmp_path / "prog.py").write_text(_PROGRAM)
+    proc = subprocess.run(
+        [sys.executable, "prog.py"], capture_output=True, text=True, cwd=tmp_path,
+        timeout=300, env=_env_vars(COPYTRACE="1", COPYTRACE_REPORT="0"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert any(p.name.endswith(".otlp.jsonl.gz") or p.name.endswith(".otlp.jsonl")
+               for p in (tmp_path / "copytrace-out").iterdir())  # fmt: skip

@@ -27,7 +27,7 @@ def _hook() -> None:
 
     errors = _env.check()
     if not errors:
-        problem = _env.unwritable(_env.output_dir())
+        problem = _env.unwritable(_env.output_dir(), create=False)
         if problem:
             errors = [problem]
     if errors:
