@@ -45,6 +45,13 @@ def _copytrace(*args: str) -> subprocess.CompletedProcess[str]:
         (("run", "--py-spy-rate=-5", "x.py"),
          "copytrace run: error: argument --py-spy-rate: must be >= 1, got -5 "
          "(see copytrace run --help)"),
+        # os.kill reads 0 and a negative pid as process groups: refused as no process id
+        (("trigger", "--", "-5"),
+         "copytrace trigger: error: argument PID: not a process id: '-5' "
+         "(see copytrace trigger --help)"),
+        (("trigger", "0"),
+         "copytrace trigger: error: argument PID: not a process id: '0' "
+         "(see copytrace trigger --help)"),
         (("run", "--py-spy-rate", "fast", "x.py"),
          "copytrace run: error: argument --py-spy-rate: not a whole number: 'fast' "
          "(see copytrace run --help)"),

@@ -124,6 +124,22 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
+def _pid(text: str) -> int:
+    """A process id as argparse's type: a positive integer (``os.kill`` reads 0 and a
+    negative number as process groups).
+
+    Raises:
+        argparse.ArgumentTypeError: for anything else (argparse prints it on one line, exit 2).
+    """
+    try:
+        pid = int(text)
+    except ValueError:
+        pid = 0
+    if pid <= 0:
+        raise argparse.ArgumentTypeError(f"not a process id: {text!r}")
+    return pid
+
+
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Add the ``trigger`` subcommand to ``subparsers``; returns its parser."""
     parser = subparsers.add_parser(
@@ -131,7 +147,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "(COPYTRACE_TRIGGER=signal)", description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    parser.add_argument("pid", type=int, metavar="PID", help="the armed process")
+    parser.add_argument("pid", type=_pid, metavar="PID", help="the armed process")
     parser.add_argument(
         "--steps", type=int, default=None, metavar="N",
         help="steps to trace (default: the process's COPYTRACE_TRIGGER_STEPS)",
