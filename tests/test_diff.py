@@ -192,12 +192,15 @@ def test_diff_terminal_and_markdown(runs: dict[str, Path], capsys: pytest.Captur
     out = capsys.readouterr().out.splitlines()
     assert out[1] == ("per step: copies 4 -> 6 (+2), bytes 2.0 KiB -> 2.1 KiB (+200 B), "
                       + out[1].split(", ", 2)[2])  # fmt: skip
-    rows = [line for line in out if line.startswith(("added", "removed", "changed"))]
+    # the label column is as wide as the widest label printed ("time only" rows, which depend
+    # on the run's timing, widen it): rows compared with their spaces collapsed
+    rows = [" ".join(line.split()) for line in out
+            if line.startswith(("added", "removed", "changed"))]  # fmt: skip
     # largest byte change first: the dtype (-600 B), then the 400 B ones
-    assert rows[0].startswith(f"changed  prog.py:{_line(new_text, 'float16')} dtype (was :"
+    assert rows[0].startswith(f"changed prog.py:{_line(new_text, 'float16')} dtype (was :"
                               f"{_line(BASE, 'float64')})")  # fmt: skip
     assert len(rows) == 5
-    assert any(r.startswith(f"added    prog.py:{_line(new_text, 'y = w.clone()')} added")
+    assert any(r.startswith(f"added prog.py:{_line(new_text, 'y = w.clone()')} added")
                and "+400 B (0 B -> 400 B)" in r for r in rows)  # fmt: skip
     assert main(["diff", str(runs["base"]), str(runs["new"]), "--markdown"]) == 0
     md = capsys.readouterr().out

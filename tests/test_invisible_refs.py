@@ -77,7 +77,10 @@ def test_modules_and_optimizers_hold_no_weakref_while_tracing(observer, level, m
     assert changed  # the bug is real: the child's momentum moved with the parent's steps
     with copytrace.trace(write=False, level=level) as t:
         objects, during, _ = _handover_program(t)
-    assert during == plain == [(0, 0)] * len(objects)
+    # as untraced, not zero: once dynamo has compiled in the process, torch itself keeps a weak
+    # reference on each module made after (mutation_guard's GenerationTracker)
+    assert during == plain
+    assert [n for n, _ in plain[-2:]] == [0, 0]  # the optimizers: torch keeps none on them
     assert t.stats["errors"] == 0
     assert {e.module for e in t.events if e.op == "to" and e.phase == "forward"} == {
         "Sequential.1"
@@ -211,8 +214,13 @@ def test_a_module_at_a_dead_module_address_is_named_by_its_own_path(observer, mo
     monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
     with copytrace.trace(write=False) as t:
         want, ids = _reuse_program(18)
-    # the allocator did reuse addresses: a _C's modules took those of the _A just dropped
-    assert any(set(ids[j]) & set(ids[j - 1]) for j in range(1, len(ids), 3)), ids
+    # the allocator did reuse addresses: some round's modules took those of a dropped one
+    seen: set[int] = set()
+    reused = 0
+    for round_ids in ids:
+        reused += len(seen & set(round_ids))
+        seen |= set(round_ids)
+    assert reused > 0, ids
     got = [e.module for e in t.events if e.op == "clone"]
     assert [_unnumbered(p) for p in got] == want
     assert t.stats["errors"] == 0
