@@ -39,7 +39,7 @@ from copytrace.analysis.diff import snapshot_sources
 from copytrace.cli import main
 
 STEPS = 5
-BASE = '''import torch
+BASE = """import torch
 
 
 def added(w):
@@ -78,7 +78,7 @@ for _ in range(STEPS):
     dup(ws[4])
     hazard(ws[5])
     opt.step()
-'''.replace("STEPS", str(STEPS))
+""".replace("STEPS", str(STEPS))
 
 EDITS = [
     ("def added(w):\n    return w.sum()", "def added(w):\n    y = w.clone()\n    return y.sum()"),
@@ -235,6 +235,8 @@ def test_diff_headlines_count_the_rows_they_list(
     assert len(rows) == len(md_rows)
     (foot,) = [line for line in out if line.startswith("(call sites: ")]
     assert foot.startswith(f"(call sites: {_listed(rows)}, {d['unchanged']} unchanged; ")
+    # NEW adds hazards, listed on the lines under a bare "hazards:" (no trailing space)
+    assert "hazards:" in out and not [line for line in out if line.endswith(" ")]
     page = tmp_path / "d.html"
     assert main(["diff", str(runs["base"]), str(runs["new"]), "-o", str(page)]) == 0
     said = capsys.readouterr().out
@@ -296,6 +298,10 @@ def test_gate_exit_codes_and_lines(runs: dict[str, Path], capsys: pytest.Capture
          "copytrace: error: --max-increase: not a percentage or a size: 'ten' (e.g. 10%, 64KiB)"),
         (["check", "{grow}", "--max-increase", "10%"],
          "copytrace: error: --max-increase needs --baseline BASE"),
+        # a negative value after a space reaches the option's check (argparse read it as a flag)
+        (["check", "{grow}", "--baseline", "{base}", "--max-increase", "-10%"],
+         "copytrace: error: --max-increase: must be >= 0, got '-10%' (a share such as 10% or a "
+         "size such as 64KiB)"),
         (["check", "{grow}", "--baseline", "{missing}"], "copytrace: error: "),
         (["diff", "{missing}", "{grow}"], "copytrace: error: "),
         (["diff", "{base}", "{corrupt}"], "copytrace: error: no readable copytrace spans in "),

@@ -88,6 +88,9 @@ def test_page_renders_without_errors(page: tuple[Any, list[str]]) -> None:
     for fig in ("steps", "sites"):
         assert pg.locator(f"#fig-{fig} .main-svg").count() >= 1, fig
     assert errors == []
+    # the headline names the rows as the text diff does: "time only", not "copy time only"
+    body = pg.locator("body").inner_text()
+    assert " time only \u00b7 " in body and "copy time only" not in body
     # per step: copies 1 -> 3 (+2); bytes 400 B -> 400 + 800 + 400 = 1600 B (+1200 B)
     assert pg.locator('[data-total="copies_per_step"] .v').inner_text() == "+2"
     assert pg.locator('[data-total="bytes_per_step"] .d').inner_text() == "400 B \u2192 1.6 KiB"

@@ -87,6 +87,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_SIGNED_OPTIONS = frozenset({"--max-increase"})
+
+
+def _signed_values(argv: list[str]) -> list[str]:
+    """``--max-increase -10%`` joined into ``--max-increase=-10%``.
+
+    argparse reads a token that starts with ``-`` and is not a plain number as an option, so
+    the space form ended in "expected one argument"; joined, the value reaches the option's own
+    check, which names what is wrong with it.
+    """
+    out: list[str] = []
+    for token in argv:
+        if out and out[-1] in _SIGNED_OPTIONS and token[:1] == "-" and token[1:2].isdigit():
+            out[-1] = f"{out[-1]}={token}"
+        else:
+            out.append(token)
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit status.
 
@@ -102,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # arguments are never read as copytrace options
         cut = argv.index("--")
         argv, program = argv[:cut], argv[cut + 1 :]
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_signed_values(argv))
     if program is not None:
         args.program = program
     try:

@@ -117,7 +117,7 @@
     box.appendChild(el("div", { class: "kpi", style: "grid-column:1 / -1" }, [
       el("div", { class: "k", text: "call sites" }),
       el("div", { class: "d", text: n("added") + " added \u00b7 " + n("removed") + " removed \u00b7 " +
-        n("changed") + " changed \u00b7 " + n("time_changed") + " copy time only \u00b7 " + D.unchanged + " unchanged" }),
+        n("changed") + " changed \u00b7 " + n("time_changed") + " time only \u00b7 " + D.unchanged + " unchanged" }),
     ]));
   }
   function renderHazards() {
@@ -152,7 +152,7 @@
   function siteRow(i, status) {
     const moved = i.base_line != null ? " (was :" + i.base_line + ")" : "";
     return el("tr", { class: "st-" + status, "data-status": status, "data-site": site(i) }, [
-      el("td", { text: status === "same" ? "" : status }),
+      el("td", { text: status === "same" ? "" : status === "time" ? "time only" : status }),
       el("td", { class: "site mono" }, [site(i) + moved, i.code ? el("code", { class: "src", text: i.code }) : null]),
       tripleCell(i.copies_per_step, fmtInt), tripleCell(i.bytes_per_step, fmtBytes), timeCell(i),
     ]);

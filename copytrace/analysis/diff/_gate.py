@@ -45,7 +45,9 @@ def parse_increase(text: str) -> Increase:
         except (ValueError, ZeroDivisionError):
             raise ValueError(f"not a percentage: {text!r} (e.g. 10%)") from None
         if share < 0:
-            raise ValueError(f"--max-increase must be >= 0, got {text!r}")
+            raise ValueError(
+                f"must be >= 0, got {text!r} (a share such as 10% or a size such as 64KiB)"
+            )
         return Increase(share=share / 100)
     try:
         return Increase(size=parse_bytes(t))

@@ -192,7 +192,7 @@ def format_terminal(d: Diff) -> str:
     else:
         lines.append(f"no call site changed ({len(d.of('same'))} unchanged)")
     hz = _hazard_lines(d, names)
-    lines.append("hazards: " + ("" if hz else "no change"))
+    lines.append("hazards:" if hz else "hazards: no change")
     lines.extend(hz)
     return "\n".join(lines) + "\n"
 
