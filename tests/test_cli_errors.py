@@ -132,3 +132,16 @@ def test_top_level_help_gives_each_command_one_short_line() -> None:
     for name, text in helps.items():
         assert "\n" not in text and "``" not in text, name
         assert text[:1].islower() and not text.endswith("."), name
+
+
+def test_a_commands_help_keeps_its_paragraphs() -> None:
+    # export's doc has one paragraph per output form; argparse's default formatter ran them
+    # together into one block ("... Perfetto. --parquet OUT: the columnar ...")
+    from copytrace.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    text = sub.choices["export"].format_help()
+    for form in ("--parquet OUT:", "--dataset OUT:", "--chrome-trace OUT.json:"):
+        assert f"\n\n{form}" in text, form
+    assert "Perfetto.\n\n--parquet OUT:" in text

@@ -38,11 +38,30 @@ def plain(text: str) -> str:
     return re.sub(r"(\w)::$", r"\1:", text, flags=re.M)
 
 
+class _Paragraphs(argparse.HelpFormatter):
+    """argparse's formatter with a description's paragraphs kept apart (argparse's own fills
+    the whole description as one paragraph) and an indented block's lines kept as written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        out = []
+        for para in re.split(r"\n\s*\n", text.strip("\n")):
+            lines = para.splitlines()
+            if lines and all(line.startswith("    ") for line in lines):
+                out.append("\n".join(indent + line for line in lines))
+            else:
+                out.append(super()._fill_text(para, width, indent))
+        return "\n\n".join(out)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse's parser with one-line errors: ``copytrace run: error: unrecognized arguments:
     --bogus (see copytrace run --help)`` on stderr and exit status 2, without the usage
     block, and help in plain text (:func:`plain`: the descriptions are the subcommands'
     docstrings). Subcommand parsers are of this class too (``add_subparsers`` passes it on)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _Paragraphs)
+        super().__init__(*args, **kwargs)
 
     def format_help(self) -> str:
         return plain(super().format_help())
