@@ -252,8 +252,8 @@ def time_variant(step, make_ctx, steps: int) -> float:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds per workload")
-    parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS))
-    parser.add_argument("--variants", nargs="*", default=list(VARIANTS))
+    parser.add_argument("--workloads", nargs="*", default=list(WORKLOADS), choices=list(WORKLOADS))
+    parser.add_argument("--variants", nargs="*", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--compile-backend", default="inductor", help="torch.compile backend of W5")
     parser.add_argument(
         "--cpu-time", action="store_true",
