@@ -96,6 +96,7 @@ def activate(
     if not _ATEXIT[0]:
         _ATEXIT[0] = True
         atexit.register(_at_exit)
+        _register_exec_hook()
 
 
 def is_launcher() -> bool:
@@ -280,6 +281,81 @@ def _in_subprocess_preexec() -> bool:
     return False
 
 
+# --- exec ------------------------------------------------------------------------------------
+def _register_exec_hook() -> None:
+    """Finish this process's trace when it calls ``os.exec*``, which replaces the process
+    without running ``atexit``: before, the trace recorded so far was lost and the launch's
+    marker stayed "running" (the root's report waited for it, the launch folder stayed).
+
+    An audit hook (PEP 578, ``sys.addaudithook``): CPython raises the ``os.exec`` audit event
+    in every ``os.exec*`` function just before the ``exec`` system call (``os_execv_impl``,
+    ``os_execve_impl``); ``subprocess`` and ``os.posix_spawn`` raise other events and are not
+    affected. A hook cannot be removed, so it stays for the interpreter's life and does
+    nothing once this process has finished (one string comparison per audit event). Nothing
+    is done where adding it fails (an audit hook of the program's refused it): a warning says
+    so.
+    """
+    try:
+        sys.addaudithook(_on_audit)
+    except Exception as err:  # a hook of the program's refused ours
+        warn(f"os.exec* will not write this process's trace: {type(err).__name__}: {err}")
+
+
+def _on_audit(event: str, args: tuple[Any, ...]) -> None:
+    if event == "os.exec" and S.active and not S.finished:
+        _before_exec()
+
+
+def _before_exec() -> None:
+    """Write this process's trace (and, the root, the launch's report) as at exit, then set
+    the trace file aside as ``copytrace-<host>-<pid>-exec<k>...`` with its sidecar, so that the
+    new program, which keeps this pid and is traced too where it is Python (it inherits
+    ``COPYTRACE=1``), cannot write over it. The new program of a root starts a launch of its
+    own (``os.execv`` passes ``os.environ``; ``COPYTRACE_LAUNCH`` is taken out of it). Never
+    raises: an exception here would refuse the program's ``exec``."""
+    try:
+        root, quiet, S.quiet = S.root, S.quiet, True
+        try:
+            result = finish()
+        finally:
+            S.quiet = quiet
+        if result["trace"] is not None:
+            result["trace"] = _set_aside(Path(result["trace"]))
+        if not quiet:
+            _say(result)
+        if root:
+            from copytrace import _env
+
+            os.environ.pop(_env.COPYTRACE_LAUNCH, None)
+    except BaseException as err:  # never into the program's exec
+        try:
+            warn(f"could not finish the trace before exec: {type(err).__name__}: {err}")
+        except BaseException:
+            pass
+
+
+def _set_aside(path: Path) -> Path:
+    """Rename trace file ``path`` (``copytrace-<host>-<pid>[-rank<N>].otlp.jsonl[.gz]``) and
+    its sidecar folder to the first free ``...-<pid>-exec<k>...`` name (k = 1, 2, ...)."""
+    import socket
+
+    from copytrace.schema import sidecar_dir
+
+    prefix = f"copytrace-{socket.gethostname() or 'host'}-{os.getpid()}"  # trace_file_name's
+    if not path.name.startswith(prefix):
+        return path
+    k = 1
+    while True:
+        new = path.with_name(f"{prefix}-exec{k}{path.name[len(prefix) :]}")
+        if not new.exists() and not sidecar_dir(new).exists():
+            break
+        k += 1
+    path.rename(new)
+    if sidecar_dir(path).exists():
+        sidecar_dir(path).rename(sidecar_dir(new))
+    return new
+
+
 # --- finishing ---------------------------------------------------------------------------------
 def _at_exit() -> None:
     try:
@@ -336,15 +412,19 @@ def finish(*, wait_s: float | None = None) -> dict[str, Any]:
         except Exception as err:
             warn(f"could not write the report: {type(err).__name__}: {err}")
     if not S.quiet:
-        # One line per launch, from the root; with COPYTRACE_REPORT=0 one per traced process.
-        parts = []
-        if result["trace"] is not None and (not S.report or S.root):
-            parts.append(f"trace {result['trace']}")
-        if result["report"] is not None:
-            parts.append(f"report {result['report']}")
-        if parts:
-            warn("; ".join(parts))
+        _say(result)
     return result
+
+
+def _say(result: dict[str, Any]) -> None:
+    """One line per launch, from the root; with ``COPYTRACE_REPORT=0`` one per process."""
+    parts = []
+    if result["trace"] is not None and (not S.report or S.root):
+        parts.append(f"trace {result['trace']}")
+    if result["report"] is not None:
+        parts.append(f"report {result['report']}")
+    if parts:
+        warn("; ".join(parts))
 
 
 def stop_session(exc: BaseException | None = None) -> dict[str, Any]:
