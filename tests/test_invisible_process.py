@@ -18,6 +18,7 @@ import threading
 import time
 import weakref
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -75,6 +76,22 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _runner(tmp_path: Path, name: str, text: str) -> tuple[Any, Path]:
+    """``run(mode, **env)``: the program ``text`` (written to ``name``) run with ``mode`` and
+    the output folder as its arguments, in a clean environment plus ``env``; and that folder."""
+    prog = tmp_path / name
+    prog.write_text(text)
+    out = tmp_path / "out"
+
+    def run(mode: str, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(prog), mode, str(out)], capture_output=True, text=True,
+            env=_clean_env(**env), timeout=300, cwd=tmp_path,
+        )  # fmt: skip
+
+    return run, out
+
+
 def _trace_lines(path: Path) -> list[dict]:
     import gzip
 
@@ -88,16 +105,7 @@ def _trace_lines(path: Path) -> list[dict]:
 def test_a_forked_child_behaves_as_untraced(how, tmp_path):
     # copytrace registers os.register_at_fork callbacks (tracer/_process.py: the child drops
     # the parent's export; launch/process.py: under COPYTRACE=1 the child traces on its own)
-    prog = tmp_path / "fork.py"
-    prog.write_text(_FORK_PROGRAM)
-    out = tmp_path / "out"
-
-    def run(mode: str, **env: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, str(prog), mode, str(out)], capture_output=True, text=True,
-            env=_clean_env(**env), timeout=300, cwd=tmp_path,
-        )  # fmt: skip
-
+    run, out = _runner(tmp_path, "fork.py", _FORK_PROGRAM)
     plain = run("plain")
     assert plain.returncode == 0, plain.stderr
     assert plain.stdout.count("child [") == 2  # each child ran its work once
@@ -263,13 +271,20 @@ def test_export_threads_are_invisible_while_a_trace_writes(tmp_path):
             torch.ones(2).clone()
             t.step()  # a flush: the export thread writes, the gzip thread starts
         file = t.session._file_sink.file
+        pipeline = t.session._pipeline
+
+        def running() -> bool:  # both started and in Python code
+            frames = sys._current_frames()
+            return all(
+                w is not None and w.ident in frames for w in (pipeline._thread, file._thread)
+            )
+
         deadline = time.monotonic() + 120  # a bound on a wait, not a timing assertion
-        while file._thread is None and time.monotonic() < deadline:
+        while not running() and time.monotonic() < deadline:
             time.sleep(0.01)
-        workers = [t.session._pipeline._thread, file._thread]
-        assert all(w is not None and w.is_alive() for w in workers)
-        frames = sys._current_frames()
-        assert all(w.ident in frames for w in workers)
+        assert running()
+        workers = [pipeline._thread, file._thread]
+        assert all(w.is_alive() for w in workers)
         listed = {th.ident for th in threading.enumerate()}
         assert not listed & {w.ident for w in workers}
         assert (_threads(), threading.active_count()) == (before, count)
@@ -336,16 +351,7 @@ def test_thread_hooks_and_counts_read_as_untraced(how, tmp_path):
     # after (Thread._bootstrap_inner installs them): before, copytrace's export and gzip
     # threads ran the program's hook on copytrace's own code (pipeline.py, file_sink.py,
     # threading.py's frames of two more threads) and were listed while tracing
-    prog = tmp_path / "hooks.py"
-    prog.write_text(_HOOKS_PROGRAM)
-    out = tmp_path / "out"
-
-    def run(mode: str, **env: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, str(prog), mode, str(out)], capture_output=True, text=True,
-            env=_clean_env(**env), timeout=300, cwd=tmp_path,
-        )  # fmt: skip
-
+    run, out = _runner(tmp_path, "hooks.py", _HOOKS_PROGRAM)
     plain = run("plain")
     assert plain.returncode == 0, plain.stderr
     lines = plain.stdout.splitlines()

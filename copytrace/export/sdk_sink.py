@@ -120,8 +120,8 @@ def _create_resource(attrs: dict[str, Any]) -> Resource:
             sdk.logger.warning("Exception %s in detector %s, ignoring", err, detector)
     merged = merged.merge(Resource(attrs))
     if not merged.attributes.get("service.name"):
-        name = "unknown_service" + (f":{os.path.basename(sys.executable)}" if sys.executable else "")
-        merged = merged.merge(Resource({"service.name": name}))
+        exe = f":{os.path.basename(sys.executable)}" if sys.executable else ""
+        merged = merged.merge(Resource({"service.name": "unknown_service" + exe}))
     return merged
 
 
