@@ -107,3 +107,30 @@ def test_in_a_forked_child_the_parents_thread_is_not_alive():
     gate.set()
     worker.join()
     assert (answer, worker.is_alive()) == (b"gone", False)
+
+
+def test_a_windows_report_is_written_on_a_thread_the_program_does_not_see(tmp_path, capsys):
+    # the report of a triggered window (copytrace/_trace.py _window_report) is written on a
+    # bare thread: a threading.settrace hook the program set sees none of the dashboards' code
+    import torch
+
+    import copytrace
+    from copytrace import _trace
+
+    with copytrace.trace(tmp_path) as t:
+        torch.ones(2).clone()
+    seen: set[str] = set()
+    threading.settrace(lambda frame, event, arg: seen.add(frame.f_code.co_filename))
+    try:
+        count = threading.active_count()
+        _trace._window_report(t.trace_path, (0, 1))
+        (worker,) = _trace._WINDOW_REPORTS
+        assert threading.active_count() == count
+        assert worker.ident not in {th.ident for th in threading.enumerate()}
+        _trace._wait_for_window_reports()
+    finally:
+        threading.settrace(None)  # type: ignore[arg-type]
+    assert not worker.is_alive() and _trace._WINDOW_REPORTS == []
+    assert (tmp_path / "report.html").is_file()
+    assert "copytrace: report of steps 0-0: " in capsys.readouterr().err
+    assert seen == set()
