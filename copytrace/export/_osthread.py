@@ -38,24 +38,22 @@ _ALL_THREADS = hasattr(threading, "settrace_all_threads")
 def tidy() -> None:
     """On a copytrace thread: drop a trace or profile function a program set on every thread
     (Python 3.12+), and the ``threading._DummyThread`` that code run here may have listed
-    for this thread. Never raises."""
-    try:
-        if _ALL_THREADS:
-            if sys.gettrace() is not None:
-                sys.settrace(None)
-            if sys.getprofile() is not None:
-                sys.setprofile(None)
-        ident = _thread.get_ident()
-        dummy = getattr(threading, "_DummyThread", None)
-        active = getattr(threading, "_active", None)
-        lock = getattr(threading, "_active_limbo_lock", None)
-        if dummy is None or active is None or lock is None or active.get(ident) is None:
-            return
-        with lock:
-            if isinstance(active.get(ident), dummy):
-                del active[ident]
-    except Exception:
+    for this thread (``threading._active``, under ``threading._active_limbo_lock``; where a
+    Python lacks these, nothing)."""
+    if _ALL_THREADS:
+        if sys.gettrace() is not None:
+            sys.settrace(None)
+        if sys.getprofile() is not None:
+            sys.setprofile(None)
+    ident = _thread.get_ident()
+    dummy = getattr(threading, "_DummyThread", None)
+    active = getattr(threading, "_active", None)
+    lock = getattr(threading, "_active_limbo_lock", None)
+    if dummy is None or active is None or lock is None or active.get(ident) is None:
         return
+    with lock:
+        if isinstance(active.get(ident), dummy):
+            del active[ident]
 
 
 class OsThread:
@@ -66,8 +64,8 @@ class OsThread:
     Args:
         target: the thread's work, called with no arguments.
         name: the worker's name (copytrace's own messages; the OS thread is not named).
-        on_error: called on the thread with anything ``target`` raises, ``BaseException``
-            included; an error it raises itself is dropped.
+        on_error: called on the thread with anything ``target`` (or :func:`tidy`) raises,
+            ``BaseException`` included; an error it raises itself is dropped.
     """
 
     def __init__(
@@ -108,13 +106,20 @@ class OsThread:
 
     def _run(self) -> None:
         try:
-            tidy()
-            self._target()
-        except BaseException as err:
             try:
-                self._on_error(err)
-            except BaseException:
-                pass
+                tidy()
+                self._target()
+            except BaseException as err:
+                self._report(err)
+            try:
+                tidy()
+            except BaseException as err:
+                self._report(err)
         finally:
-            tidy()
             self._running.release()
+
+    def _report(self, err: BaseException) -> None:
+        try:
+            self._on_error(err)
+        except BaseException:  # on_error could not say it (stderr closed): nowhere left
+            pass

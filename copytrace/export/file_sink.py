@@ -160,10 +160,10 @@ class TraceFile:
     def _compress(self) -> None:
         while True:
             item = self._queue.get()
-            tidy()
             try:
                 if item is None:
                     return
+                tidy()
                 if self._error is None:
                     for part in item[1]:
                         item[0].write(part)
