@@ -13,12 +13,12 @@ import atexit
 import contextlib
 import os
 import sys
-import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from copytrace._errors import CopytraceError
+from copytrace.export._osthread import OsThread
 from copytrace.tracer import CopyEvent, Schedule, Session
 
 __all__ = ["Schedule", "Trace", "trace"]
@@ -70,14 +70,20 @@ def _window_report(path: Path | None, window: tuple[int, int]) -> None:
 
     atexit.unregister(_wait_for_window_reports)
     atexit.register(_wait_for_window_reports)
-    thread = threading.Thread(target=write, name="copytrace-window-report", daemon=True)
+    # a bare OS thread, which the program's threading module does not see (export/_osthread.py)
+    thread = OsThread(write, "copytrace-window-report", _report_failed)
+    if not thread.start():
+        raise RuntimeError("no thread can start for the window's report (interpreter shutdown)")
     _WINDOW_REPORTS.append(thread)
-    thread.start()
+
+
+def _report_failed(err: BaseException) -> None:
+    print(f"copytrace: could not write the window's report: {err!r}", file=sys.stderr)
 
 
 #: The window reports being written (:func:`_window_report`): :meth:`Trace.stop` waits for
 #: them, so that a process that ends right after a window still writes its report.
-_WINDOW_REPORTS: list[threading.Thread] = []
+_WINDOW_REPORTS: list[OsThread] = []
 
 
 def _wait_for_window_reports() -> None:

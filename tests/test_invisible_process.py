@@ -15,8 +15,10 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 import weakref
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -74,6 +76,22 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _runner(tmp_path: Path, name: str, text: str) -> tuple[Any, Path]:
+    """``run(mode, **env)``: the program ``text`` (written to ``name``) run with ``mode`` and
+    the output folder as its arguments, in a clean environment plus ``env``; and that folder."""
+    prog = tmp_path / name
+    prog.write_text(text)
+    out = tmp_path / "out"
+
+    def run(mode: str, **env: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(prog), mode, str(out)], capture_output=True, text=True,
+            env=_clean_env(**env), timeout=300, cwd=tmp_path,
+        )  # fmt: skip
+
+    return run, out
+
+
 def _trace_lines(path: Path) -> list[dict]:
     import gzip
 
@@ -87,16 +105,7 @@ def _trace_lines(path: Path) -> list[dict]:
 def test_a_forked_child_behaves_as_untraced(how, tmp_path):
     # copytrace registers os.register_at_fork callbacks (tracer/_process.py: the child drops
     # the parent's export; launch/process.py: under COPYTRACE=1 the child traces on its own)
-    prog = tmp_path / "fork.py"
-    prog.write_text(_FORK_PROGRAM)
-    out = tmp_path / "out"
-
-    def run(mode: str, **env: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            [sys.executable, str(prog), mode, str(out)], capture_output=True, text=True,
-            env=_clean_env(**env), timeout=300, cwd=tmp_path,
-        )  # fmt: skip
-
+    run, out = _runner(tmp_path, "fork.py", _FORK_PROGRAM)
     plain = run("plain")
     assert plain.returncode == 0, plain.stderr
     assert plain.stdout.count("child [") == 2  # each child ran its work once
@@ -253,20 +262,110 @@ def _threads() -> list[str]:
     return sorted(t.name for t in threading.enumerate())
 
 
-def test_export_threads_live_only_while_a_trace_writes(tmp_path):
+def test_export_threads_are_invisible_while_a_trace_writes(tmp_path):
+    # the export and gzip threads are bare OS threads (export/_osthread.py): running, with
+    # Python frames (sys._current_frames() lists them), but in no table of the threading module
     before, count = _threads(), threading.active_count()
-    with copytrace.trace(tmp_path, compression="gzip"):
-        torch.ones(2).clone()
-        during = _threads()
-    after, count_after = _threads(), threading.active_count()
-    assert after == before and count_after == count
-    # while the trace writes: the export thread, and the gzip thread once the file has its
-    # first bytes (a flush: here maybe not yet), no other
-    assert "copytrace-export" in during
-    assert set(during) - set(before) <= {"copytrace-export", "copytrace-gzip"}
+    with copytrace.trace(tmp_path, compression="gzip", flush_events=1) as t:
+        for _ in range(3):
+            torch.ones(2).clone()
+            t.step()  # a flush: the export thread writes, the gzip thread starts
+        file = t.session._file_sink.file
+        pipeline = t.session._pipeline
+
+        def running() -> bool:  # both started and in Python code
+            frames = sys._current_frames()
+            return all(
+                w is not None and w.ident in frames for w in (pipeline._thread, file._thread)
+            )
+
+        deadline = time.monotonic() + 120  # a bound on a wait, not a timing assertion
+        while not running() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert running()
+        workers = [pipeline._thread, file._thread]
+        assert all(w.is_alive() for w in workers)
+        listed = {th.ident for th in threading.enumerate()}
+        assert not listed & {w.ident for w in workers}
+        assert (_threads(), threading.active_count()) == (before, count)
+    assert (_threads(), threading.active_count()) == (before, count)
+    assert not any(w.is_alive() for w in workers)
     with copytrace.trace(write=False):  # nothing written: no thread at all
         torch.ones(2).clone()
         assert _threads() == before
+
+
+_HOOKS_PROGRAM = textwrap.dedent(
+    """
+    import os, sys, threading
+
+    seen = set()
+
+
+    def hook(frame, event, arg):  # coverage.py's and profilers' way into every thread
+        seen.add(os.path.relpath(frame.f_code.co_filename))
+
+
+    threading.settrace(hook)
+    threading.setprofile(hook)
+    import torch
+
+    how, out = sys.argv[1], sys.argv[2]
+
+
+    def look(tag):
+        worker = threading.Thread(target=lambda: sum(range(10)), name="worker")
+        worker.start()
+        worker.join()
+        names = sorted(t.name for t in threading.enumerate())
+        print(tag, threading.active_count(), names, flush=True)
+
+
+    def train(steps):
+        model = torch.nn.Linear(2, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(steps):
+            model(torch.ones(1, 2)).sum().backward()
+            opt.step()  # a step boundary: a flush (one event a flush)
+            torch.ones(2).clone()
+        look("while")
+
+
+    look("before")
+    if how == "api":
+        import copytrace
+
+        with copytrace.trace(out, compression="gzip", flush_events=1):
+            train(4)
+    else:  # untraced, or traced by the start-up hook (COPYTRACE=1)
+        train(4)
+    look("after")
+    print(sorted(seen), flush=True)
+    """
+)
+
+
+@pytest.mark.parametrize("how", ["api", "launch"])
+def test_thread_hooks_and_counts_read_as_untraced(how, tmp_path):
+    # threading.settrace/setprofile set before tracing reach every threading.Thread started
+    # after (Thread._bootstrap_inner installs them): before, copytrace's export and gzip
+    # threads ran the program's hook on copytrace's own code (pipeline.py, file_sink.py,
+    # threading.py's frames of two more threads) and were listed while tracing
+    run, out = _runner(tmp_path, "hooks.py", _HOOKS_PROGRAM)
+    plain = run("plain")
+    assert plain.returncode == 0, plain.stderr
+    lines = plain.stdout.splitlines()
+    assert lines[:3] == [f"{tag} 1 ['MainThread']" for tag in ("before", "while", "after")]
+    assert "hooks.py" in lines[3]  # the worker's frames reached the hook
+    if how == "api":
+        traced = run("api")
+    else:
+        env = dict(COPYTRACE_OUTPUT=str(out), COPYTRACE_REPORT="0", COPYTRACE_FLUSH_EVENTS="1")
+        traced = run("plain", COPYTRACE="1", **env)
+    assert (traced.returncode, traced.stdout) == (0, plain.stdout), traced.stderr
+    # the trace was written off the program's thread, compressed: both threads ran
+    files = sorted(out.glob("copytrace-*.otlp.jsonl.gz"))
+    assert len(files) == 1 and _trace_lines(files[0])
 
 
 # --- weak handles on storages ----------------------------------------------------------------

@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import gc
 import os
+import pickle
 import traceback
 import weakref
 from typing import Any
@@ -262,8 +263,19 @@ def _patch_view() -> dict[str, Any]:
     out["param_deepcopy"] = type(copy.deepcopy(p)).__name__
     out["signatures"] = [
         str(inspect.signature(f))
-        for f in (copy.deepcopy, copy.copy, torch.utils.swap_tensors, nn.Module.load_state_dict)
-    ]
+        for f in (copy.deepcopy, copy.copy, torch.utils.swap_tensors, nn.Module.load_state_dict,
+                  nn.Parameter.__deepcopy__)
+    ]  # fmt: skip
+    try:
+        inspect.signature(torch.from_numpy)  # a builtin method: none
+    except ValueError as err:
+        out["from_numpy_signature"] = str(err)
+    patched = (copy.deepcopy, copy.copy, torch.utils.swap_tensors, torch.from_numpy,
+               nn.Parameter.__deepcopy__)  # fmt: skip
+    out["names"] = [(f.__module__, f.__name__, f.__qualname__, f.__doc__) for f in patched]
+    # by module and qualified name; inspect.getsource through __wrapped__ (inspect.unwrap)
+    out["pickled"] = [pickle.dumps(f) for f in patched if f is not torch.from_numpy]
+    out["source"] = [inspect.getsource(f) for f in patched if f is not torch.from_numpy]
     try:
         copy.deepcopy([Bad()])
     except ValueError as err:
@@ -284,10 +296,10 @@ def _patch_view() -> dict[str, Any]:
 @pytest.mark.parametrize("observer", OBSERVERS)
 def test_patched_functions_while_tracing(observer, monkeypatch):
     # copy.deepcopy, copy.copy, torch.utils.swap_tensors, nn.Parameter.__deepcopy__ and the
-    # state_dict / load_state_dict wrappers while tracing: results, signatures, errors and
-    # their tracebacks (copytrace's frames taken out, tracer/_hide.py) read as untraced. What
-    # stays (docs/observer-effects.md): `is` comparisons with the originals (and the
-    # functions' names, and copytrace's frames in a stack read inside them).
+    # state_dict / load_state_dict wrappers while tracing: results, signatures, names,
+    # docstrings, pickles, source, errors and their tracebacks (copytrace's frames taken out,
+    # tracer/_hide.py) read as untraced. What stays (docs/observer-effects.md): `is`
+    # comparisons with the originals (and copytrace's frames in a stack read inside them).
     monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
     originals = (copy.deepcopy, copy.copy, torch.utils.swap_tensors, nn.Module.load_state_dict)
     plain = _patch_view()

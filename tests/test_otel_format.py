@@ -10,6 +10,7 @@ import json
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -353,6 +354,34 @@ def test_resource_service_name_and_torchrun_ranks(tmp_path, monkeypatch):
     monkeypatch.delenv("OTEL_SERVICE_NAME")
     monkeypatch.delenv("OTEL_RESOURCE_ATTRIBUTES")
     assert sdk_sink.make_resource().attributes["service.name"] == "copytrace"
+
+
+@pytest.mark.parametrize(
+    ("env", "x"),
+    [({}, None),
+     ({"OTEL_RESOURCE_ATTRIBUTES": "service.name=a,x=1", "OTEL_SERVICE_NAME": "b"}, "1"),
+     ({"OTEL_EXPERIMENTAL_RESOURCE_DETECTORS": "process", "OTEL_RESOURCE_ATTRIBUTES": "x=2"}, "2")],
+)  # fmt: skip
+def test_resource_is_the_sdks_without_its_thread_pool(env, x, monkeypatch):
+    # Resource.create runs the detectors in a ThreadPoolExecutor, a threading.Thread the
+    # program would see (its settrace hooks, the executors' name counter); copytrace runs
+    # them on the calling thread, with the SDK's merge order
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    threads = []
+    monkeypatch.setattr(threading.Thread, "start", lambda self: threads.append(self))
+    attrs = {"process.pid": 7, "service.name": "mine"}
+    ours = dict(sdk_sink._create_resource(attrs).attributes)
+    assert threads == []  # no thread started (a started one would not have run: no result)
+    monkeypatch.setattr(threading.Thread, "start", _THREAD_START)
+    assert ours == dict(Resource.create(attrs).attributes)  # service.instance.id: per process
+    # the detectors ran (OTEL_RESOURCE_ATTRIBUTES, the process detector when named), then the
+    # attributes given won, over OTEL_SERVICE_NAME too
+    assert (ours["service.name"], ours["process.pid"], ours.get("x")) == ("mine", 7, x)
+    assert ours.get("process.parent_pid") == (os.getppid() if "process" in str(env) else None)
+
+
+_THREAD_START = threading.Thread.start
 
 
 def test_long_lines_are_split_under_the_collector_limit(tmp_path):

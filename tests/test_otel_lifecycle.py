@@ -241,8 +241,9 @@ def test_forked_child_does_not_write_into_the_parents_file(tmp_path):
 
 
 def test_export_thread_does_not_block_exit(tmp_path):
-    """The export thread is a daemon and stop() joins it: the program exits (a hang fails by
-    the timeout; how long exit takes is measured by benchmarks/startup.py)."""
+    """The export thread is a bare OS thread, which the interpreter does not wait for (as a
+    daemon), and stop() joins it: the program exits (a hang fails by the timeout; how long
+    exit takes is measured by benchmarks/startup.py)."""
     script = tmp_path / "quick.py"
     script.write_text(
         "import sys, torch, copytrace\n"

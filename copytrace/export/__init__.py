@@ -10,7 +10,9 @@
 - :mod:`.sidecar`: the columnar sidecar's writer (the event table, as Parquet parts);
 - :mod:`.sdk_sink`: real SDK spans for SDK exporters or the user's ``TracerProvider``, the
   resource and the ``OTEL_*`` exporters and sampler;
-- :mod:`.hazard_span`: the run's ``copytrace.hazards`` span, from plain dicts.
+- :mod:`.hazard_span`: the run's ``copytrace.hazards`` span, from plain dicts;
+- :mod:`._osthread`: copytrace's worker threads (export, gzip, a window's report), bare OS
+  threads the program's ``threading`` module does not see.
 
 This package imports only :mod:`copytrace.schema` and the ground modules: never the tracer,
 the readers, the analysis or the dashboards (an import-linter contract in ``pyproject.toml``

@@ -17,7 +17,6 @@ import os
 import queue
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import repeat
@@ -28,6 +27,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from copytrace._version import __version__
+from copytrace.export._osthread import OsThread, tidy
 from copytrace.export.hazard_span import append_hazard_span
 from copytrace.export.otlp_json import (
     MAX_LINE_BYTES,
@@ -103,7 +103,7 @@ class TraceFile:
         #: Bytes in the file after the last :meth:`flush` or :meth:`close`.
         self.size = 0
         self._closed = False
-        self._thread: threading.Thread | None = None
+        self._thread: OsThread | None = None
         self._queue: queue.Queue[Any] = queue.Queue()
         self._error: BaseException | None = None
 
@@ -143,15 +143,19 @@ class TraceFile:
         self._queue.put((fh, parts))  # waits while MAX_PENDING blocks are queued
 
     def _start_thread(self) -> bool:
-        """The gzip thread; False where no thread can start (interpreter shutdown)."""
+        """The gzip thread, a bare OS thread the program cannot see
+        (:class:`~copytrace.export._osthread.OsThread`); False where none can start
+        (interpreter shutdown)."""
         self._queue = queue.Queue(self.MAX_PENDING)
-        thread = threading.Thread(target=self._compress, name="copytrace-gzip", daemon=True)
-        try:
-            thread.start()
-        except RuntimeError:
+        thread = OsThread(self._compress, "copytrace-gzip", self._failed)
+        if not thread.start():
             return False
         self._thread = thread
         return True
+
+    def _failed(self, err: BaseException) -> None:
+        """Re-raised by :meth:`_drain` on the writing thread."""
+        self._error = err
 
     def _compress(self) -> None:
         while True:
@@ -159,6 +163,7 @@ class TraceFile:
             try:
                 if item is None:
                     return
+                tidy()
                 if self._error is None:
                     for part in item[1]:
                         item[0].write(part)

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
 
+from copytrace.export._osthread import OsThread, tidy
 from copytrace.schema import CopyEvent
 
 if TYPE_CHECKING:
@@ -219,7 +220,7 @@ class ExportPipeline:
         self._pending: deque[Chunk] = deque()
         self._wake = threading.Event()
         self._progress = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._thread: OsThread | None = None
         self._held: dict[int, tuple[str, str]] = {}  # id(event) -> (span id, parent id)
         self._failed: set[int] = set()
         self.errors = 0
@@ -238,8 +239,12 @@ class ExportPipeline:
             self._call(i, sink.begin, self.run)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._work, name="copytrace-export", daemon=True)
-        self._thread.start()
+        """Start the worker, a bare OS thread the program cannot see
+        (:class:`~copytrace.export._osthread.OsThread`); where none can start, every chunk is
+        written on the thread that submits it."""
+        thread = OsThread(self._work, "copytrace-export", self._worker_failed)
+        if thread.start():
+            self._thread = thread
 
     # -- traced thread --------------------------------------------------------------------------
     def submit(self, chunk: Chunk) -> None:
@@ -293,10 +298,17 @@ class ExportPipeline:
                 abandon()
 
     # -- worker -----------------------------------------------------------------------------------
+    def _worker_failed(self, err: BaseException) -> None:
+        """The worker ended on an error outside any chunk's write (counted, said once)."""
+        self.errors += 1
+        print(f"copytrace: export thread stopped: {type(err).__name__}: {err}", file=sys.stderr)
+
     def _work(self) -> None:
         while True:
+            tidy()  # after each write, and after each wait (a hook set on every thread)
             self._wake.wait()
             self._wake.clear()
+            tidy()
             while self._pending:
                 chunk = self._pending.popleft()
                 try:

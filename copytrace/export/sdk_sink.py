@@ -61,8 +61,8 @@ def make_resource(extra: dict[str, Any] | None = None) -> Resource:
     (``OTEL_SERVICE_NAME`` wins over everything; copytrace's own values win over
     ``OTEL_RESOURCE_ATTRIBUTES``, except ``service.name``, which copytrace only defaults).
 
-    Build it while the interpreter is running normally: the SDK's resource detectors use a
-    thread pool, which refuses work during interpreter shutdown (``atexit``).
+    The SDK's resource detectors run one after another on the calling thread
+    (:func:`_create_resource`), not in the SDK's thread pool.
     """
     attrs: dict[str, Any] = {
         "process.pid": os.getpid(),
@@ -80,7 +80,7 @@ def make_resource(extra: dict[str, Any] | None = None) -> Resource:
     if run_id:
         attrs["copytrace.torchelastic_run_id"] = run_id
     attrs.update(extra or {})
-    resource = Resource.create(attrs)
+    resource = _create_resource(attrs)
     line = resource.attributes.get("process.command_line")  # a resource detector's
     if isinstance(line, str):
         resource = resource.merge(
@@ -91,6 +91,38 @@ def make_resource(extra: dict[str, Any] | None = None) -> Resource:
         if not name or str(name).startswith("unknown_service"):
             resource = resource.merge(Resource({"service.name": "copytrace"}))
     return resource
+
+
+def _create_resource(attrs: dict[str, Any]) -> Resource:
+    """``Resource.create(attrs)`` with the SDK's detectors run in order on this thread.
+
+    ``Resource.create`` runs them in a ``concurrent.futures.ThreadPoolExecutor``
+    (``get_aggregated_resources`` in ``opentelemetry/sdk/resources/__init__.py``): a
+    ``threading.Thread`` started inside the traced program, which runs its
+    ``threading.settrace``/``setprofile`` hooks on the SDK's code, moves the executors' name
+    counter (the program's next pool's threads are named ``ThreadPoolExecutor-1_0``, not
+    ``-0_0``) and refuses work during interpreter shutdown. The merge order, the skipping of a
+    detector that fails (unless it sets ``raise_on_error``) and the default service name are
+    the SDK's; a detector is not given up after 5 s (the SDK's pool waits for it anyway). An
+    SDK without ``_build_resource_detectors``: ``Resource.create``."""
+    from opentelemetry.sdk import resources as sdk
+
+    detectors = getattr(sdk, "_build_resource_detectors", None)
+    merged = getattr(sdk, "_DEFAULT_RESOURCE", None)
+    if detectors is None or merged is None:
+        return Resource.create(attrs)
+    for detector in detectors():
+        try:
+            merged = merged.merge(detector.detect())
+        except Exception as err:
+            if detector.raise_on_error:
+                raise
+            sdk.logger.warning("Exception %s in detector %s, ignoring", err, detector)
+    merged = merged.merge(Resource(attrs))
+    if not merged.attributes.get("service.name"):
+        exe = f":{os.path.basename(sys.executable)}" if sys.executable else ""
+        merged = merged.merge(Resource({"service.name": "unknown_service" + exe}))
+    return merged
 
 
 class _BatchingProcessor(SpanProcessor):

@@ -223,8 +223,8 @@ def _register_fork_hooks() -> None:
 
     Registered at the first trace start, not at interpreter start: ``after_in_child``
     handlers run in registration order, and ours starts a trace, which needs the locks of
-    modules imported by then (``concurrent.futures``, used by OpenTelemetry's resource
-    detectors) to have been re-initialised by their own fork handlers first.
+    modules imported by then (``logging``'s, for one: a resource detector that fails logs)
+    to have been re-initialised by their own fork handlers first.
     """
     global _MP_TOKEN
     if not _FORK_HOOK[0] and hasattr(os, "register_at_fork"):

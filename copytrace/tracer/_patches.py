@@ -17,6 +17,7 @@ go, such names in the modules imported meanwhile are bound to the originals agai
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 import threading
 import time
@@ -165,6 +166,21 @@ PATCH_FUNCTIONS = (
     _traced_deepcopy, _traced_copy, _traced_from_numpy, _traced_swap_tensors,
     _traced_param_deepcopy,
 )  # fmt: skip
+
+# Each patch reads as its original: ``functools.update_wrapper`` gives it the original's
+# ``__module__``, ``__name__``, ``__qualname__``, ``__doc__``, ``__annotations__`` (3.12+:
+# ``__type_params__``) and ``__dict__``, and ``__wrapped__``, through which
+# ``inspect.signature``, ``inspect.unwrap`` and ``inspect.getsource`` answer the original's
+# (``torch.from_numpy``, a builtin, has no signature: ``ValueError`` as untraced). Pickling
+# goes by module and qualified name, so ``pickle.dumps(copy.deepcopy)`` is the original's
+# bytes. The code objects stay copytrace's (dynamo skips them, tracebacks leave them out).
+for _patch, _original in zip(
+    PATCH_FUNCTIONS,
+    (_ORIG_DEEPCOPY, _ORIG_COPY, _ORIG_FROM_NUMPY, _ORIG_SWAP, _ORIG_PARAM_DEEPCOPY),
+    strict=True,
+):
+    functools.update_wrapper(_patch, _original)
+del _patch, _original
 
 #: ``(owner, attribute, original, replacement)`` patched with the others (level ``lean``: the
 #: API's C wrappers, see ``_observer.install_wrappers``); ``MISSING``: not in the owner's dict
