@@ -92,7 +92,7 @@ def _traced_deepcopy(x, memo=None, _nil=[]):  # noqa: B006 - same signature as c
             return rec.api_call("deepcopy", _ORIG_DEEPCOPY, (x, memo, _nil), {})
         return rec.deepcopy_group(_ORIG_DEEPCOPY, x, memo, _nil)
     except BaseException as err:  # the program's error: its traceback as untraced (_hide.py)
-        hide_frames(err)
+        hide_frames(err, _ACTIVE)
         raise
 
 
@@ -105,7 +105,7 @@ def _traced_copy(x):
             return _ORIG_COPY(x)
         return rec.api_call("copy", _ORIG_COPY, (x,), {})
     except BaseException as err:
-        hide_frames(err)
+        hide_frames(err, _ACTIVE)
         raise
 
 
@@ -117,13 +117,13 @@ def _traced_from_numpy(array):
         try:
             return _ORIG_FROM_NUMPY(array)
         except BaseException as err:
-            hide_frames(err)
+            hide_frames(err, _ACTIVE)
             raise
     start = _perf_ns()
     try:
         out = _ORIG_FROM_NUMPY(array)
     except BaseException as err:
-        hide_frames(err)
+        hide_frames(err, _ACTIVE)
         raise
     end = _perf_ns()
     try:
@@ -143,7 +143,7 @@ def _traced_swap_tensors(t1, t2):
             return _ORIG_SWAP(t1, t2)
         return rec.api_call("swap_tensors", _ORIG_SWAP, (t1, t2), {})
     except BaseException as err:
-        hide_frames(err)
+        hide_frames(err, _ACTIVE)
         raise
 
 
@@ -156,7 +156,7 @@ def _traced_param_deepcopy(self, memo):
             return _ORIG_PARAM_DEEPCOPY(self, memo)
         return rec.api_call("deepcopy", _ORIG_PARAM_DEEPCOPY, (self, memo), {})
     except BaseException as err:
-        hide_frames(err)
+        hide_frames(err, _ACTIVE)
         raise
 
 
@@ -194,7 +194,7 @@ def install_patches(stepping_aside: bool = False) -> None:
     torch.utils.swap_tensors = _traced_swap_tensors
     torch.from_numpy = _traced_from_numpy
     torch.nn.Parameter.__deepcopy__ = _traced_param_deepcopy
-    _handover.install(_here)
+    _handover.install(_here, active_recorder)
 
 
 def remove_patches(stepping_aside: bool = False) -> None:
