@@ -1766,13 +1766,7 @@ def _write_into_result(how: str) -> float:
     "how, flagged",
     [
         ("no-op to", True),
-        pytest.param(
-            "reshape view",
-            True,
-            marks=pytest.mark.xfail(
-                not NATIVE, strict=True, reason="the fallback watches no reshape view (hazards.md)"
-            ),
-        ),
+        ("reshape view", True),
         ("copy.copy", True),
         ("to copy=True", False),
         ("reshape copy", False),
