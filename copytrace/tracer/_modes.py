@@ -52,6 +52,8 @@ _len_function_stack = _C._len_torch_function_stack
 _push_function_mode = _C._push_on_torch_function_stack
 #: the saved-tensor hooks on top of this thread's stack (``saved_tensors_hooks``), or None
 _top_saved_hooks = _C._autograd._top_saved_tensors_default_hooks
+#: the sequence number the next autograd node made on this thread gets
+_sequence_nr = _C._autograd._get_sequence_nr
 #: calls a function skipping one ``has_torch_function`` check (``torch.overrides.
 #: redispatch_function``; None on a torch without it: backward runs as before)
 _skip_one_hop = getattr(_C, "_skip_one_hop_torch_function", None)
@@ -96,7 +98,7 @@ class FunctionMode(TorchFunctionMode):
             if func is _SCOPE_ENTER or func is _SCOPE_EXIT:
                 return self._scope(func, args, kwargs)
             if dispatch is not None and _top_saved_hooks(False) is not None:
-                out = run_backward(self.values, func, types, args, kwargs, placed=True)
+                out = self._saving(dispatch, func, types, args, kwargs)
             else:
                 out = call_placed(func, args, kwargs)  # a C++ warning names the program's line
             if dispatch is not None and dispatch.grad_since is not None:
@@ -112,6 +114,19 @@ class FunctionMode(TorchFunctionMode):
 
     def _hook_nodes(self, dispatch: DispatchMode, out) -> None:
         _hook_nodes(self._rec, dispatch, out)
+
+    def _saving(self, dispatch: DispatchMode, func, types, args, kwargs):
+        """``func(*args, **kwargs)`` while saved-tensor hooks are set: with ``ValueMode`` on
+        the stack for the pack hooks it calls (:func:`run_backward`, ``placed``). A pack hook's
+        own calls reach ``ValueMode``, which hooks the nodes made since the dispatch mode last
+        noted one and forgets the note, also the one this call's own ``prod`` made: so every
+        node this call made (numbered from the sequence number before it,
+        ``torch._C._autograd._get_sequence_nr``) is looked at after it returns."""
+        since = _sequence_nr()
+        out = run_backward(self.values, func, types, args, kwargs, placed=True)
+        if _sequence_nr() > since:  # the call made autograd nodes
+            dispatch.grad_since = since
+        return out
 
     def _scope(self, func, args, kwargs):
         """torch's record scope ``Optimizer.step#<Class>.step`` around an optimizer's
