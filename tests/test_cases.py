@@ -1622,12 +1622,6 @@ def _make_samplers() -> tuple[str, str, list[str]]:
     return f"{type(z).__name__} {z.dtype}", f"{type(y).__name__} {y.dtype}", errors
 
 
-@pytest.mark.xfail(
-    not NATIVE,
-    strict=True,
-    reason="the fallback's dispatch mode gives the alias torch's legacy constructor makes a "
-    "plain Tensor object, so S(t) raises (docs/limitations.md)",
-)
 def test_subclass_from_existing_tensor_runs_as_untraced_and_its_copies_are_recorded() -> None:
     untraced = _make_samplers()
     t, traced = run_traced(_make_samplers)

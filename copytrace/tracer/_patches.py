@@ -201,7 +201,7 @@ def remove_patches(stepping_aside: bool = False) -> None:
     """Remove copytrace's patches (``stepping_aside``: for a compiled call, which sees
     ``torch.Tensor``'s own methods through the wrappers' descriptors and whose wrappers stand
     aside by themselves; changing ``torch.Tensor``'s attributes costs a type-cache flush each)."""
-    getitem = False
+    getitem = new_slot = False
     for owner, name, orig, new in EXTRA_PATCHES:
         if stepping_aside and owner is _Tensor:
             continue
@@ -211,8 +211,11 @@ def remove_patches(stepping_aside: bool = False) -> None:
             else:
                 setattr(owner, name, orig)
             getitem = getitem or name == "__getitem__"
+            new_slot = new_slot or name == "__new__"
     if getitem:  # removing the attribute leaves CPython's generic sq_item: clear it
         _slots.settle()
+    if new_slot:  # and its generic tp_new (the fallback's torch.Tensor.__new__)
+        _slots.settle_new()
     if copy.deepcopy is _traced_deepcopy:
         copy.deepcopy = _ORIG_DEEPCOPY
     if copy.copy is _traced_copy:
