@@ -72,9 +72,10 @@ def _subclasses(root: type) -> list[type]:
     return out
 
 
-def _getitem_owner(cls: type) -> Any:
+def _owner(cls: type, name: str) -> Any:
+    """The class of ``cls``'s MRO whose own dict holds ``name`` (None: none)."""
     for base in cls.__mro__:
-        if "__getitem__" in base.__dict__:
+        if name in base.__dict__:
             return base
     return None
 
@@ -89,7 +90,7 @@ def settle() -> bool:
     want = sq_item(base)
     torch_owned = (base, torch.Tensor)
     for cls in _subclasses(base):
-        if sq_item(cls) == want or _getitem_owner(cls) not in torch_owned:
+        if sq_item(cls) == want or _owner(cls, "__getitem__") not in torch_owned:
             continue
         where = _slot_address(cls)
         if where is not None:
@@ -123,13 +124,6 @@ def _new_offset() -> int | None:
     return _NEW_OFFSET[0]
 
 
-def _new_owner(cls: type) -> Any:
-    for base in cls.__mro__:
-        if "__new__" in base.__dict__:
-            return base
-    return None
-
-
 def settle_new() -> bool:
     """Give every tensor class whose ``__new__`` is ``TensorBase``'s again ``TensorBase``'s
     ``tp_new``: assigning ``torch.Tensor.__new__`` and deleting it leaves CPython's generic
@@ -142,6 +136,6 @@ def settle_new() -> bool:
     base = torch._C.TensorBase
     want = tp_new(base)
     for cls in _subclasses(base):
-        if tp_new(cls) != want and _new_owner(cls) is base:
+        if tp_new(cls) != want and _owner(cls, "__new__") is base:
             ctypes.c_void_p.from_address(id(cls) + offset).value = want
     return True
