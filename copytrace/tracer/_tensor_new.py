@@ -38,6 +38,10 @@ _ENGAGED: list[Any] = [None, None]
 
 
 def _traced_tensor_new(cls: type, *args: Any, **kwargs: Any) -> Any:
+    """``torch.Tensor.__new__(cls, *args, **kwargs)``: for a subclass ``cls`` with the
+    fallback's dispatch mode off this thread's stack while it runs (where it is on it: not on
+    another thread, nor inside a compiled call, where copytrace has lifted it). Returns and
+    raises what the original does."""
     mode, rec = _ENGAGED
     try:
         if mode is None or cls is _Tensor:
