@@ -1622,12 +1622,6 @@ def _make_samplers() -> tuple[str, str, list[str]]:
     return f"{type(z).__name__} {z.dtype}", f"{type(y).__name__} {y.dtype}", errors
 
 
-@pytest.mark.xfail(
-    not NATIVE,
-    strict=True,
-    reason="the fallback's dispatch mode gives the alias torch's legacy constructor makes a "
-    "plain Tensor object, so S(t) raises (docs/limitations.md)",
-)
 def test_subclass_from_existing_tensor_runs_as_untraced_and_its_copies_are_recorded() -> None:
     untraced = _make_samplers()
     t, traced = run_traced(_make_samplers)
@@ -1766,13 +1760,7 @@ def _write_into_result(how: str) -> float:
     "how, flagged",
     [
         ("no-op to", True),
-        pytest.param(
-            "reshape view",
-            True,
-            marks=pytest.mark.xfail(
-                not NATIVE, strict=True, reason="the fallback watches no reshape view (hazards.md)"
-            ),
-        ),
+        ("reshape view", True),
         ("copy.copy", True),
         ("to copy=True", False),
         ("reshape copy", False),

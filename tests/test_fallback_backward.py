@@ -229,21 +229,69 @@ def test_near_miss_a_subclass_or_a_mode_of_the_program_sees_backward_as_untraced
     assert t.stats["errors"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a saved-tensor pack hook runs inside the forward op's call, while copytrace's function "
-    "mode is off the stack (torch pops it for its handler): its matmul is not stepped aside "
-    "(docs/oracle.md, the Python fallback)"))  # fmt: skip
-def test_a_pack_hook_computing_with_matmul():
-    def program():
-        a = torch.randn(5, 5, 5, requires_grad=True)
-        q = torch.linalg.qr(torch.randn(5, 5))[0].unsqueeze(0)
-        hooks = (lambda t: torch.matmul(t, q), lambda p: torch.matmul(p, q.mT))
-        with torch.autograd.graph.saved_tensors_hooks(*hooks):
-            y = (a * 1.5).exp()
-        y.sum().backward()
-        return [a.grad]
+def _pack_hook():
+    """A saved-tensor codec that computes in both hooks: the pack hook runs inside the
+    forward op's call (``exp`` saving its result), where torch has popped the calling function
+    mode for its handler; the unpack hook runs in backward."""
+    a = torch.randn(5, 5, 5, requires_grad=True)
+    q = torch.linalg.qr(torch.randn(5, 5))[0].unsqueeze(0)
+    hooks = (lambda t: torch.matmul(t, q), lambda p: torch.matmul(p, q.mT))
+    with torch.autograd.graph.saved_tensors_hooks(*hooks):
+        y = (a * 1.5).exp()
+    y.sum().backward()
+    return [y, a.grad]
 
-    assert _run(program, "traced") == _run(program, "untraced")
+
+def _pack_hook_only():
+    """Only the pack hook computes (the rotation, kept with the rotated value); the unpack
+    hook undoes it with no matmul of its own: the difference is made in the forward."""
+    a = torch.randn(5, 5, 5, requires_grad=True)
+    q = torch.linalg.qr(torch.randn(5, 5))[0].unsqueeze(0)
+    with torch.autograd.graph.saved_tensors_hooks(
+        lambda t: torch.matmul(t, q), lambda p: torch.einsum("bij,kj->bik", p, q[0])
+    ):
+        y = (a * 1.5).exp()
+    y.sum().backward()
+    return [y, a.grad]
+
+
+@pytest.mark.parametrize("program", [_pack_hook, _pack_hook_only])
+def test_a_pack_hook_computing_with_matmul(program):
+    untraced = _run(program, "untraced")
+    assert _run(program, "plain") != untraced  # the hook's broadcast matmul under a mode
+    assert _run(program, "traced") == untraced
+
+
+def test_the_stacks_in_a_pack_hook_and_its_copies():
+    """In a pack hook the function stack holds ``ValueMode`` (as an unpack hook's does in
+    backward) over the dispatch mode; both stacks are as before after the op, also when the
+    hook raises. A clone in the pack hook is recorded as an implicit copy, the op's own
+    events are unchanged (``x.clone()`` outside the hooks: one ``clone`` event)."""
+    seen = []
+
+    def pack(t):
+        modes = torch.overrides._get_current_function_mode_stack()
+        seen.append(([type(m).__name__ for m in modes], torch._C._len_torch_dispatch_stack()))
+        return t.clone()
+
+    def refuse(t):
+        raise ValueError("not saved")
+
+    x = torch.randn(4, 5, requires_grad=True)
+    with copytrace.trace(write=False) as t:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda p: p):
+            y = x.exp()  # saves its result: one pack call
+        after = (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack())
+        with torch.autograd.graph.saved_tensors_hooks(refuse, lambda p: p):
+            with pytest.raises(ValueError, match="not saved"):
+                x.exp()
+        raised = (torch._C._len_torch_function_stack(), torch._C._len_torch_dispatch_stack())
+        x.clone()
+    assert seen == [(["ValueMode"], 1)]
+    assert after == raised == (1, 1)
+    assert [e.op for e in t.events] == ["implicit", "clone"]
+    assert t.stats["errors"] == 0
+    assert torch.equal(y, x.exp())
 
 
 def test_compiled_code_in_backward_runs_with_no_mode_of_copytrace():

@@ -121,3 +121,48 @@ def test_an_uncaught_refusal_prints_the_untraced_traceback(tmp_path):
         blocks.append(lines[start : end + 1])
     assert blocks[1] == blocks[0]
     assert sum(line.startswith("  File ") for line in blocks[0]) >= 3  # prog, copy.py, __deepcopy__
+
+
+class FixedTraceback(TypeError):
+    """A program's error whose ``__traceback__`` reads as usual but cannot be set (a
+    property with no setter shadows ``BaseException.__traceback__``)."""
+
+    __traceback__ = property(BaseException.__traceback__.__get__)  # type: ignore[assignment]
+
+
+class RefusesFixed:
+    def __deepcopy__(self, memo):
+        raise FixedTraceback("cannot deepcopy a RefusesFixed")
+
+
+class LoadsFixed(torch.nn.Module):
+    def _load_from_state_dict(self, *args):
+        raise FixedTraceback("cannot load a LoadsFixed")
+
+
+FIXED_CASES = {
+    "deepcopy": lambda: copy.deepcopy(RefusesFixed()),  # tracer/_patches.py
+    "load_state_dict": lambda: LoadsFixed().load_state_dict({}),  # tracer/_handover.py
+}
+
+
+@pytest.mark.parametrize("case", list(FIXED_CASES))
+def test_a_traceback_that_cannot_be_relinked_is_counted_and_left_as_it_is(case):
+    """The program still catches its own error, unchanged; copytrace's frames stay in its
+    traceback (the new head could not be set, so no ``tb_next`` was touched), and the
+    failure is counted as one internal error, never raised. Near miss: the same refusal as a
+    plain ``TypeError`` is relinked and counts nothing."""
+    with copytrace.trace(write=False) as t:
+        with pytest.raises(FixedTraceback, match="cannot") as caught:
+            FIXED_CASES[case]()
+    files = [f.filename for f in traceback.extract_tb(caught.value.__traceback__)]
+    assert any(os.sep + "copytrace" + os.sep in name for name in files)
+    assert t.stats["errors"] == 1
+    assert "AttributeError" in t.first_error and "__traceback__" in t.first_error
+
+    with copytrace.trace(write=False) as t:
+        with pytest.raises(TypeError, match="cannot") as caught:
+            copy.deepcopy(Refuses())
+    files = [f.filename for f in traceback.extract_tb(caught.value.__traceback__)]
+    assert not any(os.sep + "copytrace" + os.sep in name for name in files)
+    assert t.stats["errors"] == 0

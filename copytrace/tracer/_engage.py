@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from copytrace.tracer import _observer, _recorder, _warnshim
+from copytrace.tracer import _observer, _recorder, _tensor_new, _warnshim
 from copytrace.tracer import compiled as _compiled
 
 __all__ = ["Engagement"]
@@ -89,13 +89,15 @@ class Engagement:
                 self.modes = [fmode]
             self._engage_compiled(rec, optim_hooks, eager_fallback=False)
             return
+        dmode = _recorder.DispatchMode(rec) if self.level != "api" else None
+        if dmode is not None:  # S(t) of a tensor subclass runs with dmode aside
+            _recorder.EXTRA_PATCHES[:] = [_tensor_new.patch(dmode, rec, _recorder.MISSING)]
         _recorder.install_patches()
         _warnshim.install_python()  # a stacklevel warning lands where it lands untraced
         fmode = _recorder.FunctionMode(rec)
         fmode.__enter__()
         self.modes = [fmode]
-        if self.level != "api":
-            dmode = _recorder.DispatchMode(rec)
+        if dmode is not None:
             dmode.__enter__()
             self.modes.append(dmode)
             fmode.dispatch = dmode
@@ -152,6 +154,9 @@ class Engagement:
             self.stance = None
         _warnshim.remove()
         _recorder.remove_patches()
+        if rec.native is None:  # the fallback's torch.Tensor.__new__ (_tensor_new.py)
+            _recorder.EXTRA_PATCHES.clear()
+            _tensor_new.end()
         _recorder.set_active(None)
         return True
 

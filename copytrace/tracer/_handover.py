@@ -360,21 +360,21 @@ def _classes() -> list[type]:
     return out
 
 
-def _wrap_state_dict(orig: Any, here: Any) -> Any:
+def _wrap_state_dict(orig: Any, here: Any, active: Any) -> Any:
     def state_dict(self: Any, *args: Any, **kwargs: Any) -> Any:
         rec = here()
         if rec is None or _BUSY[0] or rec.active is not None:
             try:
                 return orig(self, *args, **kwargs)
             except BaseException as err:  # the program's: its traceback as untraced
-                hide_frames(err)
+                hide_frames(err, active())
                 raise
         buffer, first = rec.events, len(rec.events)
         _BUSY[0] += 1
         try:
             result = orig(self, *args, **kwargs)
         except BaseException as err:
-            hide_frames(err)
+            hide_frames(err, active())
             raise
         finally:
             _BUSY[0] -= 1
@@ -389,14 +389,14 @@ def _wrap_state_dict(orig: Any, here: Any) -> Any:
     return functools.wraps(orig)(state_dict)
 
 
-def _wrap_load(orig: Any, here: Any) -> Any:
+def _wrap_load(orig: Any, here: Any, active: Any) -> Any:
     def load_state_dict(self: Any, state_dict: Any, *args: Any, **kwargs: Any) -> Any:
         rec = here()
         if rec is None or _BUSY[0] or rec.active is not None:
             try:
                 return orig(self, state_dict, *args, **kwargs)
             except BaseException as err:  # the program's: its traceback as untraced
-                hide_frames(err)
+                hide_frames(err, active())
                 raise
         given: dict[int, _Tensor] = {}
         try:
@@ -412,7 +412,7 @@ def _wrap_load(orig: Any, here: Any) -> Any:
         try:
             result = orig(self, state_dict, *args, **kwargs)
         except BaseException as err:
-            hide_frames(err)
+            hide_frames(err, active())
             raise
         finally:
             _BUSY[0] -= 1
@@ -440,9 +440,10 @@ def wrapper_codes() -> list[Any]:
     ]  # fmt: skip
 
 
-def install(here: Any) -> None:
+def install(here: Any, active: Any) -> None:
     """Wrap ``state_dict`` / ``load_state_dict``; ``here()`` gives the active recorder on
-    the traced thread, or None."""
+    the traced thread, or None; ``active()`` the running trace's recorder on any thread (it
+    counts a traceback the wrappers cannot relink, :func:`~copytrace.tracer._hide.hide_frames`)."""
     for cls in _classes():
         for name, wrap in (("state_dict", _wrap_state_dict), ("load_state_dict", _wrap_load)):
             orig = cls.__dict__.get(name)
@@ -453,7 +454,7 @@ def install(here: Any) -> None:
             # call, see _compiled.py) only sets the attribute
             made = _WRAPPERS.get((cls, name))
             if made is None or made[0] is not orig or made[1] is not here:
-                made = _WRAPPERS[(cls, name)] = (orig, here, wrap(orig, here))
+                made = _WRAPPERS[(cls, name)] = (orig, here, wrap(orig, here, active))
             setattr(cls, name, made[2])
 
 

@@ -13,28 +13,39 @@ here is the program's.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from copytrace.tracer._recorder import Recorder
 
 __all__ = ["hide_frames"]
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 
 
-def hide_frames(err: BaseException) -> None:
+def hide_frames(err: BaseException, rec: Recorder | None) -> None:
     """Drop the entries of copytrace's frames from ``err.__traceback__`` (relinking
-    ``tb_next``). Never raises."""
+    ``tb_next``). Never raises.
+
+    ``rec``: the running trace's recorder (:func:`copytrace.tracer._patches.active_recorder`,
+    also for a call on another thread), or None where no trace runs. A traceback copytrace
+    cannot relink (an exception class of the program's whose ``__traceback__`` cannot be set)
+    is left as it is, and the failure is counted there as an internal error
+    (``Recorder.note_error``: ``Trace.stats["errors"]``, ``Trace.first_error``). The new
+    head is set before any ``tb_next`` is changed, so a refused ``__traceback__`` leaves the
+    traceback untouched."""
     try:
+        kept = []
         tb = err.__traceback__
-        head = last = None
         while tb is not None:
             if not tb.tb_frame.f_code.co_filename.startswith(_PACKAGE):
-                if last is None:
-                    head = tb
-                else:
-                    last.tb_next = tb
-                last = tb
+                kept.append(tb)
             tb = tb.tb_next
-        if last is not None:
-            last.tb_next = None
-        err.__traceback__ = head
-    except Exception:  # a traceback object copytrace cannot relink: left as it is
-        pass
+        err.__traceback__ = kept[0] if kept else None
+        for tb, nxt in zip(kept, kept[1:], strict=False):
+            tb.tb_next = nxt
+        if kept:
+            kept[-1].tb_next = None
+    except Exception as failure:  # counted, never raised into the program
+        if rec is not None:
+            rec.note_error(failure)

@@ -12,8 +12,9 @@ Where the C++ observer is built, its C handler and kernels replace both (see
 :mod:`copytrace.tracer._observer`). Neither mode is re-entered by its own handler: torch pops a
 mode from its stack while the mode's handler runs.
 
-Inside backward the fallback's function mode is :class:`ValueMode`, which records nothing and
-keeps only what torch computes as untraced (:mod:`copytrace.tracer._mode_values`).
+Inside backward, and inside a saved-tensor pack hook, the fallback's function mode is
+:class:`ValueMode`, which records nothing and keeps only what torch computes as untraced
+(:mod:`copytrace.tracer._mode_values`).
 """
 
 from __future__ import annotations
@@ -49,9 +50,15 @@ _C = torch._C
 _is_compiling = torch.compiler.is_compiling
 _len_function_stack = _C._len_torch_function_stack
 _push_function_mode = _C._push_on_torch_function_stack
+#: the saved-tensor hooks on top of this thread's stack (``saved_tensors_hooks``), or None
+_top_saved_hooks = _C._autograd._top_saved_tensors_default_hooks
+#: the sequence number the next autograd node made on this thread gets
+_sequence_nr = _C._autograd._get_sequence_nr
 #: calls a function skipping one ``has_torch_function`` check (``torch.overrides.
 #: redispatch_function``; None on a torch without it: backward runs as before)
 _skip_one_hop = getattr(_C, "_skip_one_hop_torch_function", None)
+_peek_skip = getattr(_C, "_peek_should_skip_torch_function", None)
+_set_skip = getattr(_C, "_set_skip_next_torch_function", None)
 #: torch's record scope calls (``torch.autograd.profiler.record_function``): the optimizer steps
 _SCOPE_ENTER = torch.ops.profiler._record_function_enter_new
 _SCOPE_EXIT = torch.ops.profiler._record_function_exit._RecordFunction
@@ -90,7 +97,10 @@ class FunctionMode(TorchFunctionMode):
         if op is None or self._rec.active is not None:
             if func is _SCOPE_ENTER or func is _SCOPE_EXIT:
                 return self._scope(func, args, kwargs)
-            out = call_placed(func, args, kwargs)  # a C++ warning names the program's line
+            if dispatch is not None and _top_saved_hooks(False) is not None:
+                out = self._saving(dispatch, func, types, args, kwargs)
+            else:
+                out = call_placed(func, args, kwargs)  # a C++ warning names the program's line
             if dispatch is not None and dispatch.grad_since is not None:
                 self._hook_nodes(dispatch, out)
             return out
@@ -104,6 +114,19 @@ class FunctionMode(TorchFunctionMode):
 
     def _hook_nodes(self, dispatch: DispatchMode, out) -> None:
         _hook_nodes(self._rec, dispatch, out)
+
+    def _saving(self, dispatch: DispatchMode, func, types, args, kwargs):
+        """``func(*args, **kwargs)`` while saved-tensor hooks are set: with ``ValueMode`` on
+        the stack for the pack hooks it calls (:func:`run_backward`, ``placed``). A pack hook's
+        own calls reach ``ValueMode``, which hooks the nodes made since the dispatch mode last
+        noted one and forgets the note, also the one this call's own ``prod`` made: so every
+        node this call made (numbered from the sequence number before it,
+        ``torch._C._autograd._get_sequence_nr``) is looked at after it returns."""
+        since = _sequence_nr()
+        out = run_backward(self.values, func, types, args, kwargs, placed=True)
+        if _sequence_nr() > since:  # the call made autograd nodes
+            dispatch.grad_since = since
+        return out
 
     def _scope(self, func, args, kwargs):
         """torch's record scope ``Optimizer.step#<Class>.step`` around an optimizer's
@@ -152,7 +175,11 @@ class ValueMode(TorchFunctionMode):
     ``MODE_SENSITIVE`` call there would compute other bits and a ``prod`` node made there
     would get no lift. :func:`run_backward` puts this mode on the function stack for the
     engine's run; it steps the dispatch mode aside for those calls and hooks the nodes, like
-    :class:`FunctionMode`, and is put there again for a backward started inside backward."""
+    :class:`FunctionMode`, and is put there again for a backward started inside backward.
+    The same holds in forward for a saved-tensor pack hook, which the autograd kernel calls
+    inside the op: :class:`FunctionMode` runs an op with this mode on the stack while
+    saved-tensor hooks are set. This mode does not do so itself (a binding that checks the
+    stack twice, ``torch._C._set_grad_enabled``, would come back to it without end)."""
 
     def __init__(self, rec: Recorder, dispatch: DispatchMode) -> None:
         super().__init__()
@@ -174,10 +201,19 @@ class ValueMode(TorchFunctionMode):
         return out
 
 
-def run_backward(mode: ValueMode, func, types, args: tuple, kwargs: dict):
-    """``func(*args, **kwargs)``, a backward entry point called from a function mode's
-    handler, with ``mode`` on torch's function stack while it runs, so that the engine runs
-    the nodes with it (see :class:`ValueMode`); taken off after, also when ``func`` raises.
+def run_backward(mode: ValueMode, func, types, args: tuple, kwargs: dict, placed: bool = False):
+    """``func(*args, **kwargs)``, a call made from a function mode's handler, with ``mode``
+    on torch's function stack while it runs; taken off after, also when ``func`` raises.
+
+    Two callers: a backward entry point (the engine then runs the nodes with ``mode``, see
+    :class:`ValueMode`), and an op called while saved-tensor hooks are set
+    (``saved_tensors_hooks``; ``placed``). The autograd kernel calls the pack hook inside the
+    op (``SavedVariable``'s constructor, ``PySavedVariableHooks::call_pack_hook``), where torch
+    has popped the calling mode for its handler: without ``mode`` there a pack hook's
+    :data:`~copytrace.tracer._mode_values.MATMUL` or ``MODE_SENSITIVE`` call would run with
+    the dispatch mode alone on the stack and compute other bits. ``placed``: the call is made
+    through :func:`~copytrace.tracer._warnplace.call_placed`, so that a C++ warning of the op
+    names the program's line.
 
     Only where the stack is otherwise empty (a program's own function mode below copytrace's
     sees the call as untraced) and no argument's type has a ``__torch_function__`` of its own
@@ -189,9 +225,13 @@ def run_backward(mode: ValueMode, func, types, args: tuple, kwargs: dict):
         return call_placed(func, args, kwargs)
     _push_function_mode(mode)
     try:
+        if placed:
+            return call_placed(_skip_one_hop, (func, types, args, kwargs), {})
         return _skip_one_hop(func, types, args, kwargs)
     finally:
         lift(*FUNCTION_STACK, mode)
+        if placed and _peek_skip is not None and _peek_skip():
+            _set_skip(False)  # a binding that checked no torch function: skip nothing later
 
 
 def _call_hook(rec: Recorder, hook) -> None:

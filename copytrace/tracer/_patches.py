@@ -93,7 +93,7 @@ def _traced_deepcopy(x, memo=None, _nil=[]):  # noqa: B006 - same signature as c
             return rec.api_call("deepcopy", _ORIG_DEEPCOPY, (x, memo, _nil), {})
         return rec.deepcopy_group(_ORIG_DEEPCOPY, x, memo, _nil)
     except BaseException as err:  # the program's error: its traceback as untraced (_hide.py)
-        hide_frames(err)
+        hide_frames(err, _ACTIVE)
         raise
 
 
@@ -106,7 +106,7 @@ def _traced_copy(x):
             return _ORIG_COPY(x)
         return rec.api_call("copy", _ORIG_COPY, (x,), {})
     except BaseException as err:
-        hide_frames(err)
+        hide_frames(err, _ACTIVE)
         raise
 
 
@@ -118,13 +118,13 @@ def _traced_from_numpy(array):
         try:
             return _ORIG_FROM_NUMPY(array)
         except BaseException as err:
-            hide_frames(err)
+            hide_frames(err, _ACTIVE)
             raise
     start = _perf_ns()
     try:
         out = _ORIG_FROM_NUMPY(array)
     except BaseException as err:
-        hide_frames(err)
+        hide_frames(err, _ACTIVE)
         raise
     end = _perf_ns()
     try:
@@ -144,7 +144,7 @@ def _traced_swap_tensors(t1, t2):
             return _ORIG_SWAP(t1, t2)
         return rec.api_call("swap_tensors", _ORIG_SWAP, (t1, t2), {})
     except BaseException as err:
-        hide_frames(err)
+        hide_frames(err, _ACTIVE)
         raise
 
 
@@ -157,7 +157,7 @@ def _traced_param_deepcopy(self, memo):
             return _ORIG_PARAM_DEEPCOPY(self, memo)
         return rec.api_call("deepcopy", _ORIG_PARAM_DEEPCOPY, (self, memo), {})
     except BaseException as err:
-        hide_frames(err)
+        hide_frames(err, _ACTIVE)
         raise
 
 
@@ -210,14 +210,14 @@ def install_patches(stepping_aside: bool = False) -> None:
     torch.utils.swap_tensors = _traced_swap_tensors
     torch.from_numpy = _traced_from_numpy
     torch.nn.Parameter.__deepcopy__ = _traced_param_deepcopy
-    _handover.install(_here)
+    _handover.install(_here, active_recorder)
 
 
 def remove_patches(stepping_aside: bool = False) -> None:
     """Remove copytrace's patches (``stepping_aside``: for a compiled call, which sees
     ``torch.Tensor``'s own methods through the wrappers' descriptors and whose wrappers stand
     aside by themselves; changing ``torch.Tensor``'s attributes costs a type-cache flush each)."""
-    getitem = False
+    getitem = new_slot = False
     for owner, name, orig, new in EXTRA_PATCHES:
         if stepping_aside and owner is _Tensor:
             continue
@@ -227,8 +227,11 @@ def remove_patches(stepping_aside: bool = False) -> None:
             else:
                 setattr(owner, name, orig)
             getitem = getitem or name == "__getitem__"
+            new_slot = new_slot or name == "__new__"
     if getitem:  # removing the attribute leaves CPython's generic sq_item: clear it
         _slots.settle()
+    if new_slot:  # and its generic tp_new (the fallback's torch.Tensor.__new__)
+        _slots.settle_new()
     if copy.deepcopy is _traced_deepcopy:
         copy.deepcopy = _ORIG_DEEPCOPY
     if copy.copy is _traced_copy:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["settle", "sq_item"]
+__all__ = ["settle", "settle_new", "sq_item", "tp_new"]
 
 _PY_SQ_ITEM = 44  # Include/typeslots.h
 _PTR = ctypes.sizeof(ctypes.c_void_p)
@@ -72,9 +72,10 @@ def _subclasses(root: type) -> list[type]:
     return out
 
 
-def _getitem_owner(cls: type) -> Any:
+def _owner(cls: type, name: str) -> Any:
+    """The class of ``cls``'s MRO whose own dict holds ``name`` (None: none)."""
     for base in cls.__mro__:
-        if "__getitem__" in base.__dict__:
+        if name in base.__dict__:
             return base
     return None
 
@@ -89,9 +90,52 @@ def settle() -> bool:
     want = sq_item(base)
     torch_owned = (base, torch.Tensor)
     for cls in _subclasses(base):
-        if sq_item(cls) == want or _getitem_owner(cls) not in torch_owned:
+        if sq_item(cls) == want or _owner(cls, "__getitem__") not in torch_owned:
             continue
         where = _slot_address(cls)
         if where is not None:
             ctypes.c_void_p.from_address(where).value = want or None
+    return True
+
+
+# --- tp_new: after the fallback's torch.Tensor.__new__ (tracer/_tensor_new.py) ---------------
+_PY_TP_NEW = 65  # Include/typeslots.h
+_NEW_OFFSET: list[int | None] = []
+
+
+def tp_new(cls: type) -> int:
+    """The address in ``cls``'s ``tp_new`` slot, read by CPython's API."""
+    return _get_slot(cls, _PY_TP_NEW) or 0
+
+
+def _new_offset() -> int | None:
+    """The offset of ``tp_new`` in ``PyTypeObject``: the one word of ``list``'s type object
+    that holds its ``tp_new``, checked on ``dict`` and ``TensorBase`` (None: not found)."""
+    if not _NEW_OFFSET:
+        words = 64  # PyTypeObject is about 50 words long
+        want = tp_new(list)
+        found = [i * _PTR for i in range(words)
+                 if ctypes.c_void_p.from_address(id(list) + i * _PTR).value == want]  # fmt: skip
+        ok = len(found) == 1 and all(
+            ctypes.c_void_p.from_address(id(cls) + found[0]).value == tp_new(cls)
+            for cls in (dict, torch._C.TensorBase)
+        )
+        _NEW_OFFSET.append(found[0] if ok else None)
+    return _NEW_OFFSET[0]
+
+
+def settle_new() -> bool:
+    """Give every tensor class whose ``__new__`` is ``TensorBase``'s again ``TensorBase``'s
+    ``tp_new``: assigning ``torch.Tensor.__new__`` and deleting it leaves CPython's generic
+    ``slot_tp_new`` there (``update_one_slot`` in Objects/typeobject.c keeps the type's
+    current ``tp_new`` for ``tp_new_wrapper``), a Python-level lookup at each construction.
+    Returns False where the slot's offset was not found (nothing written)."""
+    offset = _new_offset()
+    if offset is None:
+        return False
+    base = torch._C.TensorBase
+    want = tp_new(base)
+    for cls in _subclasses(base):
+        if tp_new(cls) != want and _owner(cls, "__new__") is base:
+            ctypes.c_void_p.from_address(id(cls) + offset).value = want
     return True

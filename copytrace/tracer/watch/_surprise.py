@@ -244,10 +244,7 @@ class SurpriseAliases:
         entry.version = version_of(out) if version_of is not None else None
         entry.ref = None
         if entry.version is None:
-            if version_of is not None or op == "reshape":
-                # an inference tensor: no counter, no write into it is seen; the Python
-                # fallback: its dispatch mode keeps references to a view's input that the
-                # heap search cannot tell from the program's, so no view is watched there
+            if version_of is not None:  # an inference tensor: no counter, no write is seen
                 return
             entry.ref = storage_ref(out)
             if entry.ref is None:

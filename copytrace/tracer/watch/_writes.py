@@ -258,18 +258,27 @@ class AliasWrites:
                 for t in targets:
                     if not isinstance(t, _Tensor):
                         continue
-                    base = t._base
-                    root = t if base is None else base
-                    if snaps:  # the fallback's state_dict() aliases and their sources
-                        for snap in snaps.get(_identity(root), ()):
-                            snap.written = True
-                    entry = self._alias_of(root) if aliases else None
-                    if entry is not None:
-                        self._note_write(entry, root)
+                    if snaps or aliases:
+                        self._root_write(t, snaps, aliases)
                     if self.surprise:  # an alias result watched for alias-write
+                        # no local of this frame refers to t's base: surprise_write counts
+                        # the references to a view's input (_surprise._held)
                         self.surprise_write(t, sys._getframe(1))
         except Exception as err:
             self.host.note_error(err)
+
+    def _root_write(self, t: torch.Tensor, snaps: dict, aliases: dict) -> None:
+        """A write into ``t`` seen by the dispatch mode: into its root (``t._base`` or ``t``),
+        a watched ``state_dict()`` alias or source (``snaps``) or ``.data`` alias
+        (``aliases``). Its references to the root end when it returns."""
+        base = t._base
+        root = t if base is None else base
+        if snaps:  # the fallback's state_dict() aliases and their sources
+            for snap in snaps.get(_identity(root), ()):
+                snap.written = True
+        entry = self._alias_of(root) if aliases else None
+        if entry is not None:
+            self._note_write(entry, root)
 
     def before_api(self, func: Any, args: tuple, kwargs: dict | None) -> None:
         """The API-level form of :meth:`before_op` (the C++ observer's path): a torch call
