@@ -19,10 +19,13 @@ own subprocess (import and start-up excluded: the timed region is the loop):
 and prints seconds for the loop, (variant - plain) / events in microseconds per event (wall
 time, and the loop thread's CPU time, which a loaded machine changes less), the seconds
 from the loop's end to the process's exit (copytrace writes the trace file there,
-torch.profiler lists its events), that exit beyond the plain run's per 100k events, and
-the end-to-end cost per event: (loop + exit) - plain's (loop + exit), over the events, and
-the whole process's CPU time (user + system, all threads) beyond the plain run's per event,
-which a loaded machine changes less than the wall times (it includes copytrace's start-up). The
+torch.profiler lists its events), that exit beyond the plain run's per 100k events, the
+exit's CPU time (the whole process's, all threads, from the loop's end to its exit) beyond
+the plain run's per 100k events, the end-to-end cost per event: (loop + exit) - plain's
+(loop + exit), over the events, and the whole process's CPU time (user + system, all
+threads) beyond the plain run's per event (it includes copytrace's start-up). The CPU
+columns change less than the wall times on a loaded machine; on a quiet one the exit's wall
+time can be below its CPU time (the trace file's text and gzip run on a second core). The
 program has no step boundary, so copytrace encodes everything at exit (the worst case for
 the exit; a training loop's steps flush on the export thread as it runs).
 
@@ -73,7 +76,8 @@ if variant == "profiler":
 else:
     loop()
     run, cpu, listed = time.perf_counter() - t0, time.thread_time() - c0, 0.0
-print(json.dumps({"run": run, "cpu": cpu, "listed": listed, "loop_end": time.time()}))
+print(json.dumps({"run": run, "cpu": cpu, "listed": listed, "loop_end": time.time(),
+                  "loop_end_cpu": time.process_time()}))
 """
 
 
@@ -97,6 +101,7 @@ def _run(variant: str, steps: int, out: str) -> dict:
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     result["proc_cpu"] = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     result["exit"] = exited - result.pop("loop_end")
+    result["exit_cpu"] = result["proc_cpu"] - result.pop("loop_end_cpu")
     return result
 
 
@@ -119,10 +124,10 @@ def _table(results: dict[str, dict], events: int) -> str:
     """One row per variant: loop, listing, per-event loop cost (wall, CPU), exit, exit per
     100k events and end-to-end cost per event, both beyond the plain run's."""
     plain = results.get("plain", {"run": 0.0, "cpu": 0.0, "exit": 0.0, "listed": 0.0,
-                                  "proc_cpu": 0.0})  # fmt: skip
+                                  "proc_cpu": 0.0, "exit_cpu": 0.0})  # fmt: skip
     head = ("variant", "loop s", "listing s", "us/event", "cpu us/event", "exit s",
-            "exit s/100k", "end-to-end us/event", "process cpu us/event")  # fmt: skip
-    widths = (12, 7, 10, 9, 13, 7, 12, 20, 21)
+            "exit s/100k", "exit cpu s/100k", "end-to-end us/event", "process cpu us/event")  # fmt: skip
+    widths = (12, 7, 10, 9, 13, 7, 12, 16, 20, 21)
     lines = [" ".join(f"{h:>{w}s}" if i else f"{h:{w}s}" for i, (h, w) in
                       enumerate(zip(head, widths, strict=True)))]  # fmt: skip
     for v, r in results.items():
@@ -132,8 +137,10 @@ def _table(results: dict[str, dict], events: int) -> str:
         exit_net = r["exit"] + r["listed"] - base["exit"]
         total = (r["run"] - base["run"] + exit_net) / events * 1e6
         proc = (r["proc_cpu"] - base["proc_cpu"]) / events * 1e6
+        exit_cpu = (r["exit_cpu"] - base["exit_cpu"]) / events * 1e5
         cells = (f"{r['run']:7.2f}", f"{r['listed']:10.2f}", f"{per:9.1f}", f"{cpu:13.1f}",
-                 f"{r['exit']:7.2f}", f"{exit_net / events * 1e5:12.2f}", f"{total:20.1f}", f"{proc:21.1f}")  # fmt: skip
+                 f"{r['exit']:7.2f}", f"{exit_net / events * 1e5:12.2f}", f"{exit_cpu:16.2f}",
+                 f"{total:20.1f}", f"{proc:21.1f}")  # fmt: skip
         lines.append(f"{v:12s} " + " ".join(cells))
     return "\n".join(lines)
 

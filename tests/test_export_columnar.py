@@ -6,6 +6,7 @@ its column cannot hold takes the per-event path, with the same result."""
 from __future__ import annotations
 
 import copy
+import gzip
 import re
 import warnings
 from pathlib import Path
@@ -63,18 +64,20 @@ def _extract() -> columnar.Extract:
 
 
 def _write(tmp: Path, events: list[CopyEvent], bulk: bool, max_line: int,
-           native: bool = False) -> tuple[str, Path]:  # fmt: skip
+           native: bool = False, gz: bool = False) -> tuple[str, Path]:  # fmt: skip
     run = RunIds(events[0].start_ns, 1_000, make_resource())
     run.trace_id, run.span_id = 0xABC, 0xDEF  # the same run in both files
     codecs = {"extract": _extract(), "encode": _observer().span_json} if native else {}
-    sink = FileSink(tmp / "t.otlp.jsonl", compression=None, sidecar=True, bulk=bulk,
+    name = "t.otlp.jsonl.gz" if gz else "t.otlp.jsonl"
+    sink = FileSink(tmp / name, compression="gzip" if gz else None, sidecar=True, bulk=bulk,
                     max_line_bytes=max_line, **codecs)  # fmt: skip
     pipeline = ExportPipeline(run, [sink])
     pipeline.begin()
     steps = [(0, events[0].start_ns, events[-1].end_ns)]
     pipeline.write_now(Chunk(events, steps))
     pipeline.close(Chunk([], [], final=RunEnd(events[-1].end_ns, {"copytrace.events": 1})))
-    return _IDS.sub('"ID":""', (tmp / "t.otlp.jsonl").read_text()), sink.path
+    text = gzip.open(sink.path, "rt").read() if gz else sink.path.read_text()
+    return _IDS.sub('"ID":""', text), sink.path
 
 
 def _spans(text: str) -> str:
@@ -116,6 +119,27 @@ def test_bulk_text_lines_and_rows_equal_the_per_event_encoder(
         assert _sidecar(native_path) == _sidecar(one_path)
     # 27 records + 1 step + the run span: several lines at 4,000 bytes
     assert len(bulk.splitlines()) > (1 if max_line == 4_000 else 0)
+
+
+def test_runs_written_on_the_gzip_thread_keep_their_place_among_the_other_lines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A gzip file's runs of copy events get their text on the gzip thread
+    (``TraceFile.write_later``), in runs of 4 records here, while the spans written one at a
+    time (the steps, the run) are written by the export thread: the file holds the per-event
+    encoder's spans in the same order, and the uncompressed file's lines."""
+    monkeypatch.setattr("copytrace.export.file_sink.BULK_EVENTS", 4)
+    events = _events()
+    for d in "abc":
+        (tmp_path / d).mkdir()
+    one, _ = _write(tmp_path / "a", events, False, 4_000)
+    plain, _ = _write(tmp_path / "b", events, True, 4_000, native=True)
+    packed, path = _write(tmp_path / "c", events, True, 4_000, native=True, gz=True)
+    # 27 records: 7 runs, the step span before them and the run span after them
+    assert len(packed.splitlines()) >= 9
+    assert _spans(packed) == _spans(one)
+    assert packed == plain
+    assert _sidecar(path) == _sidecar(tmp_path / "a" / "t.otlp.jsonl")
 
 
 def test_values_the_columns_cannot_hold_take_the_per_event_path(tmp_path: Path) -> None:

@@ -177,3 +177,50 @@ def test_traced_run_writes_the_sidecar_equal_to_its_json(
     assert part.table is not None
     assert part.table.column("name").to_pylist() == ["copytrace.hazards"]
     assert _assert_same(path) == []
+
+
+def _hazard_run(out: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[Path, list[tuple]]:
+    """A short traced run with one hazard; returns its trace file and, for each call of the
+    ``find_hazards`` hook, (the sidecar parts beside the file then, the hazard codes found)."""
+    from copytrace import _trace
+
+    calls: list[tuple] = []
+
+    def find(path: Path) -> list[dict]:
+        found = _trace.find_hazards.__wrapped__(path)  # type: ignore[attr-defined]
+        calls.append((len(_parts(path)), sorted(f["code"] for f in found)))
+        return found
+
+    find.__wrapped__ = _trace.find_hazards  # type: ignore[attr-defined]
+    monkeypatch.setattr(_trace, "find_hazards", find)
+    w = torch.randn(10, 100, requires_grad=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with copytrace.trace(out) as t:
+            for _ in range(3):
+                w.clone()
+                w.detach()
+                t.step()
+            torch.tensor(w)  # a hazard: tensor() of a tensor
+    monkeypatch.undo()
+    assert t.trace_path is not None
+    return t.trace_path, calls
+
+
+def test_without_the_sidecar_the_hazards_read_the_columns_then_none_is_left(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``COPYTRACE_SIDECAR=0``: the hazards hook still reads the run's columns (a sidecar
+    written for it, not the JSON parsed back), finds what a run with the sidecar finds,
+    and no ``.copytrace-cache`` folder is left beside the trace file."""
+    kept, with_sidecar = _hazard_run(tmp_path / "on", monkeypatch)
+    monkeypatch.setenv("COPYTRACE_SIDECAR", "0")
+    path, without = _hazard_run(tmp_path / "off", monkeypatch)
+    # one hook call each; the sidecar's parts were there when the hook read the file
+    assert len(with_sidecar) == len(without) == 1
+    assert with_sidecar[0][0] >= 1 and without[0][0] >= 1
+    assert without[0][1] == with_sidecar[0][1] and without[0][1]  # the same codes, not none
+    assert _parts(kept)  # the sidecar stays where it is on
+    assert not (path.parent / ".copytrace-cache").exists()
+    part = build_file_table(path, cache=False)  # the file alone, hazards span included
+    assert "copytrace.hazards" in part.read().column("name").to_pylist()

@@ -5,7 +5,7 @@ The encoder is kept apart from the transports (:mod:`copytrace.export.file_sink`
 as OpenTelemetry's exporters keep theirs. Two encoders live here:
 
 * the generic one, for finished SDK spans (:func:`encode_spans`, :func:`encode_span_lines`),
-  used by :class:`~copytrace.export.file_sink.OtlpJsonFileExporter`;
+  used by :class:`~copytrace.export.trace_file.OtlpJsonFileExporter`;
 * the file sink's, straight from events without SDK span objects (:class:`Encoder` with
   cached attribute fragments, and :func:`event_attributes`, generated from the field table of
   :mod:`copytrace.schema`): 2.5 s per 100k events with gzip, against 7 s to build the SDK

@@ -199,6 +199,9 @@ class Sink(Protocol):
     def abandon(self) -> None:
         """In a forked child: drop everything, never touch the parent's outputs."""
 
+    # Optional: ``done()``, called once every sink is closed and the hazards span written
+    # (the file sink removes what it wrote only for the ``hazards`` hook).
+
 
 class ExportPipeline:
     """Plans chunks of records into span trees and writes them to the sinks, on one worker
@@ -409,7 +412,7 @@ class ExportPipeline:
         if find is None or end_ns is None:
             for i, sink in enumerate(self.sinks):
                 self._call(i, sink.close)
-            self._progress.set()
+            self._done_sinks()
             return
         files = [i for i, sink in enumerate(self.sinks) if sink.closes_before_hazards]
         for i in files:  # the analysis reads the finished file
@@ -428,6 +431,13 @@ class ExportPipeline:
         for i, sink in enumerate(self.sinks):
             if i not in files:
                 self._call(i, sink.close)
+        self._done_sinks()
+
+    def _done_sinks(self) -> None:
+        for i, sink in enumerate(self.sinks):
+            done = getattr(sink, "done", None)
+            if done is not None:
+                self._call(i, done)
         self._progress.set()
 
 

@@ -40,7 +40,7 @@ from copytrace.schema import (
     sidecar_dir,
 )
 
-__all__ = ["PART_ROWS", "SidecarWriter", "event_batch", "meta_row"]
+__all__ = ["PART_ROWS", "FlushRows", "SidecarWriter", "event_batch", "meta_row"]
 
 #: Rows buffered before a part is written (bounded memory in the traced process, few parts).
 PART_ROWS = 65536
@@ -164,6 +164,51 @@ def _key_schema() -> pa.Schema:
     return _KEY_SCHEMA[0]
 
 
+class FlushRows:
+    """One flush's spans for the columnar sidecar, in file order: runs of copy events (span
+    ids, parents, names, times, span attributes), the other spans as ``meta_row`` arguments."""
+
+    __slots__ = ("segments", "ids", "parents", "names", "starts", "ends", "attrs")
+
+    def __init__(self) -> None:
+        self.segments: list[tuple[str, Any]] = []
+        self._new()
+
+    def _new(self) -> None:
+        self.ids: list[str] = []
+        self.parents: list[str] = []
+        self.names: list[str] = []
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+        self.attrs: list[dict[str, Any]] = []
+
+    def event(self, sid: str, parent: str, name: str, start: int, end: int, attrs: Any) -> None:
+        self.ids.append(sid)
+        self.parents.append(parent)
+        self.names.append(name)
+        self.starts.append(start)
+        self.ends.append(end)
+        self.attrs.append(attrs)
+
+    def batch(self, batch: Any) -> None:
+        """A run of copy events already as the table's columns (a ``pyarrow.RecordBatch``)."""
+        self.done()
+        self.segments.append(("batch", batch))
+
+    def meta(self, *args: Any) -> None:
+        self.done()
+        if self.segments and self.segments[-1][0] == "meta":
+            self.segments[-1][1].append(args)
+        else:
+            self.segments.append(("meta", [args]))
+
+    def done(self) -> None:
+        if self.ids:
+            self.segments.append(("events", (self.ids, self.parents, self.names, self.starts,
+                                             self.ends, self.attrs)))  # fmt: skip
+            self._new()
+
+
 # --- writer ------------------------------------------------------------------------------------------
 class SidecarWriter:
     """Writes the sidecar of one trace file (see the module docstring).
@@ -211,6 +256,17 @@ class SidecarWriter:
     def close(self, json_bytes: int) -> None:
         """Write the buffered rows: the trace file is closed at ``json_bytes`` bytes."""
         self.commit(json_bytes, final=True)
+
+    def remove(self) -> None:
+        """Delete the parts written (and the ``.copytrace-cache`` folder when nothing else
+        is left in it); a file that cannot be removed is left."""
+        for part in [*self.dir.glob("part-*.parquet"), *self.dir.glob("part-*.parquet.tmp")]:
+            part.unlink(missing_ok=True)
+        for folder in (self.dir, self.dir.parent):
+            try:
+                folder.rmdir()
+            except OSError:  # not empty (another trace file's cache), or gone
+                return
 
     def _start(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)

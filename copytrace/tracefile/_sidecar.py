@@ -4,7 +4,7 @@ The tracer's file sink writes, at each flush, Parquet parts with exactly the col
 event table (:data:`copytrace.schema.TABLE_COLUMNS`) into
 ``.copytrace-cache/<trace file>.events/`` (the writer: ``copytrace.export.sidecar``). The
 gzip trace file starts a new gzip member at each flush
-(:class:`copytrace.export.file_sink.TraceFile`), so the bytes after a covered point can be
+(:class:`copytrace.export.trace_file.TraceFile`), so the bytes after a covered point can be
 read on their own. A reader (:func:`open_sidecar`) takes the parts whose metadata is
 consistent with the trace file and parses only the JSON beyond them (the
 ``copytrace.hazards`` span appended at stop, or what a killed process flushed to the JSON file

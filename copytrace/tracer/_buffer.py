@@ -93,7 +93,7 @@ def make_pipeline(
     sinks: list[Any] = []
     file_sink = None
     if path is not None:
-        file_sink = FileSink(path, compression=compression, **NATIVE_CODECS)
+        file_sink = FileSink(path, compression=compression, hazards_sidecar=True, **NATIVE_CODECS)
     if file_sink is not None:
         sinks.append(file_sink)
     sdk: SdkSink | None = None
