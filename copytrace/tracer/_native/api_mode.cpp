@@ -103,6 +103,7 @@ inline bool fast_call(PyObject* op, PyObject* args, PyObject* kwargs) {
 PyObject* g_fast_rec = nullptr;        // the Recorder
 PyObject* g_fast_copies = nullptr;     // its watch's FreshCopies
 PyObject* g_fast_tail = nullptr;
+PyObject* g_fast_watch = nullptr;      // the Recorder's Watch
 PyObject* g_fast_event_ops = nullptr;  // frozenset: ops whose event may be finished here
 
 PyObject* intern_name(const char* s) {
@@ -115,7 +116,7 @@ PyObject* intern_name(const char* s) {
 struct FastNames {
   PyObject *group, *native_state, *events, *dropped, *step_index, *in_optimizer, *alias, *via,
       *graph, *bytes_allocated, *inplace_writes, *max_events, *overhead_ns, *kept, *limit,
-      *prune, *detach;
+      *prune, *detach, *grad_fn;
   FastNames()
       : group(intern_name("group")), native_state(intern_name("_native_state")),
         events(intern_name("events")), dropped(intern_name("dropped")),
@@ -125,7 +126,7 @@ struct FastNames {
         inplace_writes(intern_name("inplace_writes")), max_events(intern_name("max_events")),
         overhead_ns(intern_name("overhead_ns")), kept(intern_name("kept")),
         limit(intern_name("_limit")), prune(intern_name("_prune")),
-        detach(intern_name("detach")) {}
+        detach(intern_name("detach")), grad_fn(intern_name("grad_fn")) {}
 };
 FastNames* g_fn = nullptr;
 
@@ -173,12 +174,15 @@ bool keep_version(PyObject* version, PyObject* ev) {
 // The event's end, when nothing calls for Python: true when done (or an error counted).
 // Watch.follow's rules (copytrace/tracer/watch/_watch.py) by RULES.watched, RULES.not_fresh and
 // RULES.alias_watched.
-bool fast_finish(PyObject* op, PyObject* src, PyObject* out, PyObject* ev) {
+// An attached copy (grad_fn not None) goes to attached.cpp's attached_finish, which tags its
+// grad_fn and lists it as Watch.follow would, or leaves it to Python.
+bool fast_finish(PyObject* op, PyObject* src, PyObject* out, PyObject* ev, PyObject* grad_fn) {
   if (g_rule_watched == nullptr || g_rule_not_fresh == nullptr) return false;  // no rules set
   PyObject* alias_o = PyObject_GetAttr(ev, g_fn->alias);
   if (alias_o == nullptr) return false;
   const bool alias = alias_o == Py_True;
   Py_DECREF(alias_o);
+  if (alias && grad_fn != Py_None) return false;  // an alias's grad_fn: tagged in Python
   const int watched = PySet_Contains(g_rule_watched, op);
   if (watched != 0) {  // watched: only a detach without a via (not from state_dict()) is not
     if (watched < 0 || PyUnicode_Compare(op, g_fn->detach) != 0) return false;
@@ -196,17 +200,33 @@ bool fast_finish(PyObject* op, PyObject* src, PyObject* out, PyObject* ev) {
     const bool attached = graph != nullptr && PyUnicode_Check(graph) &&
                           PyUnicode_CompareWithASCIIString(graph, "attached") == 0;
     Py_XDECREF(graph);
-    if (graph == nullptr || attached) return false;
+    if (graph == nullptr || (attached && grad_fn == Py_None)) return false;
     const long long nbytes = attr_ll(ev, g_fn->bytes_allocated);
     if (nbytes == -1 && PyErr_Occurred()) return false;
     const int not_fresh = out == src ? 1 : PySet_Contains(g_rule_not_fresh, op);
     if (not_fresh < 0) return false;
-    if (not_fresh == 0 && nbytes > 0) {  // a fresh copy: its version counter kept (_fresh.py)
-      PyObject* version = version_of(nullptr, out);
+    PyObject* version = nullptr;  // a fresh copy's version counter (_fresh.py)
+    if (not_fresh == 0 && nbytes > 0) {
+      version = version_of(nullptr, out);
       if (version == nullptr || version == Py_None) {
         Py_XDECREF(version);
         return false;
       }
+    }
+    if (attached) {  // Recorder.api_tail's tag and Watch.follow's entry, before the version
+      PyObject* kind = PyObject_GetAttr(ev, g_fn->grad_fn);
+      const int done = kind != nullptr ? attached_finish(g_fast_rec, g_fast_watch, ev, out,
+                                                         grad_fn, kind)
+                                       : 0;
+      Py_XDECREF(kind);
+      if (done == 0) {
+        Py_XDECREF(version);
+        PyErr_Clear();
+        return false;
+      }
+      if (done < 0) swallow();  // counted; the event is still kept below
+    }
+    if (version != nullptr) {  // a fresh copy: its version counter kept
       const bool ok = keep_version(version, ev);
       Py_DECREF(version);
       if (!ok) swallow();  // counted; the event is still kept below
@@ -278,7 +298,7 @@ bool fast_event(PyObject* op, PyObject* args, PyObject* out, int64_t t0, int64_t
   PyObject* ev = PyTuple_GET_ITEM(found, 0);
   PyObject* grad_fn = PyTuple_GET_ITEM(found, 1);
   PyObject* placed = PyTuple_GET_ITEM(found, 2);
-  bool done = placed == Py_True && grad_fn == Py_None && fast_finish(op, src, out, ev);
+  bool done = placed == Py_True && fast_finish(op, src, out, ev, grad_fn);
   if (PyErr_Occurred()) swallow();
   if (!done && g_fast_tail != nullptr) {
     PyObject* r = PyObject_CallFunctionObjArgs(g_fast_tail, op, src, out, ev, grad_fn, placed,
@@ -293,7 +313,6 @@ bool fast_event(PyObject* op, PyObject* args, PyObject* out, int64_t t0, int64_t
 // A backward entry point (Tensor.backward, torch.autograd.backward/grad) on one tensor while
 // no .data write or rebinding is pending: Watch.check_backward reduced to what it does then,
 // noting the root's sequence number (Watch._note_backward). True when done.
-PyObject* g_fast_watch = nullptr;  // the Recorder's Watch
 PyObject* g_backward_op = nullptr;
 PyObject* g_backward_seq = nullptr;
 PyObject* g_writes = nullptr;

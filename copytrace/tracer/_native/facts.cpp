@@ -258,6 +258,17 @@ PyObject* py_storage_of(PyObject*, PyObject* obj) {
   }
 }
 
+void* storage_impl_of(PyObject* obj) {
+  if (!THPVariable_Check(obj)) return nullptr;
+  try {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (!t.defined() || !t.unsafeGetTensorImpl()->has_storage()) return nullptr;
+    return t.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl();
+  } catch (const std::exception&) {
+    return nullptr;
+  }
+}
+
 // storage_hold(address) -> address: takes torch's weak handle on the live StorageImpl at
 // `address` (an address storage_of or facts read from a tensor the caller still holds), as
 // UntypedStorage._weak_ref() does; given back with UntypedStorage._free_weak_ref(address),

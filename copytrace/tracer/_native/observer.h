@@ -12,6 +12,7 @@
 //   steps.cpp      optimizer steps from torch's Optimizer.step# record scope
 //   frames.cpp     call sites, frame variables                              (Python only)
 //   record.cpp     an API call's whole event in one call, by the rule table (_rules.RULES)
+//   attached.cpp   an attached copy's tag, entry and call-site count in C       (Python only)
 //   watch_cb.cpp   level lean's write watch: a RecordFunction callback while a tensor is watched
 //   compiled.cpp   the compiled-call hooks                                  (*)
 //   columns.cpp    a run of event records as Arrow column buffers (export)  (Python only)
@@ -179,6 +180,10 @@ PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs
 PyObject* version_of(PyObject*, PyObject* obj);
 PyObject* kept_pair(PyObject* a, PyObject* b);  // (a, b), untracked when a and b are
 bool versions_init(PyObject* module);
+// A C++ autograd node as Python sees it (a THPCppFunction): its sequence number in *seq and in
+// *leaf_version (a new reference) what _api_events.leaf_version(node) reads: the version of
+// the leaf an AccumulateGrad on its first edge holds, else None. False: not such a node.
+bool node_facts(PyObject* node, long long* seq, PyObject** leaf_version);
 
 // --- lean.cpp ---------------------------------------------------------------------------------
 extern std::atomic<bool> g_wrappers_on;
@@ -227,6 +232,8 @@ bool facts_init(PyObject* module);
 // A tensor's grad_fn's sequence number in *seq (-1: no grad_fn; unchanged: not a tensor);
 // false where reading it failed.
 bool grad_fn_sequence_nr(PyObject* t, long long* seq);
+// The StorageImpl of tensor t's storage (as storage_of reads it), or null where it has none.
+void* storage_impl_of(PyObject* t);
 
 // --- frames.cpp -------------------------------------------------------------------------------
 PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs);
@@ -241,6 +248,12 @@ bool record_init(PyObject* module);
 extern PyObject* g_rule_watched;
 extern PyObject* g_rule_not_fresh;
 extern PyObject* g_rule_alias_watched;
+
+// --- attached.cpp -----------------------------------------------------------------------------
+// An attached copy's end in C (api_mode.cpp's fast_finish): 1 done, 0 left to Python (nothing
+// changed), -1 an error set (part done: the caller counts it and keeps the event).
+int attached_finish(PyObject* rec, PyObject* watch, PyObject* ev, PyObject* out,
+                    PyObject* grad_fn, PyObject* kind);
 
 // --- compiled.cpp -----------------------------------------------------------------------------
 extern __thread bool tls_cfs_thread;
@@ -288,6 +301,8 @@ COPYTRACE_FAST(py_record_setup) COPYTRACE_O(py_set_record_rules)
 // watch_cb.cpp
 COPYTRACE_FAST(py_watch_tensor) COPYTRACE_FAST(py_unwatch) COPYTRACE_O(py_set_watch_hook)
 COPYTRACE_NOARGS(py_watched)
+// attached.cpp
+COPYTRACE_FAST(py_set_attached)
 // compiled.cpp
 COPYTRACE_O(py_callback_from_stance) COPYTRACE_FAST(py_cfs_install) COPYTRACE_O(py_cfs_begin)
 COPYTRACE_NOARGS(py_compiled_enter) COPYTRACE_FAST(py_compiled_backward)
