@@ -117,15 +117,17 @@ def _loop(x, y, steps: int) -> None:
 
     for _ in range(steps):
         for _ in range(33):
-            a = x.clone(); b = y.detach(); c = y.to(torch.float64)  # noqa: E702, F841
+            a = x.clone()
+            b = y.detach()
+            c = y.to(torch.float64)  # noqa: E702, F841
 
 
 def _child(steps: int, rounds: int, lib: str) -> None:
     """Under valgrind: the loop untraced and traced, ``rounds`` times, each counted alone."""
     import torch
+    from instructions import Counter
 
     import copytrace
-    from instructions import Counter
 
     torch.set_num_threads(1)
     counter = Counter(lib)

@@ -82,8 +82,10 @@ def test_attached_copies_in_c_leave_what_python_leaves(monkeypatch: pytest.Monke
     # 40 clones + 40 casts (all attached) and 4 backward casts of the gradient
     assert [e["op"] for e in events_c].count("clone") == 40
     backward = [e for e in events_c if e["phase"] == "backward"]
-    assert len(backward) == 4 and all(e["origin"] and e["origin"].endswith(
-        str(_program.__code__.co_firstlineno + 6)) for e in backward)  # the .to() line
+    assert len(backward) == 4 and all(
+        e["origin"] and e["origin"].endswith(str(_program.__code__.co_firstlineno + 6))
+        for e in backward
+    )  # the .to() line
     assert events_c == events_py
     assert state_c == state_py
     # Python's api_tail saw every attached copy; with the C path only the copies a site starts

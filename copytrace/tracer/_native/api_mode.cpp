@@ -116,7 +116,7 @@ PyObject* intern_name(const char* s) {
 struct FastNames {
   PyObject *group, *native_state, *events, *dropped, *step_index, *in_optimizer, *alias, *via,
       *graph, *bytes_allocated, *inplace_writes, *max_events, *overhead_ns, *kept, *limit,
-      *prune, *detach, *grad_fn;
+      *prune, *detach;
   FastNames()
       : group(intern_name("group")), native_state(intern_name("_native_state")),
         events(intern_name("events")), dropped(intern_name("dropped")),
@@ -126,7 +126,7 @@ struct FastNames {
         inplace_writes(intern_name("inplace_writes")), max_events(intern_name("max_events")),
         overhead_ns(intern_name("overhead_ns")), kept(intern_name("kept")),
         limit(intern_name("_limit")), prune(intern_name("_prune")),
-        detach(intern_name("detach")), grad_fn(intern_name("grad_fn")) {}
+        detach(intern_name("detach")) {}
 };
 FastNames* g_fn = nullptr;
 
@@ -176,32 +176,33 @@ bool keep_version(PyObject* version, PyObject* ev) {
 // RULES.alias_watched.
 // An attached copy (grad_fn not None) goes to attached.cpp's attached_finish, which tags its
 // grad_fn and lists it as Watch.follow would, or leaves it to Python.
+// The event's fields fast_finish reads, in place (schema.CopyEvent's slots).
+enum EventSlot : int { EV_alias, EV_via, EV_graph, EV_bytes, EV_grad_fn, EV_COUNT };
+const char* const kEventSlots[EV_COUNT] = {"alias", "via", "graph", "bytes_allocated", "grad_fn"};
+Slots<EV_COUNT> g_ev{kEventSlots};
+
 bool fast_finish(PyObject* op, PyObject* src, PyObject* out, PyObject* ev, PyObject* grad_fn) {
   if (g_rule_watched == nullptr || g_rule_not_fresh == nullptr) return false;  // no rules set
-  PyObject* alias_o = PyObject_GetAttr(ev, g_fn->alias);
-  if (alias_o == nullptr) return false;
-  const bool alias = alias_o == Py_True;
-  Py_DECREF(alias_o);
+  if (!g_ev.of(ev) || g_ev.get(ev, EV_alias) == nullptr) return false;
+  const bool alias = g_ev.get(ev, EV_alias) == Py_True;
   if (alias && grad_fn != Py_None) return false;  // an alias's grad_fn: tagged in Python
   const int watched = PySet_Contains(g_rule_watched, op);
   if (watched != 0) {  // watched: only a detach without a via (not from state_dict()) is not
     if (watched < 0 || PyUnicode_Compare(op, g_fn->detach) != 0) return false;
-    PyObject* via = PyObject_GetAttr(ev, g_fn->via);
-    const bool plain = via == Py_None;
-    Py_XDECREF(via);
-    if (!plain) return false;
+    if (g_ev.get(ev, EV_via) != Py_None) return false;
   }
   if (alias && g_rule_alias_watched != nullptr) {  // may be watched for a write: Python decides
     const int maybe = PySet_Contains(g_rule_alias_watched, op);
     if (maybe != 0) return false;
   }
   if (!alias) {
-    PyObject* graph = PyObject_GetAttr(ev, g_fn->graph);
+    PyObject* graph = g_ev.get(ev, EV_graph);
     const bool attached = graph != nullptr && PyUnicode_Check(graph) &&
                           PyUnicode_CompareWithASCIIString(graph, "attached") == 0;
-    Py_XDECREF(graph);
     if (graph == nullptr || (attached && grad_fn == Py_None)) return false;
-    const long long nbytes = attr_ll(ev, g_fn->bytes_allocated);
+    PyObject* bytes = g_ev.get(ev, EV_bytes);
+    if (bytes == nullptr || !PyLong_Check(bytes)) return false;
+    const long long nbytes = PyLong_AsLongLong(bytes);
     if (nbytes == -1 && PyErr_Occurred()) return false;
     const int not_fresh = out == src ? 1 : PySet_Contains(g_rule_not_fresh, op);
     if (not_fresh < 0) return false;
@@ -214,7 +215,7 @@ bool fast_finish(PyObject* op, PyObject* src, PyObject* out, PyObject* ev, PyObj
       }
     }
     if (attached) {  // Recorder.api_tail's tag and Watch.follow's entry, before the version
-      PyObject* kind = PyObject_GetAttr(ev, g_fn->grad_fn);
+      PyObject* kind = Py_XNewRef(g_ev.get(ev, EV_grad_fn));
       const int done = kind != nullptr ? attached_finish(g_fast_rec, g_fast_watch, ev, out,
                                                          grad_fn, kind)
                                        : 0;

@@ -12,9 +12,8 @@
 // storage_impl_of).
 #include "observer.h"
 
-#include <structmember.h>
-
-#include <cstring>
+#include <unordered_map>
+#include <utility>
 
 namespace copytrace {
 namespace {
@@ -27,14 +26,51 @@ constexpr Py_ssize_t kMaxAttached = 100000;  // watch/_watch.py's _MAX_ATTACHED
 
 enum AttachedSlot : int { A_node, A_ev, A_seq, A_kind, A_storage, A_pending, A_COUNT };
 const char* const kAttachedSlots[A_COUNT] = {"node", "ev", "seq", "kind", "storage", "pending"};
-Py_ssize_t g_attached_offsets[A_COUNT];
+Slots<A_COUNT> g_attached{kAttachedSlots};
 enum RefSlot : int { R_cdata, R_free, R_owners, R_COUNT };
 const char* const kRefSlots[R_COUNT] = {"cdata", "_free", "_owners"};
-Py_ssize_t g_ref_offsets[R_COUNT];
+Slots<R_COUNT> g_ref{kRefSlots};
+// the event's fields read here (schema.CopyEvent) and _Site's slots (watch/_accumulate.py)
+enum EventSlot : int { E_transfer, E_file, E_line, E_module, E_COUNT };
+const char* const kEventSlots[E_COUNT] = {"transfer", "file", "line", "module"};
+Slots<E_COUNT> g_event{kEventSlots};
+enum SiteSlot : int { S_count, S_next_check, S_flagged, S_mark, S_last, S_COUNT };
+const char* const kSiteSlots[S_COUNT] = {"count", "next_check", "flagged", "mark", "last"};
+Slots<S_COUNT> g_site{kSiteSlots};
+
+// "file:line" of a call site (the grad_fn tag's), by file object and line: one string per site
+struct SiteHash {
+  size_t operator()(const std::pair<PyObject*, long long>& k) const {
+    return std::hash<void*>()(k.first) ^ (std::hash<long long>()(k.second) * 31);
+  }
+};
+std::unordered_map<std::pair<PyObject*, long long>, PyObject*, SiteHash> g_where;  // owned
+constexpr size_t kMaxWhere = 4096;
+
+// f"{file}:{line}" (a new reference), kept per (file, line) while the file object is held
+PyObject* where_of(PyObject* file, PyObject* line) {
+  const long long n = PyLong_CheckExact(line) ? PyLong_AsLongLong(line) : -1;
+  if (n < 0 || !PyUnicode_CheckExact(file)) {
+    PyErr_Clear();
+    return PyUnicode_FromFormat("%S:%S", file, line);
+  }
+  auto found = g_where.find({file, n});
+  if (found != g_where.end()) return Py_NewRef(found->second);
+  PyObject* where = PyUnicode_FromFormat("%U:%lld", file, n);
+  if (where == nullptr) return nullptr;
+  if (g_where.size() >= kMaxWhere) {
+    for (auto& [key, text] : g_where) {
+      Py_DECREF(key.first);
+      Py_DECREF(text);
+    }
+    g_where.clear();
+  }
+  g_where.emplace(std::make_pair(Py_NewRef(file), n), Py_NewRef(where));
+  return where;
+}
 
 struct Names {
-  PyObject *node_tags, *tags, *limit, *attached, *attached_prune, *sites, *backward_seq, *count,
-      *next_check, *flagged, *mark, *last, *file, *line, *module, *transfer, *none;
+  PyObject *node_tags, *tags, *limit, *attached, *attached_prune, *sites, *backward_seq, *none;
 };
 Names* g_names = nullptr;
 
@@ -42,31 +78,6 @@ PyObject* interned(const char* s) {
   PyObject* o = PyUnicode_InternFromString(s);
   if (o == nullptr) Py_FatalError("copytrace observer: out of memory interning a name");
   return o;
-}
-
-// The offsets of `names` among type's __slots__; false (TypeError) where one is missing.
-bool slot_offsets(PyTypeObject* type, const char* const* names, int n, Py_ssize_t* offsets) {
-  if (type->tp_members == nullptr || type->tp_dictoffset != 0) {
-    PyErr_Format(PyExc_TypeError, "set_attached: %s has no __slots__", type->tp_name);
-    return false;
-  }
-  for (int i = 0; i < n; ++i) {
-    offsets[i] = -1;
-    for (PyMemberDef* m = type->tp_members; m->name != nullptr; ++m)
-      if (m->type == T_OBJECT_EX && std::strcmp(m->name, names[i]) == 0) offsets[i] = m->offset;
-    if (offsets[i] < 0) {
-      PyErr_Format(PyExc_TypeError, "set_attached: %s has no slot %s", type->tp_name, names[i]);
-      return false;
-    }
-  }
-  return true;
-}
-
-inline void set_at(PyObject* obj, Py_ssize_t offset, PyObject* value) {  // steals value
-  PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + offset);
-  PyObject* old = *slot;
-  *slot = value;
-  Py_XDECREF(old);
 }
 
 // attribute `name` of obj as a long long; false where it is missing or no int (error cleared)
@@ -77,6 +88,17 @@ inline bool attr_int(PyObject* obj, PyObject* name, long long* out) {
   const bool ok = PyLong_Check(v) && !PyErr_Occurred();
   Py_DECREF(v);
   return ok;
+}
+
+// an int slot's value; false where unset or no int (no error left set)
+inline bool int_at(PyObject* v, long long* out) {
+  if (v == nullptr || !PyLong_Check(v)) return false;
+  *out = PyLong_AsLongLong(v);
+  if (*out == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  return true;
 }
 
 // Owned references read before anything is changed, released at the end.
@@ -96,15 +118,16 @@ struct Held {
 int attached_ready(PyObject* rec, PyObject* watch, PyObject* ev, PyObject* grad_fn, Held& h,
                    long long* seq, long long* count) {
   const Names& n = *g_names;
-  PyObject* transfer = PyObject_GetAttr(ev, n.transfer);
-  const bool moved = transfer == nullptr || !PyUnicode_Check(transfer) ||
-                     (transfer != n.none && PyUnicode_Compare(transfer, n.none) != 0);
-  Py_XDECREF(transfer);
-  if (moved) return 0;  // a transfer: settle_unreal may apply (api_tail)
-  h.file = PyObject_GetAttr(ev, n.file);
-  h.line = h.file != nullptr ? PyObject_GetAttr(ev, n.line) : nullptr;
-  h.module = h.line != nullptr ? PyObject_GetAttr(ev, n.module) : nullptr;
-  if (h.module == nullptr || h.file == Py_None) return 0;  // no call site: no tag
+  if (!g_event.of(ev)) return 0;
+  PyObject* transfer = g_event.get(ev, E_transfer);
+  if (transfer == nullptr || !PyUnicode_Check(transfer) ||
+      (transfer != n.none && PyUnicode_Compare(transfer, n.none) != 0))
+    return 0;  // a transfer: settle_unreal may apply (api_tail)
+  h.file = Py_XNewRef(g_event.get(ev, E_file));
+  h.line = Py_XNewRef(g_event.get(ev, E_line));
+  h.module = Py_XNewRef(g_event.get(ev, E_module));
+  if (h.file == nullptr || h.line == nullptr || h.module == nullptr || h.file == Py_None)
+    return 0;  // no call site: no tag
   h.tags_obj = PyObject_GetAttr(rec, n.node_tags);
   h.tags = h.tags_obj != nullptr ? PyObject_GetAttr(h.tags_obj, n.tags) : nullptr;
   long long limit = 0;
@@ -126,14 +149,13 @@ int attached_ready(PyObject* rec, PyObject* watch, PyObject* ev, PyObject* grad_
   if (h.site == nullptr) return 0;  // a new site: _note_site makes it
   Py_INCREF(h.site);
   long long mark = 0, backward = 0, next_check = 0;
-  if (!attr_int(h.site, n.mark, &mark) || !attr_int(watch, n.backward_seq, &backward) ||
-      mark != backward || !attr_int(h.site, n.count, count) ||
-      !attr_int(h.site, n.next_check, &next_check) || *count < 1 || *count + 1 >= next_check)
+  if (!g_site.of(h.site) || !int_at(g_site.get(h.site, S_mark), &mark) ||
+      !attr_int(watch, n.backward_seq, &backward) || mark != backward ||
+      !int_at(g_site.get(h.site, S_count), count) ||
+      !int_at(g_site.get(h.site, S_next_check), &next_check) || *count < 1 ||
+      *count + 1 >= next_check)
     return 0;  // restarted by a backward, or due for its check
-  PyObject* flagged = PyObject_GetAttr(h.site, n.flagged);
-  const bool plain = flagged == Py_False;
-  Py_XDECREF(flagged);
-  if (!plain) return 0;  // a flagged site notes each copy's bytes
+  if (g_site.get(h.site, S_flagged) != Py_False) return 0;  // a flagged site notes bytes
   if (!node_facts(grad_fn, seq, &h.leaf_version)) return 0;  // not a C++ node
   h.ref = py_grad_fn_ref(nullptr, grad_fn);
   if (h.ref == nullptr || h.ref == Py_None) return 0;
@@ -147,16 +169,37 @@ PyObject* storage_ref_of(PyObject* out) {
   PyObject* key = PyLong_FromVoidPtr(impl);
   if (key == nullptr) return nullptr;
   PyObject* ref = g_ref_type->tp_alloc(g_ref_type, 0);
+  if (ref != nullptr && !g_ref.of(ref)) {
+    Py_CLEAR(ref);
+    PyErr_SetString(PyExc_TypeError, "attached: StorageRef without its slots");
+  }
   PyObject* held = ref != nullptr ? py_storage_hold(nullptr, key) : nullptr;
   Py_DECREF(key);
   if (held == nullptr) {
     Py_XDECREF(ref);
     return nullptr;
   }
-  set_at(ref, g_ref_offsets[R_cdata], held);
-  set_at(ref, g_ref_offsets[R_free], Py_NewRef(g_ref_free));
-  set_at(ref, g_ref_offsets[R_owners], Py_NewRef(g_ref_owners));
+  g_ref.put(ref, R_cdata, held);
+  g_ref.put(ref, R_free, Py_NewRef(g_ref_free));
+  g_ref.put(ref, R_owners, Py_NewRef(g_ref_owners));
   return ref;
+}
+
+// Whether class `cls` has the named slots of `slots` (found now); TypeError where not.
+template <int N>
+bool has_slots(PyObject* cls, Slots<N>& slots) {
+  auto* type = reinterpret_cast<PyTypeObject*>(cls);
+  bool ok = type->tp_members != nullptr && type->tp_dictoffset == 0;
+  for (int i = 0; ok && i < N; ++i) {
+    ok = false;
+    for (PyMemberDef* m = type->tp_members; m->name != nullptr; ++m)
+      ok = ok || (m->type == T_OBJECT_EX && std::strcmp(m->name, slots.names[i]) == 0);
+    if (!ok) PyErr_Format(PyExc_TypeError, "set_attached: %s has no slot %s", type->tp_name,
+                          slots.names[i]);
+  }
+  if (type->tp_members == nullptr || type->tp_dictoffset != 0)
+    PyErr_Format(PyExc_TypeError, "set_attached: %s has no __slots__", type->tp_name);
+  return ok;
 }
 
 }  // namespace
@@ -174,30 +217,39 @@ int attached_finish(PyObject* rec, PyObject* watch, PyObject* ev, PyObject* out,
   const Names& n = *g_names;
   // NodeTags.put(grad_fn, (module, "file:line", leaf version)) (_api_events._tag_grad_fn)
   PyObject* seq_o = PyLong_FromLongLong(seq);
-  PyObject* where = PyUnicode_FromFormat("%S:%S", h.file, h.line);
-  PyObject* value = seq_o != nullptr && where != nullptr
-                        ? Py_BuildValue("(O(OOO))", h.ref, h.module, where, h.leaf_version)
-                        : nullptr;
+  PyObject* where = seq_o != nullptr ? where_of(h.file, h.line) : nullptr;
+  PyObject* tag = where != nullptr ? PyTuple_Pack(3, h.module, where, h.leaf_version) : nullptr;
+  PyObject* value = tag != nullptr ? PyTuple_Pack(2, h.ref, tag) : nullptr;
   PyObject* tkey = value != nullptr ? PyTuple_Pack(2, seq_o, kind) : nullptr;
   bool ok = tkey != nullptr && PyDict_SetItem(h.tags, tkey, value) == 0;
   Py_XDECREF(where);
+  Py_XDECREF(tag);
   Py_XDECREF(value);
   Py_XDECREF(tkey);
   // Watch.follow's attached entry (_Attached.of), listed, and _note_site's count
   PyObject* a = ok ? g_attached_type->tp_alloc(g_attached_type, 0) : nullptr;
+  if (a != nullptr && !g_attached.of(a)) {
+    Py_CLEAR(a);
+    PyErr_SetString(PyExc_TypeError, "attached: _Attached without its slots");
+  }
   PyObject* storage = a != nullptr ? storage_ref_of(out) : nullptr;
-  if (storage != nullptr) {
-    set_at(a, g_attached_offsets[A_node], Py_NewRef(h.ref));
-    set_at(a, g_attached_offsets[A_ev], Py_NewRef(ev));
-    set_at(a, g_attached_offsets[A_seq], Py_NewRef(seq_o));
-    set_at(a, g_attached_offsets[A_kind], Py_NewRef(kind));
-    set_at(a, g_attached_offsets[A_pending], Py_NewRef(Py_None));
-    set_at(a, g_attached_offsets[A_storage], storage);
-    PyObject* next = PyLong_FromLongLong(count + 1);
-    ok = PyList_Append(h.attached, a) == 0 && next != nullptr &&
-         PyObject_SetAttr(h.site, n.last, a) == 0 && PyObject_SetAttr(h.site, n.count, next) == 0;
-    Py_XDECREF(next);
+  PyObject* next = storage != nullptr ? PyLong_FromLongLong(count + 1) : nullptr;
+  if (next != nullptr) {
+    g_attached.put(a, A_node, Py_NewRef(h.ref));
+    g_attached.put(a, A_ev, Py_NewRef(ev));
+    g_attached.put(a, A_seq, Py_NewRef(seq_o));
+    g_attached.put(a, A_kind, Py_NewRef(kind));
+    g_attached.put(a, A_pending, Py_NewRef(Py_None));
+    g_attached.put(a, A_storage, storage);
+    ok = PyList_Append(h.attached, a) == 0;
+    if (ok) {
+      g_site.put(h.site, S_last, Py_NewRef(a));
+      g_site.put(h.site, S_count, next);
+    } else {
+      Py_DECREF(next);
+    }
   } else {
+    Py_XDECREF(storage);
     ok = false;
   }
   Py_XDECREF(a);
@@ -212,14 +264,13 @@ PyObject* py_set_attached(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
   if (!arity(nargs, 4, "set_attached(attached_cls, storage_ref_cls, free_weak_ref, owners)"))
     return nullptr;
   if (g_names == nullptr) {
-    g_names = new Names{interned("node_tags"), interned("_tags"), interned("_limit"),
-                        interned("attached"), interned("_attached_prune"), interned("sites"),
-                        interned("_backward_seq"), interned("count"), interned("next_check"),
-                        interned("flagged"), interned("mark"), interned("last"),
-                        interned("file"), interned("line"), interned("module"),
-                        interned("transfer"), interned("none")};
+    g_names = new Names{interned("node_tags"),       interned("_tags"),  interned("_limit"),
+                        interned("attached"),        interned("_attached_prune"),
+                        interned("sites"),           interned("_backward_seq"),
+                        interned("none")};
   }
   PyObject* old_attached = reinterpret_cast<PyObject*>(g_attached_type);
+  // (the classes' slots are looked up by Slots<>::of on the first object made)
   g_attached_type = nullptr;  // off until the new set-up is complete
   Py_XDECREF(old_attached);
   if (argv[0] == Py_None) {
@@ -231,11 +282,7 @@ PyObject* py_set_attached(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_TypeError, "set_attached: two classes expected");
     return nullptr;
   }
-  auto* attached = reinterpret_cast<PyTypeObject*>(argv[0]);
-  auto* ref = reinterpret_cast<PyTypeObject*>(argv[1]);
-  if (!slot_offsets(attached, kAttachedSlots, A_COUNT, g_attached_offsets) ||
-      !slot_offsets(ref, kRefSlots, R_COUNT, g_ref_offsets))
-    return nullptr;
+  if (!has_slots(argv[0], g_attached) || !has_slots(argv[1], g_ref)) return nullptr;
   set_slot(g_ref_free, argv[2]);
   set_slot(g_ref_owners, argv[3]);
   PyObject* old_ref = reinterpret_cast<PyObject*>(g_ref_type);

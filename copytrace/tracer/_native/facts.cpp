@@ -93,7 +93,7 @@ PyTypeObject* g_facts_type = nullptr;
 }  // namespace
 
 // is_leaf, grad_fn, its name and fake only with with_grad_fn (else None, None, None, False).
-int read_facts(PyObject* obj, bool with_grad_fn, PyObject* items[FACT_COUNT]) {
+int read_facts(PyObject* obj, bool with_grad_fn, PyObject* items[FACT_COUNT], unsigned want) {
   for (int i = 0; i < FACT_COUNT; ++i) items[i] = nullptr;
   if (!THPVariable_CheckExact(obj)) return 0;
   try {
@@ -107,7 +107,8 @@ int read_facts(PyObject* obj, bool with_grad_fn, PyObject* items[FACT_COUNT]) {
     if (sym_bytes.is_heap_allocated()) return 0;
     const int64_t storage_bytes = sym_bytes.as_int_unchecked();
     const int64_t logical = t.numel() * static_cast<int64_t>(t.element_size());
-    items[FACT_shape] = int_tuple(t.sizes());
+    auto wanted = [want](Fact f) { return (want & (1u << f)) != 0; };
+    items[FACT_shape] = wanted(FACT_shape) ? int_tuple(t.sizes()) : Py_NewRef(Py_None);
     items[FACT_dtype] = dtype_name(t.scalar_type());
     items[FACT_device] = device_name(t.device());
     items[FACT_requires_grad] = new_bool(t.requires_grad());
@@ -129,10 +130,13 @@ int read_facts(PyObject* obj, bool with_grad_fn, PyObject* items[FACT_COUNT]) {
       items[FACT_grad_fn_name] = Py_NewRef(Py_None);
     }
     items[FACT_storage] = PyLong_FromVoidPtr(storage.unsafeGetStorageImpl());  // its name
-    items[FACT_storage_bytes] = PyLong_FromLongLong(storage_bytes);
-    items[FACT_logical_bytes] = PyLong_FromLongLong(logical);
-    items[FACT_offset] = PyLong_FromLongLong(t.storage_offset());
-    items[FACT_stride] = int_tuple(t.strides());
+    items[FACT_storage_bytes] =
+        wanted(FACT_storage_bytes) ? PyLong_FromLongLong(storage_bytes) : Py_NewRef(Py_None);
+    items[FACT_logical_bytes] =
+        wanted(FACT_logical_bytes) ? PyLong_FromLongLong(logical) : Py_NewRef(Py_None);
+    items[FACT_offset] =
+        wanted(FACT_offset) ? PyLong_FromLongLong(t.storage_offset()) : Py_NewRef(Py_None);
+    items[FACT_stride] = wanted(FACT_stride) ? int_tuple(t.strides()) : Py_NewRef(Py_None);
     items[FACT_version] =
         t.is_inference() ? Py_NewRef(Py_None) : PyLong_FromLongLong(t._version());
     items[FACT_fake] = new_bool(with_grad_fn && t.is_meta());

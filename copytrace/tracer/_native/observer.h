@@ -31,8 +31,10 @@
 #include <ATen/PythonTorchFunctionTLS.h>
 #endif
 #include <Python.h>
+#include <structmember.h>
 
 #include <atomic>
+#include <cstring>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -162,6 +164,44 @@ inline bool arity(Py_ssize_t nargs, Py_ssize_t want, const char* signature) {
   return false;
 }
 
+// Named __slots__ of one class, their offsets found once per class (the class held): a slot
+// read in place costs a load, where PyObject_GetAttr looks the descriptor up in the type.
+template <int N>
+struct Slots {
+  const char* const* names;  // N names
+  PyTypeObject* type = nullptr;
+  Py_ssize_t at[N] = {};
+  // Whether obj's class has every named slot (looked up now for a new class; no error set).
+  bool of(PyObject* obj) {
+    PyTypeObject* t = Py_TYPE(obj);
+    if (t == type) return true;
+    if (t->tp_members == nullptr || t->tp_dictoffset != 0) return false;
+    Py_ssize_t found[N];
+    for (int i = 0; i < N; ++i) {
+      found[i] = -1;
+      for (PyMemberDef* m = t->tp_members; m->name != nullptr; ++m)
+        if (m->type == T_OBJECT_EX && std::strcmp(m->name, names[i]) == 0) found[i] = m->offset;
+      if (found[i] < 0) return false;
+    }
+    for (int i = 0; i < N; ++i) at[i] = found[i];
+    PyTypeObject* old = type;
+    type = reinterpret_cast<PyTypeObject*>(Py_NewRef(t));
+    Py_XDECREF(old);
+    return true;
+  }
+  // slot i of obj (of(obj) true): borrowed, null while unset
+  PyObject* get(PyObject* obj, int i) const {
+    return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + at[i]);
+  }
+  // store value (a new reference) in slot i of obj, the old value released
+  void put(PyObject* obj, int i, PyObject* value) const {
+    PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + at[i]);
+    PyObject* old = *slot;
+    *slot = value;
+    Py_XDECREF(old);
+  }
+};
+
 inline PyObject* call_through(PyObject* func, PyObject* args, PyObject* kwargs) {
   if (kwargs == nullptr || kwargs == Py_None || !PyDict_Check(kwargs) ||
       PyDict_GET_SIZE(kwargs) == 0)
@@ -226,7 +266,10 @@ enum Fact : int {
 };
 // Fills items (new references) for a plain tensor: 1; not one (the Python readers decide): 0;
 // an error set: -1 (items all null).
-int read_facts(PyObject* t, bool with_grad_fn, PyObject* items[FACT_COUNT]);
+// want: a mask of 1 << Fact of the items to read (the others are None).
+constexpr unsigned kAllFacts = (1u << FACT_COUNT) - 1;
+int read_facts(PyObject* t, bool with_grad_fn, PyObject* items[FACT_COUNT],
+               unsigned want = kAllFacts);
 PyObject* copy_slots(PyObject*, PyObject* proto);
 bool facts_init(PyObject* module);
 // A tensor's grad_fn's sequence number in *seq (-1: no grad_fn; unchanged: not a tensor);
