@@ -131,14 +131,20 @@ struct FastNames {
 FastNames* g_fn = nullptr;
 
 // attribute `name` of `obj` as a long long (-1 and an error set on failure)
-inline long long attr_ll(PyObject* obj, PyObject* name) { return plain_ll(obj, name); }
+inline long long attr_ll(PyObject* obj, PyObject* name) {
+  PyObject* v = PyObject_GetAttr(obj, name);
+  if (v == nullptr) return -1;
+  long long r = PyLong_AsLongLong(v);
+  Py_DECREF(v);
+  return r;
+}
 
 inline bool add_ll(PyObject* obj, PyObject* name, long long delta) {
   long long v = attr_ll(obj, name);
   if (v == -1 && PyErr_Occurred()) return false;
   PyObject* n = PyLong_FromLongLong(v + delta);
   if (n == nullptr) return false;
-  int rc = set_plain(obj, name, n);
+  int rc = PyObject_SetAttr(obj, name, n);
   Py_DECREF(n);
   return rc == 0;
 }
@@ -146,7 +152,7 @@ inline bool add_ll(PyObject* obj, PyObject* name, long long delta) {
 // A fresh copy's version counter (`version`, borrowed) kept in FreshCopies (_fresh.py) with
 // its event; false: an error, for the caller to count.
 bool keep_version(PyObject* version, PyObject* ev) {
-  PyObject* kept = get_plain(g_fast_copies, g_fn->kept);
+  PyObject* kept = PyObject_GetAttr(g_fast_copies, g_fn->kept);
   PyObject* zero = PyLong_FromLong(0);
   PyObject* item = kept_pair(version, ev);  // untracked: see versions.cpp
   bool ok = kept != nullptr && zero != nullptr && item != nullptr &&
@@ -227,7 +233,7 @@ bool fast_finish(PyObject* op, PyObject* src, PyObject* out, PyObject* ev, PyObj
       if (!ok) swallow();  // counted; the event is still kept below
     }
   }
-  PyObject* events = get_plain(g_fast_rec, g_fn->events);
+  PyObject* events = PyObject_GetAttr(g_fast_rec, g_fn->events);
   const long long max_events = attr_ll(g_fast_rec, g_fn->max_events);
   if (events == nullptr || !PyList_Check(events) || PyErr_Occurred()) {
     Py_XDECREF(events);
@@ -249,12 +255,12 @@ bool fast_event(PyObject* op, PyObject* args, PyObject* out, int64_t t0, int64_t
   if (g_fast_rec == nullptr || g_fast_event_ops == nullptr || !fast_type(out) ||
       PySet_Contains(g_fast_event_ops, op) != 1)
     return false;
-  PyObject* group = get_plain(g_fast_rec, g_fn->group);
-  PyObject* state = get_plain(g_fast_rec, g_fn->native_state);
-  PyObject* events = get_plain(g_fast_rec, g_fn->events);
+  PyObject* group = PyObject_GetAttr(g_fast_rec, g_fn->group);
+  PyObject* state = PyObject_GetAttr(g_fast_rec, g_fn->native_state);
+  PyObject* events = PyObject_GetAttr(g_fast_rec, g_fn->events);
   const long long dropped = attr_ll(g_fast_rec, g_fn->dropped);
-  PyObject* step = get_plain(g_fast_rec, g_fn->step_index);
-  PyObject* inopt = get_plain(g_fast_rec, g_fn->in_optimizer);
+  PyObject* step = PyObject_GetAttr(g_fast_rec, g_fn->step_index);
+  PyObject* inopt = PyObject_GetAttr(g_fast_rec, g_fn->in_optimizer);
   PyObject* found = nullptr;
   bool usable = group == Py_None && state != nullptr && state != Py_None && events != nullptr &&
                 PyList_Check(events) && step != nullptr && inopt != nullptr && !PyErr_Occurred();

@@ -82,7 +82,7 @@ PyObject* interned(const char* s) {
 
 // attribute `name` of obj as a long long; false where it is missing or no int (error cleared)
 inline bool attr_int(PyObject* obj, PyObject* name, long long* out) {
-  PyObject* v = get_plain(obj, name);
+  PyObject* v = PyObject_GetAttr(obj, name);
   if (v == nullptr) return false;
   *out = PyLong_Check(v) ? PyLong_AsLongLong(v) : -1;
   const bool ok = PyLong_Check(v) && !PyErr_Occurred();
@@ -128,19 +128,19 @@ int attached_ready(PyObject* rec, PyObject* watch, PyObject* ev, PyObject* grad_
   h.module = Py_XNewRef(g_event.get(ev, E_module));
   if (h.file == nullptr || h.line == nullptr || h.module == nullptr || h.file == Py_None)
     return 0;  // no call site: no tag
-  h.tags_obj = get_plain(rec, n.node_tags);
-  h.tags = h.tags_obj != nullptr ? get_plain(h.tags_obj, n.tags) : nullptr;
+  h.tags_obj = PyObject_GetAttr(rec, n.node_tags);
+  h.tags = h.tags_obj != nullptr ? PyObject_GetAttr(h.tags_obj, n.tags) : nullptr;
   long long limit = 0;
   if (h.tags == nullptr || !PyDict_CheckExact(h.tags) || !attr_int(h.tags_obj, n.limit, &limit) ||
       PyDict_GET_SIZE(h.tags) + 1 >= limit)
     return 0;  // NodeTags due for its prune
-  h.attached = get_plain(watch, n.attached);
+  h.attached = PyObject_GetAttr(watch, n.attached);
   long long prune = 0;
   if (h.attached == nullptr || !PyList_CheckExact(h.attached) ||
       PyList_GET_SIZE(h.attached) >= kMaxAttached || !attr_int(watch, n.attached_prune, &prune) ||
       PyList_GET_SIZE(h.attached) + 1 >= prune)
     return 0;  // the list full or due for its prune
-  h.sites = get_plain(watch, n.sites);
+  h.sites = PyObject_GetAttr(watch, n.sites);
   if (h.sites == nullptr || !PyDict_CheckExact(h.sites)) return 0;
   PyObject* key = PyTuple_Pack(2, h.file, h.line);
   if (key == nullptr) return 0;

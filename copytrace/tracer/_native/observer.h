@@ -202,51 +202,6 @@ struct Slots {
   }
 };
 
-// obj.name where the class defines no attribute `name` (no descriptor can take precedence) and
-// obj keeps its attributes in an instance dict: a lookup in that dict, about half the
-// instructions of PyObject_GetAttr's generic path; anything else through PyObject_GetAttr.
-// A new reference, or null with an error set.
-inline PyObject* get_plain(PyObject* obj, PyObject* name) {
-  PyTypeObject* type = Py_TYPE(obj);
-  if (type->tp_getattro == PyObject_GenericGetAttr && _PyType_Lookup(type, name) == nullptr) {
-    PyObject* dict = PyObject_GenericGetDict(obj, nullptr);
-    if (dict != nullptr) {
-      PyObject* value = PyDict_GetItemWithError(dict, name);  // borrowed
-      Py_DECREF(dict);
-      if (value != nullptr) return Py_NewRef(value);
-      if (PyErr_Occurred()) return nullptr;
-    } else {
-      PyErr_Clear();
-    }
-  }
-  return PyObject_GetAttr(obj, name);
-}
-
-// obj.name = value, as get_plain reads it: into the instance dict where the class defines no
-// attribute `name`, else PyObject_SetAttr. 0, or -1 with an error set.
-inline int set_plain(PyObject* obj, PyObject* name, PyObject* value) {
-  PyTypeObject* type = Py_TYPE(obj);
-  if (type->tp_setattro == PyObject_GenericSetAttr && _PyType_Lookup(type, name) == nullptr) {
-    PyObject* dict = PyObject_GenericGetDict(obj, nullptr);
-    if (dict != nullptr) {
-      const int rc = PyDict_SetItem(dict, name, value);
-      Py_DECREF(dict);
-      return rc;
-    }
-    PyErr_Clear();
-  }
-  return PyObject_SetAttr(obj, name, value);
-}
-
-// obj.name (get_plain) as a long long: -1 with an error set where it fails.
-inline long long plain_ll(PyObject* obj, PyObject* name) {
-  PyObject* v = get_plain(obj, name);
-  if (v == nullptr) return -1;
-  const long long r = PyLong_AsLongLong(v);
-  Py_DECREF(v);
-  return r;
-}
-
 inline PyObject* call_through(PyObject* func, PyObject* args, PyObject* kwargs) {
   if (kwargs == nullptr || kwargs == Py_None || !PyDict_Check(kwargs) ||
       PyDict_GET_SIZE(kwargs) == 0)

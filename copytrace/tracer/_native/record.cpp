@@ -139,7 +139,7 @@ PyObject* transfer_of(PyObject* src, PyObject* dst, bool* host_to_device) {
 // a full table (to be pruned) goes to the Python method.
 PyObject* storage_id(PyObject* ids, PyObject* key) {
   if (key == Py_None) Py_RETURN_NONE;
-  PyObject* table = get_plain(ids, s_ids);
+  PyObject* table = PyObject_GetAttr(ids, s_ids);
   if (table == nullptr) return nullptr;
   if (!PyDict_Check(table) || !PyLong_CheckExact(key)) {
     Py_DECREF(table);
@@ -151,8 +151,8 @@ PyObject* storage_id(PyObject* ids, PyObject* key) {
     return Py_NewRef(entry);
   }
   PyObject* result = nullptr;
-  PyObject* limit = PyErr_Occurred() ? nullptr : get_plain(ids, s_limit);
-  PyObject* uid = limit == nullptr ? nullptr : get_plain(ids, s_next);
+  PyObject* limit = PyErr_Occurred() ? nullptr : PyObject_GetAttr(ids, s_limit);
+  PyObject* uid = limit == nullptr ? nullptr : PyObject_GetAttr(ids, s_next);
   if (uid != nullptr) {
     const Py_ssize_t size = PyDict_GET_SIZE(table);
     const long long lim = PyLong_AsLongLong(limit);
@@ -165,7 +165,7 @@ PyObject* storage_id(PyObject* ids, PyObject* key) {
       PyObject* one = PyLong_FromLong(1);
       PyObject* next = one == nullptr ? nullptr : PyNumber_Add(uid, one);
       Py_XDECREF(one);
-      if (next != nullptr && impl != nullptr && set_plain(ids, s_next, next) == 0 &&
+      if (next != nullptr && impl != nullptr && PyObject_SetAttr(ids, s_next, next) == 0 &&
           PyDict_SetItem(table, key, uid) == 0) {
         // torch's weak handle (UntypedStorage._weak_ref: make_weak; its address, the key)
         (void)c10::raw::intrusive_ptr::make_weak(impl);
