@@ -117,9 +117,10 @@ def _loop(x, y, steps: int) -> None:
 
     for _ in range(steps):
         for _ in range(33):
-            a = x.clone()
-            b = y.detach()
-            c = y.to(torch.float64)  # noqa: E702, F841
+            # kept until the next iteration's, as PROGRAM's loop keeps them
+            a = x.clone()  # noqa: F841
+            b = y.detach()  # noqa: F841
+            c = y.to(torch.float64)  # noqa: F841
 
 
 def _child(steps: int, rounds: int, lib: str) -> None:
