@@ -30,18 +30,30 @@ program has no step boundary, so copytrace encodes everything at exit (the worst
 the exit; a training loop's steps flush on the export thread as it runs).
 
     python benchmarks/per_event.py --steps 2000
+    python benchmarks/per_event.py --instructions --steps 20   # callgrind, not timed
+
+``--instructions`` runs the same loop (``copytrace.trace(write=False)``, level lean, and
+untraced) in one process under valgrind's callgrind, with ``instructions.py``'s client
+requests around the loop alone, and prints the instructions per event beyond the untraced
+loop's, per round: a count load does not change (rounds agree within a few hundred
+instructions), where the timed table moves by 10-20% between runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
 
 PROGRAM = r"""
 import json, sys, time, torch
@@ -105,13 +117,85 @@ def _run(variant: str, steps: int, out: str) -> dict:
     return result
 
 
+def _loop(x, y, steps: int) -> None:
+    import torch
+
+    for _ in range(steps):
+        for _ in range(33):
+            # kept until the next iteration's, as PROGRAM's loop keeps them
+            a = x.clone()  # noqa: F841
+            b = y.detach()  # noqa: F841
+            c = y.to(torch.float64)  # noqa: F841
+
+
+def _child(steps: int, rounds: int, lib: str) -> None:
+    """Under valgrind: the loop untraced and traced, ``rounds`` times, each counted alone."""
+    import torch
+    from instructions import Counter
+
+    import copytrace
+
+    torch.set_num_threads(1)
+    counter = Counter(lib)
+    x, y = torch.randn(16, requires_grad=True), torch.randn(16)
+    for rnd in range(rounds):
+        for name in ("plain", "traced"):
+            ctx = copytrace.trace(write=False) if name == "traced" else contextlib.nullcontext()
+            with ctx:
+                _loop(x, y, 2)  # warm-up: call-site caches, first events
+                counter.settle()
+                counter.begin()
+                _loop(x, y, steps)
+                counter.end(f"{name}_{rnd}", steps * 99)
+
+
+def _instructions(steps: int, rounds: int) -> int:
+    """Instructions per event beyond the untraced loop, from one callgrind run."""
+    import instructions
+
+    if shutil.which("valgrind") is None:
+        print("per_event.py: valgrind is not installed", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="copytrace-ir-") as tmp:
+        lib = instructions._build_marker(Path(tmp))
+        out = Path(tmp) / "callgrind.out"
+        cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+               f"--callgrind-out-file={out}", sys.executable, str(Path(__file__).resolve()),
+               "--child", "--steps", str(steps), "--rounds", str(rounds), "--lib", str(lib)]  # fmt: skip
+        proc = subprocess.run(cmd, env=instructions._env(), capture_output=True, text=True)
+        if proc.returncode != 0:
+            sys.stderr.write(proc.stderr[-4000:])
+            print(f"per_event.py: the run under valgrind failed ({proc.returncode})",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+        parts = {k: ir / n for k, (ir, n) in instructions.read_dumps(out).items() if n}
+    print(f"{steps * 99} events a round ({steps} steps x 99), callgrind instructions per event")
+    for rnd in range(rounds):
+        plain, traced = parts[f"plain_{rnd}"], parts[f"traced_{rnd}"]
+        print(f"round {rnd}: plain {plain:,.0f}, traced {traced:,.0f}, "
+              f"beyond plain {traced - plain:,.0f}")  # fmt: skip
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="steps of 99 events each")
     parser.add_argument(
         "--variants", nargs="*", default=["plain", "copytrace", "ct_full", "ct_python", "profiler"]
     )
+    parser.add_argument("--instructions", action="store_true",
+                        help="count instructions under callgrind instead of timing")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=2, help="rounds of --instructions")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--lib", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.steps < 1 or args.rounds < 1:
+        parser.error("--steps and --rounds must be at least 1")
+    if args.child:
+        _child(args.steps, args.rounds, args.lib)
+        return 0
+    if args.instructions:
+        return _instructions(args.steps, args.rounds)
     events = args.steps * 99
     with tempfile.TemporaryDirectory() as out:
         results = {v: _run(v, args.steps, out) for v in args.variants}
@@ -146,4 +230,5 @@ def _table(results: dict[str, dict], events: int) -> str:
 
 
 if __name__ == "__main__":
+    sys.path.insert(0, str(HERE))
     raise SystemExit(main())

@@ -36,6 +36,8 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from copytrace.tracer import _patches, _recorder, _rules, _warnshim
+from copytrace.tracer._storage_ref import StorageRef
+from copytrace.tracer.watch._retained import _Attached
 
 __all__ = ["NativeFunctionMode", "engage", "disengage", "aten_ops", "install_wrappers"]
 
@@ -110,6 +112,9 @@ def engage(rec: Any, native: Any, full: bool) -> NativeFunctionMode:
     copies.version_of, copies.version_final = native.version_of, native.version_final
     copies.version_delta, copies.kept_pair = native.version_delta, native.kept_pair
     copies.nodes = (native.grad_fn_ref, native.grad_fn_of, native.grad_fn_alive)
+    # an attached copy's tag and entry made in C (attached.cpp): the classes Python makes them of
+    native.set_attached(_Attached, StorageRef, torch.UntypedStorage._free_weak_ref,
+                        native.storage_owners)  # fmt: skip
     native.set_copy_hooks(copies.fresh, copies.written, copies.call, torch.Tensor.__getitem__)
     if full:
         if _OPS is None:
@@ -134,6 +139,7 @@ def disengage(rec: Any) -> None:
     native.set_api_hooks(None, None, None, None)
     native.set_fast_api(None, None, None)
     native.set_fast_events(None, None, None, None)
+    native.set_attached(None, None, None, None)
     native.set_copy_hooks(None, None, None, None)
     rec.internal_detaches += native.internal_detaches()
     errors = native.errors()

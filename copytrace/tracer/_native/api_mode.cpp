@@ -103,6 +103,7 @@ inline bool fast_call(PyObject* op, PyObject* args, PyObject* kwargs) {
 PyObject* g_fast_rec = nullptr;        // the Recorder
 PyObject* g_fast_copies = nullptr;     // its watch's FreshCopies
 PyObject* g_fast_tail = nullptr;
+PyObject* g_fast_watch = nullptr;      // the Recorder's Watch
 PyObject* g_fast_event_ops = nullptr;  // frozenset: ops whose event may be finished here
 
 PyObject* intern_name(const char* s) {
@@ -173,40 +174,60 @@ bool keep_version(PyObject* version, PyObject* ev) {
 // The event's end, when nothing calls for Python: true when done (or an error counted).
 // Watch.follow's rules (copytrace/tracer/watch/_watch.py) by RULES.watched, RULES.not_fresh and
 // RULES.alias_watched.
-bool fast_finish(PyObject* op, PyObject* src, PyObject* out, PyObject* ev) {
+// An attached copy (grad_fn not None) goes to attached.cpp's attached_finish, which tags its
+// grad_fn and lists it as Watch.follow would, or leaves it to Python.
+// The event's fields fast_finish reads, in place (schema.CopyEvent's slots).
+enum EventSlot : int { EV_alias, EV_via, EV_graph, EV_bytes, EV_grad_fn, EV_COUNT };
+const char* const kEventSlots[EV_COUNT] = {"alias", "via", "graph", "bytes_allocated", "grad_fn"};
+Slots<EV_COUNT> g_ev{kEventSlots};
+
+bool fast_finish(PyObject* op, PyObject* src, PyObject* out, PyObject* ev, PyObject* grad_fn) {
   if (g_rule_watched == nullptr || g_rule_not_fresh == nullptr) return false;  // no rules set
-  PyObject* alias_o = PyObject_GetAttr(ev, g_fn->alias);
-  if (alias_o == nullptr) return false;
-  const bool alias = alias_o == Py_True;
-  Py_DECREF(alias_o);
+  if (!g_ev.of(ev) || g_ev.get(ev, EV_alias) == nullptr) return false;
+  const bool alias = g_ev.get(ev, EV_alias) == Py_True;
+  if (alias && grad_fn != Py_None) return false;  // an alias's grad_fn: tagged in Python
   const int watched = PySet_Contains(g_rule_watched, op);
   if (watched != 0) {  // watched: only a detach without a via (not from state_dict()) is not
     if (watched < 0 || PyUnicode_Compare(op, g_fn->detach) != 0) return false;
-    PyObject* via = PyObject_GetAttr(ev, g_fn->via);
-    const bool plain = via == Py_None;
-    Py_XDECREF(via);
-    if (!plain) return false;
+    if (g_ev.get(ev, EV_via) != Py_None) return false;
   }
   if (alias && g_rule_alias_watched != nullptr) {  // may be watched for a write: Python decides
     const int maybe = PySet_Contains(g_rule_alias_watched, op);
     if (maybe != 0) return false;
   }
   if (!alias) {
-    PyObject* graph = PyObject_GetAttr(ev, g_fn->graph);
+    PyObject* graph = g_ev.get(ev, EV_graph);
     const bool attached = graph != nullptr && PyUnicode_Check(graph) &&
                           PyUnicode_CompareWithASCIIString(graph, "attached") == 0;
-    Py_XDECREF(graph);
-    if (graph == nullptr || attached) return false;
-    const long long nbytes = attr_ll(ev, g_fn->bytes_allocated);
+    if (graph == nullptr || (attached && grad_fn == Py_None)) return false;
+    PyObject* bytes = g_ev.get(ev, EV_bytes);
+    if (bytes == nullptr || !PyLong_Check(bytes)) return false;
+    const long long nbytes = PyLong_AsLongLong(bytes);
     if (nbytes == -1 && PyErr_Occurred()) return false;
     const int not_fresh = out == src ? 1 : PySet_Contains(g_rule_not_fresh, op);
     if (not_fresh < 0) return false;
-    if (not_fresh == 0 && nbytes > 0) {  // a fresh copy: its version counter kept (_fresh.py)
-      PyObject* version = version_of(nullptr, out);
+    PyObject* version = nullptr;  // a fresh copy's version counter (_fresh.py)
+    if (not_fresh == 0 && nbytes > 0) {
+      version = version_of(nullptr, out);
       if (version == nullptr || version == Py_None) {
         Py_XDECREF(version);
         return false;
       }
+    }
+    if (attached) {  // Recorder.api_tail's tag and Watch.follow's entry, before the version
+      PyObject* kind = Py_XNewRef(g_ev.get(ev, EV_grad_fn));
+      const int done = kind != nullptr ? attached_finish(g_fast_rec, g_fast_watch, ev, out,
+                                                         grad_fn, kind)
+                                       : 0;
+      Py_XDECREF(kind);
+      if (done == 0) {
+        Py_XDECREF(version);
+        PyErr_Clear();
+        return false;
+      }
+      if (done < 0) swallow();  // counted; the event is still kept below
+    }
+    if (version != nullptr) {  // a fresh copy: its version counter kept
       const bool ok = keep_version(version, ev);
       Py_DECREF(version);
       if (!ok) swallow();  // counted; the event is still kept below
@@ -278,7 +299,7 @@ bool fast_event(PyObject* op, PyObject* args, PyObject* out, int64_t t0, int64_t
   PyObject* ev = PyTuple_GET_ITEM(found, 0);
   PyObject* grad_fn = PyTuple_GET_ITEM(found, 1);
   PyObject* placed = PyTuple_GET_ITEM(found, 2);
-  bool done = placed == Py_True && grad_fn == Py_None && fast_finish(op, src, out, ev);
+  bool done = placed == Py_True && fast_finish(op, src, out, ev, grad_fn);
   if (PyErr_Occurred()) swallow();
   if (!done && g_fast_tail != nullptr) {
     PyObject* r = PyObject_CallFunctionObjArgs(g_fast_tail, op, src, out, ev, grad_fn, placed,
@@ -293,7 +314,6 @@ bool fast_event(PyObject* op, PyObject* args, PyObject* out, int64_t t0, int64_t
 // A backward entry point (Tensor.backward, torch.autograd.backward/grad) on one tensor while
 // no .data write or rebinding is pending: Watch.check_backward reduced to what it does then,
 // noting the root's sequence number (Watch._note_backward). True when done.
-PyObject* g_fast_watch = nullptr;  // the Recorder's Watch
 PyObject* g_backward_op = nullptr;
 PyObject* g_backward_seq = nullptr;
 PyObject* g_writes = nullptr;

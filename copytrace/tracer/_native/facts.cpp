@@ -62,7 +62,24 @@ PyObject* device_name(const c10::Device& d) {
   return Py_NewRef(found->second);
 }
 
-PyObject* int_tuple(c10::IntArrayRef values) {
+// The last shape and the last stride tuple made, by length (up to 4 dimensions; owned): a tensor
+// like the last one gets the same tuple object again (a tuple is immutable: shared, it reads
+// the same), without allocating one tuple and its ints per event.
+constexpr size_t kTupleCache = 5;
+PyObject* g_last_shape[kTupleCache] = {};
+PyObject* g_last_stride[kTupleCache] = {};
+
+PyObject* int_tuple(c10::IntArrayRef values, PyObject** cache = nullptr) {
+  const size_t n = values.size();
+  if (cache != nullptr && n < kTupleCache && cache[n] != nullptr) {
+    PyObject* last = cache[n];
+    bool same = true;
+    for (size_t i = 0; same && i < n; ++i) {
+      PyObject* item = PyTuple_GET_ITEM(last, static_cast<Py_ssize_t>(i));
+      same = PyLong_AsLongLong(item) == values[i];
+    }
+    if (same) return Py_NewRef(last);
+  }
   PyObject* out = PyTuple_New(static_cast<Py_ssize_t>(values.size()));
   if (out == nullptr) return nullptr;
   for (size_t i = 0; i < values.size(); ++i) {
@@ -72,6 +89,11 @@ PyObject* int_tuple(c10::IntArrayRef values) {
       return nullptr;
     }
     PyTuple_SET_ITEM(out, static_cast<Py_ssize_t>(i), v);
+  }
+  if (cache != nullptr && n < kTupleCache) {
+    PyObject* old = cache[n];
+    cache[n] = Py_NewRef(out);
+    Py_XDECREF(old);
   }
   return out;
 }
@@ -93,7 +115,7 @@ PyTypeObject* g_facts_type = nullptr;
 }  // namespace
 
 // is_leaf, grad_fn, its name and fake only with with_grad_fn (else None, None, None, False).
-int read_facts(PyObject* obj, bool with_grad_fn, PyObject* items[FACT_COUNT]) {
+int read_facts(PyObject* obj, bool with_grad_fn, PyObject* items[FACT_COUNT], unsigned want) {
   for (int i = 0; i < FACT_COUNT; ++i) items[i] = nullptr;
   if (!THPVariable_CheckExact(obj)) return 0;
   try {
@@ -107,7 +129,9 @@ int read_facts(PyObject* obj, bool with_grad_fn, PyObject* items[FACT_COUNT]) {
     if (sym_bytes.is_heap_allocated()) return 0;
     const int64_t storage_bytes = sym_bytes.as_int_unchecked();
     const int64_t logical = t.numel() * static_cast<int64_t>(t.element_size());
-    items[FACT_shape] = int_tuple(t.sizes());
+    auto wanted = [want](Fact f) { return (want & (1u << f)) != 0; };
+    items[FACT_shape] =
+        wanted(FACT_shape) ? int_tuple(t.sizes(), g_last_shape) : Py_NewRef(Py_None);
     items[FACT_dtype] = dtype_name(t.scalar_type());
     items[FACT_device] = device_name(t.device());
     items[FACT_requires_grad] = new_bool(t.requires_grad());
@@ -129,10 +153,14 @@ int read_facts(PyObject* obj, bool with_grad_fn, PyObject* items[FACT_COUNT]) {
       items[FACT_grad_fn_name] = Py_NewRef(Py_None);
     }
     items[FACT_storage] = PyLong_FromVoidPtr(storage.unsafeGetStorageImpl());  // its name
-    items[FACT_storage_bytes] = PyLong_FromLongLong(storage_bytes);
-    items[FACT_logical_bytes] = PyLong_FromLongLong(logical);
-    items[FACT_offset] = PyLong_FromLongLong(t.storage_offset());
-    items[FACT_stride] = int_tuple(t.strides());
+    items[FACT_storage_bytes] =
+        wanted(FACT_storage_bytes) ? PyLong_FromLongLong(storage_bytes) : Py_NewRef(Py_None);
+    items[FACT_logical_bytes] =
+        wanted(FACT_logical_bytes) ? PyLong_FromLongLong(logical) : Py_NewRef(Py_None);
+    items[FACT_offset] =
+        wanted(FACT_offset) ? PyLong_FromLongLong(t.storage_offset()) : Py_NewRef(Py_None);
+    items[FACT_stride] =
+        wanted(FACT_stride) ? int_tuple(t.strides(), g_last_stride) : Py_NewRef(Py_None);
     items[FACT_version] =
         t.is_inference() ? Py_NewRef(Py_None) : PyLong_FromLongLong(t._version());
     items[FACT_fake] = new_bool(with_grad_fn && t.is_meta());
@@ -255,6 +283,17 @@ PyObject* py_storage_of(PyObject*, PyObject* obj) {
                          static_cast<long long>(bytes.as_int_unchecked()));
   } catch (const std::exception&) {
     Py_RETURN_NONE;
+  }
+}
+
+void* storage_impl_of(PyObject* obj) {
+  if (!THPVariable_Check(obj)) return nullptr;
+  try {
+    const at::Tensor& t = THPVariable_Unpack(obj);
+    if (!t.defined() || !t.unsafeGetTensorImpl()->has_storage()) return nullptr;
+    return t.unsafeGetTensorImpl()->storage().unsafeGetStorageImpl();
+  } catch (const std::exception&) {
+    return nullptr;
   }
 }
 

@@ -147,6 +147,10 @@ PyMethodDef g_methods[] = {
     {"span_json", FN(py_span_json), METH_FASTCALL,
      "span_json(n, trace, ids, parents, names, starts, ends, attrs, error): the spans' "
      "OTLP/JSON text and its int64 offsets"},
+    // attached.cpp
+    {"set_attached", FN(py_set_attached), METH_FASTCALL,
+     "set_attached(attached_cls, storage_ref_cls, free_weak_ref, storage_owners): the classes "
+     "an attached copy's entry is made of in C (None clears)"},
     // compiled.cpp
     {"callback_from_stance", py_callback_from_stance, METH_O,
      "copytrace's torch._dynamo.eval_frame._callback_from_stance"},

@@ -12,6 +12,7 @@
 //   steps.cpp      optimizer steps from torch's Optimizer.step# record scope
 //   frames.cpp     call sites, frame variables                              (Python only)
 //   record.cpp     an API call's whole event in one call, by the rule table (_rules.RULES)
+//   attached.cpp   an attached copy's tag, entry and call-site count in C       (Python only)
 //   watch_cb.cpp   level lean's write watch: a RecordFunction callback while a tensor is watched
 //   compiled.cpp   the compiled-call hooks                                  (*)
 //   columns.cpp    a run of event records as Arrow column buffers (export)  (Python only)
@@ -30,8 +31,10 @@
 #include <ATen/PythonTorchFunctionTLS.h>
 #endif
 #include <Python.h>
+#include <structmember.h>
 
 #include <atomic>
+#include <cstring>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -161,6 +164,44 @@ inline bool arity(Py_ssize_t nargs, Py_ssize_t want, const char* signature) {
   return false;
 }
 
+// Named __slots__ of one class, their offsets found once per class (the class held): a slot
+// read in place costs a load, where PyObject_GetAttr looks the descriptor up in the type.
+template <int N>
+struct Slots {
+  const char* const* names;  // N names
+  PyTypeObject* type = nullptr;
+  Py_ssize_t at[N] = {};
+  // Whether obj's class has every named slot (looked up now for a new class; no error set).
+  bool of(PyObject* obj) {
+    PyTypeObject* t = Py_TYPE(obj);
+    if (t == type) return true;
+    if (t->tp_members == nullptr || t->tp_dictoffset != 0) return false;
+    Py_ssize_t found[N];
+    for (int i = 0; i < N; ++i) {
+      found[i] = -1;
+      for (PyMemberDef* m = t->tp_members; m->name != nullptr; ++m)
+        if (m->type == T_OBJECT_EX && std::strcmp(m->name, names[i]) == 0) found[i] = m->offset;
+      if (found[i] < 0) return false;
+    }
+    for (int i = 0; i < N; ++i) at[i] = found[i];
+    PyTypeObject* old = type;
+    type = reinterpret_cast<PyTypeObject*>(Py_NewRef(t));
+    Py_XDECREF(old);
+    return true;
+  }
+  // slot i of obj (of(obj) true): borrowed, null while unset
+  PyObject* get(PyObject* obj, int i) const {
+    return *reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + at[i]);
+  }
+  // store value (a new reference) in slot i of obj, the old value released
+  void put(PyObject* obj, int i, PyObject* value) const {
+    PyObject** slot = reinterpret_cast<PyObject**>(reinterpret_cast<char*>(obj) + at[i]);
+    PyObject* old = *slot;
+    *slot = value;
+    Py_XDECREF(old);
+  }
+};
+
 inline PyObject* call_through(PyObject* func, PyObject* args, PyObject* kwargs) {
   if (kwargs == nullptr || kwargs == Py_None || !PyDict_Check(kwargs) ||
       PyDict_GET_SIZE(kwargs) == 0)
@@ -179,6 +220,10 @@ PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs
 PyObject* version_of(PyObject*, PyObject* obj);
 PyObject* kept_pair(PyObject* a, PyObject* b);  // (a, b), untracked when a and b are
 bool versions_init(PyObject* module);
+// A C++ autograd node as Python sees it (a THPCppFunction): its sequence number in *seq and in
+// *leaf_version (a new reference) what _api_events.leaf_version(node) reads: the version of
+// the leaf an AccumulateGrad on its first edge holds, else None. False: not such a node.
+bool node_facts(PyObject* node, long long* seq, PyObject** leaf_version);
 
 // --- lean.cpp ---------------------------------------------------------------------------------
 extern std::atomic<bool> g_wrappers_on;
@@ -221,12 +266,17 @@ enum Fact : int {
 };
 // Fills items (new references) for a plain tensor: 1; not one (the Python readers decide): 0;
 // an error set: -1 (items all null).
-int read_facts(PyObject* t, bool with_grad_fn, PyObject* items[FACT_COUNT]);
+// want: a mask of 1 << Fact of the items to read (the others are None).
+constexpr unsigned kAllFacts = (1u << FACT_COUNT) - 1;
+int read_facts(PyObject* t, bool with_grad_fn, PyObject* items[FACT_COUNT],
+               unsigned want = kAllFacts);
 PyObject* copy_slots(PyObject*, PyObject* proto);
 bool facts_init(PyObject* module);
 // A tensor's grad_fn's sequence number in *seq (-1: no grad_fn; unchanged: not a tensor);
 // false where reading it failed.
 bool grad_fn_sequence_nr(PyObject* t, long long* seq);
+// The StorageImpl of tensor t's storage (as storage_of reads it), or null where it has none.
+void* storage_impl_of(PyObject* t);
 
 // --- frames.cpp -------------------------------------------------------------------------------
 PyObject* call_site(PyObject*, PyObject* const* argv, Py_ssize_t nargs);
@@ -241,6 +291,12 @@ bool record_init(PyObject* module);
 extern PyObject* g_rule_watched;
 extern PyObject* g_rule_not_fresh;
 extern PyObject* g_rule_alias_watched;
+
+// --- attached.cpp -----------------------------------------------------------------------------
+// An attached copy's end in C (api_mode.cpp's fast_finish): 1 done, 0 left to Python (nothing
+// changed), -1 an error set (part done: the caller counts it and keeps the event).
+int attached_finish(PyObject* rec, PyObject* watch, PyObject* ev, PyObject* out,
+                    PyObject* grad_fn, PyObject* kind);
 
 // --- compiled.cpp -----------------------------------------------------------------------------
 extern __thread bool tls_cfs_thread;
@@ -288,6 +344,8 @@ COPYTRACE_FAST(py_record_setup) COPYTRACE_O(py_set_record_rules)
 // watch_cb.cpp
 COPYTRACE_FAST(py_watch_tensor) COPYTRACE_FAST(py_unwatch) COPYTRACE_O(py_set_watch_hook)
 COPYTRACE_NOARGS(py_watched)
+// attached.cpp
+COPYTRACE_FAST(py_set_attached)
 // compiled.cpp
 COPYTRACE_O(py_callback_from_stance) COPYTRACE_FAST(py_cfs_install) COPYTRACE_O(py_cfs_begin)
 COPYTRACE_NOARGS(py_compiled_enter) COPYTRACE_FAST(py_compiled_backward)

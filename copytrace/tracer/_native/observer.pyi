@@ -160,6 +160,16 @@ def set_fast_api(
     """The one-call path: ops whose call with no keywords on an exact `types` first argument
     goes to after(op, args, result, error type, t0, t1, aten names)."""
 
+def set_attached(
+    attached_cls: type | None,
+    storage_ref_cls: type | None,
+    free_weak_ref: Callable[[int], object] | None,
+    storage_owners: Callable[[int], int] | None,
+    /,
+) -> None:
+    """The classes an attached copy's entry (``_Attached``, its ``StorageRef``) is made of in
+    C, and the callables a StorageRef holds; None clears."""
+
 def set_fast_events(
     rec: Any | None,
     copies: Any | None,

@@ -202,7 +202,13 @@ PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
     PyObject* items[FACT_COUNT] = {};
     ~Facts() { for (PyObject* o : items) Py_XDECREF(o); }
   } fs, fo;
-  if (read_facts(src, false, fs.items) != 1 || read_facts(out, true, fo.items) != 1)
+  // only the facts read below: the source's shape and byte counts, the result's offset and
+  // stride are no field of the event
+  constexpr unsigned kSrcFacts = kAllFacts & ~((1u << FACT_shape) | (1u << FACT_storage_bytes) |
+                                               (1u << FACT_logical_bytes));
+  constexpr unsigned kOutFacts = kAllFacts & ~((1u << FACT_offset) | (1u << FACT_stride));
+  if (read_facts(src, false, fs.items, kSrcFacts) != 1 ||
+      read_facts(out, true, fo.items, kOutFacts) != 1)
     Py_RETURN_NONE;
   auto S = [&](Fact i) { return fs.items[i]; };
   auto O = [&](Fact i) { return fo.items[i]; };

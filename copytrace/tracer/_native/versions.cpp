@@ -17,6 +17,7 @@
 // grad_fn_ref(node) makes the same weak pointer from a node as Python sees it (a C++ node's
 // THPCppFunction, e.g. ToCopyBackward0: copytrace/tracer/_node_tags.py); None for a Python
 // Function's node.
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_variable.h>
 
@@ -122,6 +123,30 @@ PyObject* py_grad_fn_ref(PyObject*, PyObject* obj) {
   } catch (const std::exception&) {
     Py_RETURN_NONE;
   }
+}
+
+bool node_facts(PyObject* node, long long* seq, PyObject** leaf_version) {
+  if (!torch::autograd::THPCppFunction_Check(node)) return false;
+  const auto& fn = reinterpret_cast<torch::autograd::THPCppFunction*>(node)->cdata;
+  if (!fn) return false;
+  PyObject* version = nullptr;
+  try {
+    // node.next_functions[0][0].variable._version: the leaf an AccumulateGrad holds
+    const auto* acc = fn->num_outputs() > 0 ? dynamic_cast<const torch::autograd::AccumulateGrad*>(
+                                                  fn->next_edge(0).function.get())
+                                            : nullptr;
+    if (acc != nullptr && acc->variable.defined())
+      version = PyLong_FromLongLong(acc->variable._version());
+  } catch (const std::exception&) {  // an inference tensor: no version counter
+    version = nullptr;
+  }
+  if (version == nullptr) {
+    if (PyErr_Occurred()) return false;
+    version = Py_NewRef(Py_None);
+  }
+  *seq = static_cast<long long>(fn->sequence_nr());
+  *leaf_version = version;
+  return true;
 }
 
 PyObject* py_grad_fn_of(PyObject*, PyObject* obj) {
