@@ -761,6 +761,36 @@ def test_copy_construct_from_tensor_is_one_detached_copy_with_warning(
     assert "detach().clone()" in str(seen[0].message)
 
 
+# u.new_tensor(data) copies data and takes only u's dtype and device: what was copied, and
+# whether the copy cut a graph, are data's facts, whatever u is.
+@pytest.mark.parametrize(
+    "owner_grad, data_grad, build",
+    [
+        (False, True, lambda u, d: u.new_tensor(d)),  # a graph tensor copied out of its graph
+        (True, False, lambda u, d: u.new_tensor(d)),  # the near miss: nothing cut
+        (False, True, lambda u, d: u.new_tensor([d[0], d[1], d[2]])),  # its 0-d elements
+    ],
+)
+def test_new_tensor_records_its_data_not_its_owner(
+    owner_grad: bool, data_grad: bool, build: Callable[..., torch.Tensor]
+) -> None:
+    owner = torch.zeros(5, dtype=torch.float64, requires_grad=owner_grad)
+    data = torch.ones(3, requires_grad=True) * 2 if data_grad else torch.ones(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = build(owner, data)
+        t, built = run_traced(lambda: build(owner, data))
+    assert torch.equal(built, expected) and built.dtype == torch.float64  # the owner's dtype
+    ev = only_event(t)
+    assert ev.op == "new_tensor" and ev.shape == (3,)
+    assert ev.bytes_allocated == 24  # 3 float64
+    assert ev.src_dtype == "float32" and ev.dtype == "float64"  # data's dtype, then owner's
+    assert ev.src_requires_grad is data_grad
+    assert ev.graph == ("detached" if data_grad else "none")
+    (finding,) = hazards(t, "tensor-ctor-copy")
+    assert ("cuts it from the autograd graph" in finding.message) is data_grad
+
+
 def _construct(src: torch.Tensor) -> torch.Tensor:
     return torch.tensor(src)  # the warning belongs to this line
 

@@ -48,11 +48,10 @@ def _refuse_sequence(t: Target, data: cst.BaseExpression) -> None:
     dimensions above its first tensor's (``torch.tensor([a, b, c])`` of 0-d tensors: shape
     ``(3,)``, its recorded source ``a``, strides ``()``), so a recorded result whose number of
     dimensions differs from its source's names a sequence even behind a variable
-    (``torch.tensor(parts)``; a ``new_tensor`` event's source is its owner, so only its
-    argument's syntax counts). ``parts.detach()`` would raise; ``torch.stack(parts)`` keeps the
-    graph, which changes the gradients: a change left to the user."""
+    (``torch.tensor(parts)``, ``u.new_tensor(parts)``). ``parts.detach()`` would raise;
+    ``torch.stack(parts)`` keeps the graph, which changes the gradients: left to the user."""
     if isinstance(data, _SEQUENCE_NODES) or any(
-        e.op == "tensor_ctor" and len(e.shape or ()) != len(e.src_stride or ()) for e in t.events
+        len(e.shape or ()) != len(e.src_stride or ()) for e in t.events
     ):
         raise Refuse("a sequence of tensors is read value by value: no `.detach()` of it; "
                      "`torch.stack` keeps the graph and so changes the gradients")  # fmt: skip
