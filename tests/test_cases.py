@@ -761,6 +761,36 @@ def test_copy_construct_from_tensor_is_one_detached_copy_with_warning(
     assert "detach().clone()" in str(seen[0].message)
 
 
+# u.new_tensor(data) copies data and takes only u's dtype and device: what was copied, and
+# whether the copy cut a graph, are data's facts, whatever u is.
+@pytest.mark.parametrize(
+    "owner_grad, data_grad, build",
+    [
+        (False, True, lambda u, d: u.new_tensor(d)),  # a graph tensor copied out of its graph
+        (True, False, lambda u, d: u.new_tensor(d)),  # the near miss: nothing cut
+        (False, True, lambda u, d: u.new_tensor([d[0], d[1], d[2]])),  # its 0-d elements
+    ],
+)
+def test_new_tensor_records_its_data_not_its_owner(
+    owner_grad: bool, data_grad: bool, build: Callable[..., torch.Tensor]
+) -> None:
+    owner = torch.zeros(5, dtype=torch.float64, requires_grad=owner_grad)
+    data = torch.ones(3, requires_grad=True) * 2 if data_grad else torch.ones(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        expected = build(owner, data)
+        t, built = run_traced(lambda: build(owner, data))
+    assert torch.equal(built, expected) and built.dtype == torch.float64  # the owner's dtype
+    ev = only_event(t)
+    assert ev.op == "new_tensor" and ev.shape == (3,)
+    assert ev.bytes_allocated == 24  # 3 float64
+    assert ev.src_dtype == "float32" and ev.dtype == "float64"  # data's dtype, then owner's
+    assert ev.src_requires_grad is data_grad
+    assert ev.graph == ("detached" if data_grad else "none")
+    (finding,) = hazards(t, "tensor-ctor-copy")
+    assert ("cuts it from the autograd graph" in finding.message) is data_grad
+
+
 def _construct(src: torch.Tensor) -> torch.Tensor:
     return torch.tensor(src)  # the warning belongs to this line
 
@@ -1407,7 +1437,8 @@ def _combine_losses(how: str) -> tuple[float, list[float]]:
     parts = [layer(x).softmax(-1).mean(0).var() for layer in layers]  # each 0-d, needs grad
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's scalar-conversion warning for the list form
-        aux = torch.tensor(parts).sum() if how == "tensor" else torch.stack(parts).sum()
+        build = {"tensor": torch.tensor, "as_tensor": torch.as_tensor, "stack": torch.stack}[how]
+        aux = build(parts).sum()
     if aux.requires_grad:
         aux.backward()
     grads = [float(layer.weight.grad.abs().sum()) if layer.weight.grad is not None else 0.0
@@ -1434,6 +1465,24 @@ def test_stack_of_graph_tensors_and_tensor_of_floats_are_not_flagged() -> None:
     assert [e for e in t.events if e.op == "tensor_ctor"] == []
     t, _ = run_traced(lambda: torch.tensor([0.5, 2.0]))  # from Python floats
     assert hazards(t, "tensor-ctor-copy") == []
+
+
+def test_as_tensor_of_a_list_of_graph_tensors_runs_as_untraced() -> None:
+    untraced = _combine_losses("as_tensor")
+    _, traced = run_traced(lambda: _combine_losses("as_tensor"))
+    assert traced == untraced and traced[1] == [0.0, 0.0, 0.0]  # cut like torch.tensor's
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="torch.as_tensor is not a recorded call: reading a list of tensors that require "
+    "grad, it copies their values and cuts their graph as torch.tensor does, unrecorded",
+)
+def test_as_tensor_of_a_list_of_graph_tensors_is_a_detached_copy() -> None:
+    t, _ = run_traced(lambda: _combine_losses("as_tensor"))
+    (ev,) = [e for e in t.events if e.op == "as_tensor"]
+    assert ev.bytes_allocated == 12  # 3 float32
+    assert ev.graph == "detached" and ev.src_requires_grad is True
 
 
 # --------------------------------------------------------------------------------------------

@@ -361,3 +361,33 @@ def test_a_contiguous_that_never_copied_is_kept(tmp_path: Path) -> None:
     assert plan.fixes == [] and plan.files == {}
     reasons = [u.reason for u in plan.unfixed if u.finding.code == "noop-conversion"]
     assert reasons and "`.contiguous()` is kept" in reasons[0]
+
+
+# torch.tensor / new_tensor of a sequence of tensors reads their values one by one: such a
+# call has no `.detach()` rewrite (the list has none), behind a name as in a literal
+SEQUENCES = """\
+import torch
+
+w = torch.ones(3, requires_grad=True)
+for step in range(2):
+    parts = [w[0] * 2, w[1] * 3, w[2] * 4]
+    by_name = torch.tensor(parts)
+    literal = torch.tensor([parts[0], parts[1]])
+    owned = w.new_tensor((parts[2], parts[0]))
+    single = torch.tensor(parts[0])
+print(by_name.tolist(), literal.tolist(), owned.tolist(), single.item())
+"""
+
+
+def test_tensor_of_a_sequence_of_tensors_gets_no_patch(tmp_path: Path) -> None:
+    root = _project(tmp_path, "seq", SEQUENCES)
+    _trace(root, "train.py", "out")
+    plan = plan_fixes(root / "out", root=root)
+    why = {int(u.finding.call_sites[0].split(":")[1].split()[0]): u.reason
+           for u in plan.unfixed if u.finding.code == "tensor-ctor-copy"}  # fmt: skip
+    assert sorted(why) == [6, 7, 8]  # by name, literal list, new_tensor of a tuple
+    assert all("a sequence of tensors is read value by value" in r for r in why.values())
+    # the near miss: the one tensor of line 9 is still rewritten, and only it
+    assert [(f.finding.code, f.line) for f in plan.fixes] == [("tensor-ctor-copy", 9)]
+    new = plan.files["train.py"][1]
+    assert new == SEQUENCES.replace("torch.tensor(parts[0])", "parts[0].detach().clone()")

@@ -37,6 +37,24 @@ def _edit(src: Source, old: cst.CSTNode, new: cst.CSTNode) -> Edit:
 
 # --- tensor-ctor-copy ------------------------------------------------------------------------
 _CTOR_KEYWORDS = ("dtype", "device", "requires_grad")
+#: literal sequences: ``torch.tensor([a, b])`` reads the tensors' values, it has no ``.detach()``
+_SEQUENCE_NODES = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)
+
+
+def _refuse_sequence(t: Target, data: cst.BaseExpression) -> None:
+    """Raise :class:`Refuse` where the constructor read a (nested) list or tuple of tensors.
+
+    ``torch.tensor(t)`` keeps ``t``'s shape; a sequence of n tensors gives a result one or more
+    dimensions above its first tensor's (``torch.tensor([a, b, c])`` of 0-d tensors: shape
+    ``(3,)``, its recorded source ``a``, strides ``()``), so a recorded result whose number of
+    dimensions differs from its source's names a sequence even behind a variable
+    (``torch.tensor(parts)``, ``u.new_tensor(parts)``). ``parts.detach()`` would raise;
+    ``torch.stack(parts)`` keeps the graph, which changes the gradients: left to the user."""
+    if isinstance(data, _SEQUENCE_NODES) or any(
+        len(e.shape or ()) != len(e.src_stride or ()) for e in t.events
+    ):
+        raise Refuse("a sequence of tensors is read value by value: no `.detach()` of it; "
+                     "`torch.stack` keeps the graph and so changes the gradients")  # fmt: skip
 
 
 def tensor_ctor_copy(t: Target, src: Source) -> Edit:
@@ -49,6 +67,7 @@ def tensor_ctor_copy(t: Target, src: Source) -> Edit:
     pos = [a for a in call.args if a.keyword is None]
     if len(pos) != 1 or pos[0].star:
         raise Refuse("torch.tensor call without exactly one positional argument")
+    _refuse_sequence(t, pos[0].value)
     kws = {a.keyword.value: a.value for a in call.args if a.keyword is not None}
     other = sorted(set(kws) - set(_CTOR_KEYWORDS))
     if other:
@@ -72,6 +91,7 @@ def _new_tensor(t: Target, src: Source) -> Edit:
         raise Refuse("`.new_tensor` on an expression (it would be evaluated in another order)")
     if len(call.args) != 1 or call.args[0].keyword is not None or call.args[0].star:
         raise Refuse("`.new_tensor` with options (dtype, device...) is left as it is")
+    _refuse_sequence(t, call.args[0].value)
     data = parened(call.args[0].value)
     new = attr_call(attr_call(data, "detach"), "to", [cst.Arg(owner), kwarg("copy", cst.Name("True"))])
     return _edit(src, call, _with_commas(new))

@@ -53,6 +53,7 @@ _NO_KWARGS: dict[str, Any] = {}
 # Ops whose event's result is their first argument: dst.copy_(src) writes into dst;
 # dst.data = src rebinds dst to src's storage; swap_tensors(dst, src) exchanges payloads.
 _DST_FIRST = frozenset(("copy_", "data_set", "swap_tensors"))
+_FROM_DATA = ("tensor_ctor", "new_tensor")  # ops that read their data argument value by value
 _NO_TENSOR_RESULT = ("numpy", "copy_", "data_set")  # ops whose result may be no tensor
 _WRITES_INTO = RULES.writes_into
 _ALWAYS_ALIAS = RULES.always_alias
@@ -187,8 +188,10 @@ class ApiEvents:
             out = dst
         else:
             src = args[0] if args else None
+            if op == "new_tensor":  # u.new_tensor(data) copies data; u gives dtype and device
+                src = args[1] if len(args) > 1 else kwargs.get("data")
             if not isinstance(src, _Tensor):
-                if op == "tensor_ctor" and isinstance(src, (list, tuple)):
+                if op in _FROM_DATA and isinstance(src, (list, tuple)):
                     src = _first_tensor(src)  # torch.tensor([t1, t2]): copies each tensor
                 if not isinstance(src, _Tensor):
                     return  # torch.tensor([1, 2]), torch.clone(x=...) etc.: no tensor input

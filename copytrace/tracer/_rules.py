@@ -271,9 +271,10 @@ STORAGE_MOVES = frozenset(("share_memory_",))
 _BEFORE_OPS = frozenset(("backward", "deepcopy", "index", "detach_", "numpy"))
 # Fast ops whose whole event the observer may finish in C (api_mode.cpp's fast_event): not
 # those _record_api reads differently (a write into a tensor, a rebinding) nor the gathers (a fresh copy watched
-# by identity, _fresh.py).
+# by identity, _fresh.py), nor new_tensor, whose source is its data argument, not its first
+# (the C path reads args[0]: `u.new_tensor(t)` would name u, the owner, as what was copied).
 _NOT_C_EVENT_OPS = frozenset(
-    ("copy_", "data_set", "data_get", "swap_tensors", *STORAGE_MOVES)
+    ("copy_", "data_set", "data_get", "swap_tensors", "new_tensor", *STORAGE_MOVES)
 ) | frozenset(INDEX_OPS)
 
 # public names for the modules that read the rules
