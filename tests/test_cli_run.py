@@ -133,6 +133,29 @@ def test_run_gives_the_script_an_absolute_file_path(tmp_path):
     assert proc.stdout.strip() == "42"
 
 
+def test_run_gives_the_script_argv_and_main_module_as_python_does(tmp_path):
+    script = tmp_path / "who.py"
+    script.write_text(
+        "import sys\n"
+        "print(sys.argv)\n"
+        "print(type(__loader__).__name__, __spec__, __file__ == sys.modules['__main__'].__file__)\n"
+    )
+    plain = subprocess.run(
+        [sys.executable, "who.py", "--flag", "x"],
+        capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    traced = subprocess.run(
+        [sys.executable, "-m", "copytrace", "run", "--no-report", "-o", str(tmp_path / "o"),
+         "who.py", "--flag", "x"],
+        capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert plain.returncode == traced.returncode == 0, traced.stderr
+    # python keeps argv[0] as typed while __file__ is absolute, and gives __main__ the
+    # loader that read it.
+    assert plain.stdout == "['who.py', '--flag', 'x']\nSourceFileLoader None True\n"
+    assert traced.stdout == plain.stdout
+
+
 def test_ctrl_c_exit_status_is_the_same_traced(tmp_path):
     script = tmp_path / "ki.py"
     script.write_text("import torch\ntorch.ones(2).clone()\nraise KeyboardInterrupt\n")
