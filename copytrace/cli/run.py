@@ -327,7 +327,11 @@ def _run_script(target: str) -> dict[str, Any]:
     chdir), ``sys.argv[0]`` stays as typed (``runpy.run_path`` would make it absolute),
     ``__loader__`` is a ``SourceFileLoader`` and ``__spec__`` None (``run_path``: None
     and None). A zip application goes through ``runpy.run_path``, as python's zipimport.
-    While it runs, ``sys.modules["__main__"]`` is the script's module.
+    ``sys.modules["__main__"]`` is the script's module from then on, as under python: its
+    ``atexit`` handlers find its globals there (``run_path`` puts copytrace's back, and a
+    class of the script no longer pickles at exit). Its ``__file__`` and ``__cached__``
+    go when it ends, or fails, as CPython's ``_PyRun_SimpleFileObject`` drops them; a
+    ``SystemExit`` leaves them (python exits from inside the run).
     """
     path = os.path.abspath(target)
     if zipfile.is_zipfile(path):
@@ -340,13 +344,17 @@ def _run_script(target: str) -> dict[str, Any]:
         __loader__=importlib.machinery.SourceFileLoader("__main__", path),
         __builtins__=builtins,
     )  # fmt: skip
-    saved_main = sys.modules.get("__main__")
     sys.modules["__main__"] = module
+    exiting = False
     try:
         exec(code, module.__dict__)
+    except SystemExit:
+        exiting = True
+        raise
     finally:
-        if saved_main is not None:
-            sys.modules["__main__"] = saved_main
+        if not exiting:  # python drops them when the script ends, unless it exits inside
+            module.__dict__.pop("__file__", None)
+            module.__dict__.pop("__cached__", None)
     return module.__dict__
 
 
