@@ -25,6 +25,9 @@ def _copytrace(*args: str) -> subprocess.CompletedProcess[str]:
          "copytrace run: error: unrecognized arguments: --bogus (see copytrace run --help)"),
         (("--bogus", "report", "t"),
          "copytrace: error: unrecognized arguments: --bogus (see copytrace --help)"),
+        # an unknown flag alone: the flag is named, not the missing command
+        (("--bogus",),
+         "copytrace: error: unrecognized arguments: --bogus (see copytrace --help)"),
         (("report", "t", "--bogus", "-x"),
          "copytrace report: error: unrecognized arguments: --bogus -x "
          "(see copytrace report --help)"),

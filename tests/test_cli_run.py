@@ -133,6 +133,56 @@ def test_run_gives_the_script_an_absolute_file_path(tmp_path):
     assert proc.stdout.strip() == "42"
 
 
+def test_run_gives_the_script_argv_and_main_module_as_python_does(tmp_path):
+    script = tmp_path / "who.py"
+    script.write_text(
+        "import sys\n"
+        "print(sys.argv)\n"
+        "print(type(__loader__).__name__, __spec__, __file__ == sys.modules['__main__'].__file__)\n"
+    )
+    plain = subprocess.run(
+        [sys.executable, "who.py", "--flag", "x"],
+        capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    traced = subprocess.run(
+        [sys.executable, "-m", "copytrace", "run", "--no-report", "-o", str(tmp_path / "o"),
+         "who.py", "--flag", "x"],
+        capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert plain.returncode == traced.returncode == 0, traced.stderr
+    # python keeps argv[0] as typed while __file__ is absolute, and gives __main__ the
+    # loader that read it.
+    assert plain.stdout == "['who.py', '--flag', 'x']\nSourceFileLoader None True\n"
+    assert traced.stdout == plain.stdout
+
+
+@pytest.mark.parametrize("end, has_file", [("", False), ("sys.exit(0)\n", True)])
+def test_run_leaves_the_script_as_main_for_its_atexit_handlers(tmp_path, end, has_file):
+    script = tmp_path / "bye.py"
+    script.write_text(
+        "import atexit, pickle, sys\n"
+        "class Config:\n    pass\n"
+        "def save():\n"  # a handler that pickles an object of a class the script defines
+        "    main = sys.modules['__main__']\n"
+        "    print(hasattr(main, '__file__'), type(pickle.loads(pickle.dumps(Config()))) is Config)\n"
+        "atexit.register(save)\n" + end
+    )
+    plain = subprocess.run(
+        [sys.executable, "bye.py"],
+        capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    traced = subprocess.run(
+        [sys.executable, "-m", "copytrace", "run", "--no-report", "-o", str(tmp_path / "o"),
+         "bye.py"],
+        capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert plain.returncode == traced.returncode == 0, traced.stderr
+    # python drops __main__.__file__ when the script ends, but not when it exits inside it
+    # (SystemExit ends the process from within the run); pickle finds Config in __main__.
+    assert plain.stdout == f"{has_file} True\n", plain.stderr
+    assert traced.stdout == plain.stdout, traced.stderr
+
+
 def test_ctrl_c_exit_status_is_the_same_traced(tmp_path):
     script = tmp_path / "ki.py"
     script.write_text("import torch\ntorch.ones(2).clone()\nraise KeyboardInterrupt\n")

@@ -73,6 +73,11 @@ class _Parser(argparse.ArgumentParser):
         """As argparse's, except that arguments no parser knows are blamed on the
         subcommand they were given to (``copytrace run``), not on ``copytrace``."""
         args = list(sys.argv[1:] if args is None else args)
+        first = args[0].split("=", 1)[0] if args else ""
+        if first not in ("-", "--") and first.startswith("-"):
+            if not any(opt.startswith(first) for opt in self._option_string_actions):
+                # argparse would only say that COMMAND is missing
+                self.error(f"unrecognized arguments: {args[0]}")
         parsed, extras = self.parse_known_args(args, namespace)
         if extras:
             where = self._subparser(args, args.index(extras[0]) if extras[0] in args else 0)

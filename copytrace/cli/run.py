@@ -27,11 +27,16 @@ permission), one line says so and the program runs without it.
 from __future__ import annotations
 
 import argparse
+import builtins
 import gc
+import importlib.machinery
+import io
 import os
 import runpy
 import sys
 import traceback
+import types
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -300,8 +305,7 @@ def _run_program(
         if is_module:
             kept = runpy.run_module(target, run_name="__main__", alter_sys=True)
         else:
-            # An absolute path, as python itself gives __main__.__file__ (a script may chdir).
-            kept = runpy.run_path(os.path.abspath(target), run_name="__main__")
+            kept = _run_script(target)
     except SystemExit as exc:  # an exit status, not an error (as under COPYTRACE=1)
         return _exit_status(exc.code), exc, None
     except KeyboardInterrupt as exc:  # as python prints it; the status is SIGINT's
@@ -314,6 +318,44 @@ def _run_program(
     finally:
         sys.path[:] = saved_path
     return 0, kept, None
+
+
+def _run_script(target: str) -> dict[str, Any]:
+    """Run the script file ``target`` as ``python target`` does, and return its globals.
+
+    As python: ``__main__.__file__`` and the code's file name are absolute (a script may
+    chdir), ``sys.argv[0]`` stays as typed (``runpy.run_path`` would make it absolute),
+    ``__loader__`` is a ``SourceFileLoader`` and ``__spec__`` None (``run_path``: None
+    and None). A zip application goes through ``runpy.run_path``, as python's zipimport.
+    ``sys.modules["__main__"]`` is the script's module from then on, as under python: its
+    ``atexit`` handlers find its globals there (``run_path`` puts copytrace's back, and a
+    class of the script no longer pickles at exit). Its ``__file__`` and ``__cached__``
+    go when it ends, or fails, as CPython's ``_PyRun_SimpleFileObject`` drops them; a
+    ``SystemExit`` leaves them (python exits from inside the run).
+    """
+    path = os.path.abspath(target)
+    if zipfile.is_zipfile(path):
+        return runpy.run_path(path, run_name="__main__")
+    with io.open_code(path) as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)  # bytes: its coding line
+    module = types.ModuleType("__main__")
+    module.__dict__.update(
+        __file__=path, __cached__=None, __package__=None, __spec__=None,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+        __builtins__=builtins,
+    )  # fmt: skip
+    sys.modules["__main__"] = module
+    exiting = False
+    try:
+        exec(code, module.__dict__)
+    except SystemExit:
+        exiting = True
+        raise
+    finally:
+        if not exiting:  # python drops them when the script ends, unless it exits inside
+            module.__dict__.pop("__file__", None)
+            module.__dict__.pop("__cached__", None)
+    return module.__dict__
 
 
 def _print_program_traceback() -> None:
