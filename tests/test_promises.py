@@ -155,22 +155,28 @@ class _ProgramClock:
         self.ns += round(seconds * 1e9)
 
 
+def _timed_steps(t: Any, clock: _ProgramClock, seconds: list[float]) -> list[int]:
+    """One step per entry of ``seconds``, each a clone and that long on ``clock``; the flush
+    count after each step's boundary."""
+    x = torch.ones(4)
+    flushes = []
+    for step_s in seconds:
+        x.clone()
+        clock.advance(step_s)
+        t.step()
+        flushes.append(t.stats["flushes"])
+    return flushes
+
+
 def test_flush_seconds_flushes_at_the_next_step_boundary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = _ProgramClock(monkeypatch)
-    x = torch.ones(4)
     with copytrace.trace(tmp_path, flush_events=10**6, flush_seconds=0.2) as t:
-        for _ in range(3):  # each step lasts 0.25 s > flush_seconds: a flush at each end
-            x.clone()
-            clock.advance(0.25)
-            t.step()
-        for _ in range(5):  # 5 steps of 0.035 s: the last ends 0.175 s after the last flush
-            x.clone()
-            clock.advance(0.035)
-            t.step()
-        flushes_before_stop = t.stats["flushes"]
-    assert flushes_before_stop == 3
+        # 3 steps of 0.25 s > flush_seconds: a flush at each end; then 5 steps of 0.035 s:
+        # the last ends 0.175 s after the last flush, none
+        flushes = _timed_steps(t, clock, [0.25] * 3 + [0.035] * 5)
+    assert flushes == [1, 2, 3, 3, 3, 3, 3, 3]
     (run,) = copytrace.load_trace(t.trace_path).runs
     assert run.attrs["copytrace.flushes"] == 3
     assert len(run.events) == 8 and len(run.steps) == 9
@@ -181,14 +187,9 @@ def test_flush_seconds_is_due_once_it_has_passed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     clock = _ProgramClock(monkeypatch)
-    x = torch.ones(4)
     with copytrace.trace(tmp_path, flush_events=10**6, flush_seconds=0.2) as t:
-        flushes = []
-        for seconds in (0.1, 0.1, 0.05, 0.149, 0.001):  # 0.2 s reached at the 2nd and 5th ends
-            x.clone()
-            clock.advance(seconds)
-            t.step()
-            flushes.append(t.stats["flushes"])
+        # 0.2 s since the last flush reached at the 2nd and the 5th step's end, exactly
+        flushes = _timed_steps(t, clock, [0.1, 0.1, 0.05, 0.149, 0.001])
     assert flushes == [0, 1, 1, 1, 2]
 
 
