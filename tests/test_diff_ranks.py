@@ -110,8 +110,8 @@ def test_ranks_json(run_dir: Path, capsys: pytest.CaptureFixture) -> None:
     assert (against["base_rank"], against["new_rank"]) == (median, slow)
     # rank 1's conversion: added when rank 1 is the slowest (compared against rank 0),
     # removed when rank 0 is
-    side, found = ("added", "removed") if slow == "1" else ("removed", "added")
-    assert against["diff"][found] == []
+    side, other = ("added", "removed") if slow == "1" else ("removed", "added")
+    assert against["diff"][other] == []
     (conversion,) = against["diff"][side]
     assert (conversion["line"], conversion["code"]) == (_program_line("big.double()"),
                                                        "b = big.double()")  # fmt: skip
