@@ -147,7 +147,7 @@ def test_ranks_terminal(run_dir: Path, capsys: pytest.CaptureFixture) -> None:
 
 
 def _stretch_clones(run_dir: Path, into: Path, rank: str, by_ns: int) -> None:
-    """Copy the run's trace files (and kept sources) into ``into``, each of ``rank``'s clone
+    """Copy the run's trace files (and sources kept) into ``into``, each of ``rank``'s clone
     spans ``by_ns`` longer, as a loaded machine stretches a copy; without the columnar
     sidecar, so the JSON is read."""
     cache = into / ".copytrace-cache"
@@ -165,7 +165,8 @@ def _stretch_clones(run_dir: Path, into: Path, rank: str, by_ns: int) -> None:
                 lines[k] = json.dumps(req)
         (into / src.name).write_bytes(gzip.compress(("\n".join(lines) + "\n").encode()))
         kept = run_dir / ".copytrace-cache" / f"{src.name}.sources.json"
-        (cache / kept.name).write_bytes(kept.read_bytes())
+        if kept.is_file():  # kept by an earlier diff; else the diff reads prog.py itself
+            (cache / kept.name).write_bytes(kept.read_bytes())
 
 
 def test_ranks_when_rank_0_copies_slowest(
