@@ -71,8 +71,10 @@ def _window_report(path: Path | None, window: tuple[int, int]) -> None:
     atexit.unregister(_wait_for_window_reports)
     atexit.register(_wait_for_window_reports)
     thread = threading.Thread(target=write, name="copytrace-window-report", daemon=True)
-    _WINDOW_REPORTS.append(thread)
+    # started before it is listed: the wait (Trace.stop, atexit) runs on another thread and
+    # can come in between; it must never find a thread not yet started (join would raise)
     thread.start()
+    _WINDOW_REPORTS.append(thread)
 
 
 #: The window reports being written (:func:`_window_report`): :meth:`Trace.stop` waits for

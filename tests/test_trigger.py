@@ -453,3 +453,32 @@ def test_trigger_imports_nothing_heavy_and_signals_a_real_armed_process(tmp_path
     # signalled in step 0 (before the first t.step()); the window opens at the next
     # boundary: steps 1..2, i.e. (1, 3)
     assert rest == "windows [(1, 3)]\n"
+
+
+def test_a_wait_for_the_window_reports_between_their_listing_and_start_joins_no_unstarted_one(
+    tmp_path, monkeypatch
+):
+    # the window's report is started on the export thread while Trace.stop (or atexit) may
+    # already wait for the reports on the main thread: here the wait runs right when the
+    # report's thread is being started (on a loaded machine it did: "cannot join thread
+    # before it is started", from the atexit wait)
+    import threading
+    import types
+
+    import _tracegen
+
+    from copytrace import _trace
+
+    class WaitedForAtItsStart(threading.Thread):
+        def start(self):
+            _trace._wait_for_window_reports()
+            super().start()
+
+    # only the report's thread, as _trace makes it (no other thread of the process)
+    monkeypatch.setattr(_trace, "threading", types.SimpleNamespace(Thread=WaitedForAtItsStart))
+    monkeypatch.delenv("COPYTRACE_REPORT", raising=False)
+    path = _tracegen.write_trace(tmp_path)
+    _trace._window_report(path, (3, 5))
+    _trace._wait_for_window_reports()  # the one that joins it
+    assert _trace._WINDOW_REPORTS == []
+    assert (tmp_path / "report.html").is_file()
