@@ -71,15 +71,17 @@ def _window_report(path: Path | None, window: tuple[int, int]) -> None:
     atexit.unregister(_wait_for_window_reports)
     atexit.register(_wait_for_window_reports)
     thread = threading.Thread(target=write, name="copytrace-window-report", daemon=True)
-    # started before it is listed: the wait (Trace.stop, atexit) runs on another thread and
-    # can come in between; it must never find a thread not yet started (join would raise)
-    thread.start()
-    _WINDOW_REPORTS.append(thread)
+    # started and listed as one step: the wait (Trace.stop, atexit) runs on another thread
+    # and must neither join a thread not yet started (join raises) nor miss one starting
+    with _WINDOW_REPORTS_LOCK:
+        thread.start()
+        _WINDOW_REPORTS.append(thread)
 
 
 #: The window reports being written (:func:`_window_report`): :meth:`Trace.stop` waits for
 #: them, so that a process that ends right after a window still writes its report.
 _WINDOW_REPORTS: list[threading.Thread] = []
+_WINDOW_REPORTS_LOCK = threading.RLock()
 
 
 def _wait_for_window_reports() -> None:
@@ -94,8 +96,11 @@ def _wait_for_window_reports() -> None:
     except _env.SettingError:
         wait = _env.DEFAULT_REPORT_WAIT_S
     deadline = time.monotonic() + wait
-    while _WINDOW_REPORTS:
-        thread = _WINDOW_REPORTS.pop(0)
+    while True:
+        with _WINDOW_REPORTS_LOCK:
+            if not _WINDOW_REPORTS:
+                return
+            thread = _WINDOW_REPORTS.pop(0)
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
             print(f"copytrace: a window's report was not written within {wait:g} s",

@@ -455,7 +455,7 @@ def test_trigger_imports_nothing_heavy_and_signals_a_real_armed_process(tmp_path
     assert rest == "windows [(1, 3)]\n"
 
 
-def test_a_wait_for_the_window_reports_between_their_listing_and_start_joins_no_unstarted_one(
+def test_a_wait_for_the_window_reports_while_one_starts_joins_it_once_started(
     tmp_path, monkeypatch
 ):
     # the window's report is started on the export thread while Trace.stop (or atexit) may
@@ -469,9 +469,21 @@ def test_a_wait_for_the_window_reports_between_their_listing_and_start_joins_no_
 
     from copytrace import _trace
 
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            _trace._wait_for_window_reports()
+        except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+
+    waiters: list[threading.Thread] = []
+
     class WaitedForAtItsStart(threading.Thread):
         def start(self):
-            _trace._wait_for_window_reports()
+            wait()  # on this thread, inside the start
+            waiters.append(threading.Thread(target=wait))  # and on another one
+            waiters[0].start()
             super().start()
 
     # only the report's thread, as _trace makes it (no other thread of the process)
@@ -479,6 +491,6 @@ def test_a_wait_for_the_window_reports_between_their_listing_and_start_joins_no_
     monkeypatch.delenv("COPYTRACE_REPORT", raising=False)
     path = _tracegen.write_trace(tmp_path)
     _trace._window_report(path, (3, 5))
-    _trace._wait_for_window_reports()  # the one that joins it
-    assert _trace._WINDOW_REPORTS == []
+    waiters[0].join()  # it waited for the report: listed once started, not missed
+    assert errors == [] and _trace._WINDOW_REPORTS == []
     assert (tmp_path / "report.html").is_file()
