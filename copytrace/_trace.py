@@ -13,6 +13,7 @@ import atexit
 import contextlib
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -70,11 +71,14 @@ def _window_report(path: Path | None, window: tuple[int, int]) -> None:
 
     atexit.unregister(_wait_for_window_reports)
     atexit.register(_wait_for_window_reports)
-    # a bare OS thread, which the program's threading module does not see (export/_osthread.py)
+    # a bare OS thread, which the program's threading module does not see (export/_osthread.py);
+    # started and listed as one step: the wait (Trace.stop, atexit) runs on another thread
+    # and must not miss one starting
     thread = OsThread(write, "copytrace-window-report", _report_failed)
-    if not thread.start():
-        raise RuntimeError("no thread can start for the window's report (interpreter shutdown)")
-    _WINDOW_REPORTS.append(thread)
+    with _WINDOW_REPORTS_LOCK:
+        if not thread.start():
+            raise RuntimeError("no thread can start for the window's report (interpreter shutdown)")
+        _WINDOW_REPORTS.append(thread)
 
 
 def _report_failed(err: BaseException) -> None:
@@ -84,6 +88,7 @@ def _report_failed(err: BaseException) -> None:
 #: The window reports being written (:func:`_window_report`): :meth:`Trace.stop` waits for
 #: them, so that a process that ends right after a window still writes its report.
 _WINDOW_REPORTS: list[OsThread] = []
+_WINDOW_REPORTS_LOCK = threading.RLock()
 
 
 def _wait_for_window_reports() -> None:
@@ -98,8 +103,11 @@ def _wait_for_window_reports() -> None:
     except _env.SettingError:
         wait = _env.DEFAULT_REPORT_WAIT_S
     deadline = time.monotonic() + wait
-    while _WINDOW_REPORTS:
-        thread = _WINDOW_REPORTS.pop(0)
+    while True:
+        with _WINDOW_REPORTS_LOCK:
+            if not _WINDOW_REPORTS:
+                return
+            thread = _WINDOW_REPORTS.pop(0)
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
             print(f"copytrace: a window's report was not written within {wait:g} s",

@@ -12,7 +12,7 @@ import site
 import subprocess
 import sys
 import textwrap
-import time
+import types
 from pathlib import Path
 
 import pytest
@@ -164,7 +164,21 @@ def test_report_covers_this_launch_only(tmp_path):
     assert str(mine) in html and old.name not in html
 
 
-def test_root_waits_for_live_processes_only(tmp_path):
+def test_root_waits_for_live_processes_only(tmp_path, monkeypatch, capsys):
+    from copytrace.launch import markers
+
+    # the wait's clock, moved only by its own polls: how long it waited is counted, not timed
+    # (a loaded machine stretches a real wait by any amount); whole ms, so 10 x 0.05 s is 0.5 s
+    clock = {"ms": 0, "polls": 0}
+
+    def sleep(seconds):
+        clock["ms"] += round(seconds * 1000)
+        clock["polls"] += 1
+
+    monkeypatch.setattr(
+        markers, "time",
+        types.SimpleNamespace(monotonic=lambda: clock["ms"] / 1000, sleep=sleep),
+    )  # fmt: skip
     directory = tmp_path / "launch"
     directory.mkdir()
     host = _state.host()
@@ -174,15 +188,19 @@ def test_root_waits_for_live_processes_only(tmp_path):
     try:
         (directory / f"{host}-{dead.pid}").write_text("running\n")  # died without finishing
         (directory / f"{host}-{sleeper.pid}").write_text("running\n")
-        t0 = time.monotonic()
-        markers = wait_for_launch(directory, 0.5)
-        waited = time.monotonic() - t0
-        assert 0.4 < waited < 5  # waited for the live one, up to the timeout
-        assert {pid for _, pid, _, _ in markers} == {dead.pid, sleeper.pid}
+        capsys.readouterr()
+        markers_read = wait_for_launch(directory, 0.5)
+        # waited for the live one, polling every 0.05 s, up to the timeout and no longer
+        assert clock == {"ms": 500, "polls": 10}
+        assert capsys.readouterr().err == (
+            "copytrace: report written without waiting longer for 1 process(es) still "
+            f"tracing (pid {sleeper.pid})\n"
+        )
+        assert {pid for _, pid, _, _ in markers_read} == {dead.pid, sleeper.pid}
         (directory / f"{host}-{sleeper.pid}").write_text("done x\n")
-        t0 = time.monotonic()
         wait_for_launch(directory, 10)
-        assert time.monotonic() - t0 < 2  # nothing live is still running: no wait
+        assert clock == {"ms": 500, "polls": 10}  # nothing live is still running: no wait
+        assert capsys.readouterr().err == ""
     finally:
         sleeper.kill()
         sleeper.wait()

@@ -20,6 +20,16 @@ REPO = Path(__file__).resolve().parents[1]
 SUMMARY_LINE = "({} events, {} bytes copied)"
 
 
+@pytest.fixture
+def no_progress_lines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No progress lines on stderr: ``copytrace report`` prints them in a log when a stage
+    takes over 5 s, which a loaded machine can make any stage take (the first report in a
+    process imports DuckDB and Plotly's template there); tested apart below."""
+    from copytrace.dashboards import _progress
+
+    monkeypatch.setattr(_progress, "_PLAIN_DELAY_S", float("inf"))
+
+
 def _error_line(err: str) -> str:
     assert "Traceback" not in err
     lines = err.strip().splitlines()
@@ -28,6 +38,7 @@ def _error_line(err: str) -> str:
     return lines[0]
 
 
+@pytest.mark.usefixtures("no_progress_lines")
 def test_report_directory_default_output(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     write_trace(tmp_path)
     assert main(["report", str(tmp_path)]) == 0
@@ -54,6 +65,7 @@ def test_report_file_default_and_explicit_output(
     assert str(out_html) in capsys.readouterr().out
 
 
+@pytest.mark.usefixtures("no_progress_lines")
 def test_report_truncated_line_warns(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     path = write_trace(tmp_path, truncated=True)
     assert main(["report", str(path), "-o", str(tmp_path / "r.html")]) == 0
@@ -62,13 +74,8 @@ def test_report_truncated_line_warns(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert err.startswith("copytrace: warning: skipped 1 unreadable line(s)")
 
 
-def test_report_cdn_and_max_points(
-    tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from copytrace.dashboards import _progress
-
-    # progress lines appear when a stage takes over 5 s (a loaded machine): tested apart below
-    monkeypatch.setattr(_progress, "_PLAIN_DELAY_S", float("inf"))
+@pytest.mark.usefixtures("no_progress_lines")
+def test_report_cdn_and_max_points(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     write_many(tmp_path / "t", 2000)
     out_html = tmp_path / "r.html"
     assert main(["report", str(tmp_path / "t"), "-o", str(out_html), "--cdn",
@@ -174,6 +181,7 @@ def test_missing_path(tmp_path: Path, capsys: pytest.CaptureFixture, command: st
     assert "not found" in _error_line(err)
 
 
+@pytest.mark.usefixtures("no_progress_lines")
 @pytest.mark.parametrize("command", ["report", "summary"])
 def test_corrupt_file(tmp_path: Path, capsys: pytest.CaptureFixture, command: str) -> None:
     bad = tmp_path / "bad.otlp.jsonl"
@@ -193,6 +201,7 @@ def _drop_trace_ids(line: str) -> str:
     return json.dumps(doc)
 
 
+@pytest.mark.usefixtures("no_progress_lines")
 def test_spans_without_trace_id_are_unreadable_lines(
     tmp_path: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -44,10 +44,17 @@ def _phoenix_exe() -> str | None:
     return exe if os.path.isfile(exe) and os.access(exe, os.X_OK) else shutil.which(exe)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct ports free now: all bound at once while chosen (one socket bound and
+    closed after another can be given the same port twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def _get(url: str) -> tuple[int, bytes]:
@@ -62,7 +69,7 @@ def _get(url: str) -> tuple[int, bytes]:
 
 class Phoenix:
     def __init__(self, exe: str, workdir: Path) -> None:
-        self.port, self.grpc_port = _free_port(), _free_port()
+        self.port, self.grpc_port = _free_ports(2)
         self.url = f"http://127.0.0.1:{self.port}"
         env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "PHOENIX_"))}
         env.update(
@@ -77,17 +84,23 @@ class Phoenix:
             [exe, "serve"], env=env, cwd=workdir, stdout=self.log, stderr=subprocess.STDOUT
         )
 
-    def wait_ready(self, timeout: float = 180.0) -> None:
+    def wait_ready(self, timeout: float = 180.0) -> bool:
+        """True once it answers; False when it exited first (a port it was given may have
+        been taken by another process in between: the caller starts another); fails the
+        test when it neither answers nor exits within ``timeout`` s."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                break
+                self.stop()
+                return False
             if _get(self.url + "/healthz")[0] == 200:
-                return
+                return True
             time.sleep(0.5)
         self.stop()
-        log = (Path(self.log.name)).read_text(errors="replace")[-3000:]
-        pytest.fail(f"phoenix did not become ready at {self.url}:\n{log}")
+        pytest.fail(f"phoenix did not become ready at {self.url}:\n{self.log_tail()}")
+
+    def log_tail(self) -> str:
+        return Path(self.log.name).read_text(errors="replace")[-3000:]
 
     def spans(self, project: str, expected: int, timeout: float = 60.0) -> list[dict]:
         """All spans of ``project``, once ``expected`` of them are there (ingestion is async)."""
@@ -137,8 +150,12 @@ def phoenix(tmp_path_factory):
     exe = _phoenix_exe()
     if exe is None:
         _missing("Phoenix is not installed (.venv-phoenix, or $COPYTRACE_PHOENIX)")
-    server = Phoenix(exe, tmp_path_factory.mktemp("phoenix"))
-    server.wait_ready()
+    for _ in range(3):
+        server = Phoenix(exe, tmp_path_factory.mktemp("phoenix"))
+        if server.wait_ready():
+            break
+    else:
+        pytest.fail(f"phoenix exited before it was ready, 3 times:\n{server.log_tail()}")
     yield server
     server.stop()
 

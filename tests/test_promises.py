@@ -10,6 +10,7 @@ import gzip
 import json
 import re
 import time
+import types
 import warnings
 from pathlib import Path
 from typing import Any
@@ -136,22 +137,60 @@ def test_top_level_analyze_on_events_trace_and_file(tmp_path: Path) -> None:
 
 
 # --- time-based flushing -------------------------------------------------------------------------
-def test_flush_seconds_flushes_at_the_next_step_boundary(tmp_path: Path) -> None:
+class _ProgramClock:
+    """The clock that time-based flushing reads (``time.perf_counter_ns`` in the session and
+    its buffer: the step boundaries, the last flush, copytrace's own set-up), moved only by
+    :meth:`advance`: a step lasts exactly as long as the test says, however loaded the
+    machine (a real 5-step loop meant to take milliseconds can take 0.2 s there)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from copytrace.tracer import _buffer, session
+
+        self.ns = time.perf_counter_ns()
+        frozen = types.SimpleNamespace(perf_counter_ns=lambda: self.ns)
+        for module in (session, _buffer):
+            monkeypatch.setattr(module, "time", frozen)
+
+    def advance(self, seconds: float) -> None:
+        self.ns += round(seconds * 1e9)
+
+
+def _timed_steps(t: Any, clock: _ProgramClock, seconds: list[float]) -> list[int]:
+    """One step per entry of ``seconds``, each a clone and that long on ``clock``; the flush
+    count after each step's boundary."""
     x = torch.ones(4)
+    flushes = []
+    for step_s in seconds:
+        x.clone()
+        clock.advance(step_s)
+        t.step()
+        flushes.append(t.stats["flushes"])
+    return flushes
+
+
+def test_flush_seconds_flushes_at_the_next_step_boundary(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = _ProgramClock(monkeypatch)
     with copytrace.trace(tmp_path, flush_events=10**6, flush_seconds=0.2) as t:
-        for _ in range(3):  # each step lasts >= 0.25 s > flush_seconds: a flush at each end
-            x.clone()
-            time.sleep(0.25)
-            t.step()
-        for _ in range(5):  # quick steps: none is 0.2 s after the last flush
-            x.clone()
-            t.step()
-        flushes_before_stop = t.stats["flushes"]
-    assert flushes_before_stop == 3
+        # 3 steps of 0.25 s > flush_seconds: a flush at each end; then 5 steps of 0.035 s:
+        # the last ends 0.175 s after the last flush, none
+        flushes = _timed_steps(t, clock, [0.25] * 3 + [0.035] * 5)
+    assert flushes == [1, 2, 3, 3, 3, 3, 3, 3]
     (run,) = copytrace.load_trace(t.trace_path).runs
     assert run.attrs["copytrace.flushes"] == 3
     assert len(run.events) == 8 and len(run.steps) == 9
     assert t.flush_seconds == 0.2
+
+
+def test_flush_seconds_is_due_once_it_has_passed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = _ProgramClock(monkeypatch)
+    with copytrace.trace(tmp_path, flush_events=10**6, flush_seconds=0.2) as t:
+        # 0.2 s since the last flush reached at the 2nd and the 5th step's end, exactly
+        flushes = _timed_steps(t, clock, [0.1, 0.1, 0.05, 0.149, 0.001])
+    assert flushes == [0, 1, 1, 1, 2]
 
 
 def test_without_flush_seconds_no_time_based_flush(tmp_path: Path) -> None:
@@ -165,15 +204,15 @@ def test_without_flush_seconds_no_time_based_flush(tmp_path: Path) -> None:
     assert run.attrs["copytrace.flushes"] == 0
 
 
-def _slow_engage(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
-    """Make each engage last ``seconds`` longer, as the first one in a process does on a
-    loaded host (it imports ``torch._dynamo``: 5 to 9 s of wall time there)."""
+def _slow_engage(monkeypatch: pytest.MonkeyPatch, clock: _ProgramClock, seconds: float) -> None:
+    """Make each engage last ``seconds`` longer on ``clock``, as the first one in a process
+    does on a loaded host (it imports ``torch._dynamo``: 5 to 9 s of wall time there)."""
     from copytrace.tracer import _engage
 
     preload = _engage._preload_dynamo
 
     def slow_preload() -> None:
-        time.sleep(seconds)
+        clock.advance(seconds)
         preload()
 
     monkeypatch.setattr(_engage, "_preload_dynamo", slow_preload)
@@ -182,10 +221,12 @@ def _slow_engage(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
 def test_flush_seconds_does_not_count_copytraces_set_up(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _slow_engage(monkeypatch, 1.5)
+    clock = _ProgramClock(monkeypatch)
+    _slow_engage(monkeypatch, clock, 1.5)
     x = torch.ones(4)
     with copytrace.trace(tmp_path, flush_events=10**6, flush_seconds=0.75) as t:
-        x.clone()  # step 0 starts 1.5 s after the trace, but the program ran for milliseconds
+        x.clone()  # step 0 starts 1.5 s after the trace, but the program ran for 0.5 s
+        clock.advance(0.5)
         t.step()
         x.clone()
         flushes_before_stop = t.stats["flushes"]
@@ -196,16 +237,19 @@ def test_flush_seconds_does_not_count_copytraces_set_up(
 def test_flush_seconds_does_not_count_an_engage_at_a_step_boundary(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _slow_engage(monkeypatch, 1.5)
+    clock = _ProgramClock(monkeypatch)
+    _slow_engage(monkeypatch, clock, 1.5)
     x = torch.ones(4)
     with copytrace.trace(
         tmp_path, flush_events=10**6, flush_seconds=0.75, schedule="wait=1,active=2"
     ) as t:
         for _ in range(3):  # step 0 waits; the 0 -> 1 boundary engages (1.5 s); 1 and 2 traced
             x.clone()
+            clock.advance(0.2)
             t.step()
         flushes_before_stop = t.stats["flushes"]
     # one flush: the active window's end (2 -> 3); none at 1 -> 2, 1.5 s after the last one
+    # (0.2 s of the program's time since the engage)
     assert flushes_before_stop == 1
     (run,) = copytrace.load_trace(t.trace_path).runs
     assert [ev.step for ev in run.events] == [1, 2]

@@ -138,7 +138,8 @@ def test_hover_on_a_timeline_point_shows_the_call_site(loaded: _Page) -> None:
     box = points.first.bounding_box()
     page.mouse.move(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     hover = page.locator("#fig-timeline .hoverlayer")
-    hover.locator("text").first.wait_for(timeout=5_000)
+    # as long as the page load may take: Chromium's renderer starves on a loaded machine
+    hover.locator("text").first.wait_for(timeout=30_000)
     text = hover.text_content() or ""
     assert "call site: _realtrace.py:" in text
     assert "bytes: allocated" in text and "shape [" in text

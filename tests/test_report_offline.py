@@ -220,20 +220,24 @@ def test_headline_shows_copy_time_per_step_and_says_when_the_share_is_noisy(
         return shares[lo] + (shares[hi] - shares[lo]) * (pos - lo)
 
     median = quantile(0.5)
-    # The program sleeps 80 ms every other step: the share spreads far beyond the rule's
-    # threshold (interquartile range over half the median).
-    assert len(shares) >= 4 and quantile(0.75) - quantile(0.25) > 0.5 * median
+    # The program sleeps 80 ms every other step, so the share usually spreads far beyond the
+    # rule's threshold (interquartile range over half the median); but the shares are timing
+    # facts (a loaded machine stretches any step), so the verdict is read from them.
+    assert len(shares) >= 4
+    noisy = median > 0 and quantile(0.75) - quantile(0.25) > 0.5 * median
     page = inline_page[0]
     per_step = page.locator("#ct-copy-per-step").inner_text()
     assert per_step == _fmt_ns(steady.copy_time_ns / steady.steps) + " copy time per step"
-    noisy = page.locator("#ct-noisy").inner_text()
-    assert noisy.startswith("Noisy: the share varies between steps")
+    said = page.locator("#ct-noisy")
+    assert said.count() == int(noisy)
+    if noisy:
+        assert said.inner_text().startswith("Noisy: the share varies between steps")
     # copytrace summary says the same, with the same numbers
     from copytrace.cli.summary import format_summary
 
     text = format_summary(model)
     assert f", {_fmt_ns(steady.copy_time_ns / steady.steps)} copy time per step" in text
-    assert "\n  noisy: the share varies between steps (middle half " in text
+    assert ("\n  noisy: the share varies between steps (middle half " in text) == noisy
 
 
 @pytest.mark.parametrize(

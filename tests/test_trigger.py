@@ -453,3 +453,43 @@ def test_trigger_imports_nothing_heavy_and_signals_a_real_armed_process(tmp_path
     # signalled in step 0 (before the first t.step()); the window opens at the next
     # boundary: steps 1..2, i.e. (1, 3)
     assert rest == "windows [(1, 3)]\n"
+
+
+def test_a_wait_for_the_window_reports_while_one_starts_joins_it_once_started(
+    tmp_path, monkeypatch
+):
+    # the window's report is started on the export thread while Trace.stop (or atexit) may
+    # already wait for the reports on the main thread: here the wait runs right when the
+    # report's thread is being started (on a loaded machine it did: "cannot join thread
+    # before it is started", from the atexit wait)
+    import threading
+
+    import _tracegen
+
+    from copytrace import _trace
+
+    errors: list[BaseException] = []
+
+    def wait() -> None:
+        try:
+            _trace._wait_for_window_reports()
+        except BaseException as err:  # noqa: BLE001 - reported by the assertion below
+            errors.append(err)
+
+    waiters: list[threading.Thread] = []
+
+    class WaitedForAtItsStart(_trace.OsThread):
+        def start(self):
+            wait()  # on this thread, inside the start
+            waiters.append(threading.Thread(target=wait))  # and on another one
+            waiters[0].start()
+            return super().start()
+
+    # only the report's thread, as _trace makes it (no other thread of the process)
+    monkeypatch.setattr(_trace, "OsThread", WaitedForAtItsStart)
+    monkeypatch.delenv("COPYTRACE_REPORT", raising=False)
+    path = _tracegen.write_trace(tmp_path)
+    _trace._window_report(path, (3, 5))
+    waiters[0].join()  # it waited for the report: listed once started, not missed
+    assert errors == [] and _trace._WINDOW_REPORTS == []
+    assert (tmp_path / "report.html").is_file()

@@ -179,10 +179,12 @@ def test_trigger_all_ranks_of_a_torchrun_job(tmp_path):
     # the job's output is unchanged: each rank's lines, in order (the two ranks' writes
     # interleave in the launcher's stdout as they come)
     assert _per_rank("".join(lines) + rest) == _per_rank(plain.stdout)
-    files = sorted(out.glob("copytrace-*.otlp.jsonl*"))
+    # by rank: a name's pid comes before its rank, and the ranks' pids may be in either order
+    # (a wrapped pid counter; "10000" sorts before "9999")
+    files = sorted(out.glob("copytrace-*.otlp.jsonl*"), key=lambda p: p.name.split("-rank")[1])
     assert len(files) == 2, files
     for rank, path in enumerate(files):
-        assert f"-rank{rank}." in path.name
+        assert path.name.endswith((f"-rank{rank}.otlp.jsonl", f"-rank{rank}.otlp.jsonl.gz"))
         steps, windows = _clone_steps(path)
         # signalled while waiting in step 6: each rank's window opens at its next
         # boundary, steps 7 .. 7 + STEPS - 1
