@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         groups.append((f"module {info.name}", _cases.module_cases(info, args.samples)))
     for info in _pick(_cases.optim_db(), lambda i: i.optim_cls.__name__, args.optims, args.limit):
         groups.append((f"optim {info.optim_cls.__name__}", _cases.optim_cases(info, args.samples)))
-    report = _harness.Report(_harness.configs(args.levels, args.observer))
+    report = _harness.Report(_harness.configs(args.levels, args.observer), known=is_known)
     print(f"oracle: {len(groups)} group(s) x configs {[c.name for c in report.configs]}", flush=True)
     t0 = time.perf_counter()
     for i, (group, build) in enumerate(groups):

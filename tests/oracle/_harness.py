@@ -508,6 +508,10 @@ class Report:
     errors_by_config: dict[str, int] = field(default_factory=dict)
     #: value differences that are torch's reads of uninitialised memory (``_recheck``)
     uninitialised: list[Difference] = field(default_factory=list)
+    #: differences the caller already explains (``test_oracle.is_known``): reported as the
+    #: others are, but not run again by ``_recheck`` (on the Python fallback every group with
+    #: a gradient has one, and the recheck would run such a group six times more)
+    known: Callable[[Difference], bool] | None = None
 
     def by_kind(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -534,7 +538,7 @@ def run_cases(report: Report, group: str, build: Callable[[], list[Case]]) -> No
     the samples run, unstable keys, differences and internal errors to ``report``. A value
     difference is looked at again (:mod:`._recheck`): one that is torch's reading of
     uninitialised memory goes to ``report.uninitialised``, one on which more untraced runs
-    disagree counts as unstable."""
+    disagree counts as unstable; one that ``report.known`` explains is not looked at again."""
     if not _FROZEN:  # the databases' objects move out of the collector's way (gc.collect: ms)
         gc.collect()
         gc.freeze()
@@ -550,11 +554,15 @@ def run_cases(report: Report, group: str, build: Callable[[], list[Case]]) -> No
     for config in report.configs:
         traced = observe(config, build, group)
         report.observer_paths.add((config.name, traced.observer_path))
-        diffs, unstable = compare(base, again, traced)
+        found, unstable = compare(base, again, traced)
+        known = {id(d) for d in found if report.known is not None and report.known(d)}
+        diffs = [d for d in found if id(d) not in known]
         diffs, uninitialised = _recheck.uninitialised(diffs, base, config, build, group, filled)
         report.uninitialised.extend(uninitialised)
         diffs, flaky = _recheck.confirm(diffs, base, extra, build, group)
         unstable += flaky
+        kept = known | {id(d) for d in diffs}
+        diffs = [d for d in found if id(d) in kept]  # in compare's order: the error is last
         for d in diffs:
             if d.case == "<session>" and d.kind != "internal_error":
                 d.case = f"{group} <session>"

@@ -75,3 +75,31 @@ def test_filled_memory_is_restored() -> None:
         det.fill_uninitialized_memory,  # type: ignore[attr-defined]
     )
     assert after == before
+
+
+def _recheck_runs(monkeypatch, known) -> tuple[_harness.Report, list]:
+    """The synthetic group run with ``known`` as the report's predicate, and the configs of
+    the runs the recheck made (``_recheck`` calls ``observe`` for each)."""
+    runs: list = []
+
+    def counting(config, build, group="synthetic"):
+        runs.append(config.name)
+        return _harness.observe(config, build, group)
+
+    monkeypatch.setattr(_recheck, "observe", counting)
+    report = _harness.Report([CONFIG], known=known)
+    _harness.run_cases(report, "synthetic", lambda: [("copytrace's", _copytraces)])
+    return report, runs
+
+
+def test_a_known_difference_is_reported_without_a_recheck(monkeypatch) -> None:
+    # unexplained: the recheck runs the group with memory filled (untraced twice, traced
+    # once) and untraced RECHECK times more, and the difference stays
+    report, runs = _recheck_runs(monkeypatch, None)
+    assert runs == ["untraced", "untraced", CONFIG.name] + ["untraced"] * _recheck.RECHECK
+    assert [d.case for d in report.differences] == ["copytrace's"]
+    # explained by the caller (as KNOWN explains the fallback's version counters): reported
+    # the same, and the group is not run again
+    report, runs = _recheck_runs(monkeypatch, lambda d: d.case == "copytrace's")
+    assert runs == []
+    assert [(d.case, d.kind) for d in report.differences] == [("copytrace's", "output")]
