@@ -1473,16 +1473,27 @@ def test_as_tensor_of_a_list_of_graph_tensors_runs_as_untraced() -> None:
     assert traced == untraced and traced[1] == [0.0, 0.0, 0.0]  # cut like torch.tensor's
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="torch.as_tensor is not a recorded call: reading a list of tensors that require "
-    "grad, it copies their values and cuts their graph as torch.tensor does, unrecorded",
-)
 def test_as_tensor_of_a_list_of_graph_tensors_is_a_detached_copy() -> None:
     t, _ = run_traced(lambda: _combine_losses("as_tensor"))
     (ev,) = [e for e in t.events if e.op == "as_tensor"]
     assert ev.bytes_allocated == 12  # 3 float32
-    assert ev.graph == "detached" and ev.src_requires_grad is True
+    assert ev.graph == "detached" and ev.src_requires_grad is True and ev.grad_fn is None
+    (finding,) = hazards(t, "tensor-ctor-copy")
+    assert site_lines(finding) == {ev.line}
+    assert "`torch.as_tensor([t, ...])`" in finding.message
+    assert "cuts it from the autograd graph" in finding.message
+    assert "torch.stack(ts)" in finding.fix and "as_tensor" not in finding.fix
+
+
+def test_as_tensor_of_one_tensor_or_of_numbers_is_not_a_copy() -> None:
+    src = torch.randn(4)  # float32: 16 B
+    t, (same, floats) = run_traced(lambda: (torch.as_tensor(src), torch.as_tensor([0.5, 2.0])))
+    assert same is src  # torch returns its input: no copy to record
+    assert t.events == [] and hazards(t, "tensor-ctor-copy") == []
+    t, wide = run_traced(lambda: torch.as_tensor(src, dtype=torch.float64))
+    # a conversion, recorded as the aten copy it runs (4 float64 = 32 B), not as as_tensor
+    assert [(e.op, e.bytes_allocated) for e in t.events] == [("implicit", 32)]
+    assert torch.equal(wide, src.double()) and hazards(t, "tensor-ctor-copy") == []
 
 
 # --------------------------------------------------------------------------------------------

@@ -53,7 +53,9 @@ _NO_KWARGS: dict[str, Any] = {}
 # Ops whose event's result is their first argument: dst.copy_(src) writes into dst;
 # dst.data = src rebinds dst to src's storage; swap_tensors(dst, src) exchanges payloads.
 _DST_FIRST = frozenset(("copy_", "data_set", "swap_tensors"))
-_FROM_DATA = ("tensor_ctor", "new_tensor")  # ops that read their data argument value by value
+# ops that read their data argument value by value
+_FROM_DATA = ("tensor_ctor", "new_tensor", "as_tensor")
+_SEQUENCES = (list, tuple)
 _NO_TENSOR_RESULT = ("numpy", "copy_", "data_set")  # ops whose result may be no tensor
 _WRITES_INTO = RULES.writes_into
 _ALWAYS_ALIAS = RULES.always_alias
@@ -84,6 +86,8 @@ class ApiEvents:
             return None
         if op == "deepcopy" and len(args) > 1 and args[1] is not None and id(args[0]) in args[1]:
             return None  # memo hit: deepcopy returns an earlier copy
+        if op == "as_tensor" and not _reads_tensors(args, kwargs):
+            return None  # as_tensor(t): t, its alias or an aten conversion (recorded as such)
         if op == "index" and _basic_index(args):
             return None  # x[i], x[a:b]: a view (the C handler lets these through itself)
         if kwargs and op in INDEX_OPS and kwargs.get("out") is not None:
@@ -187,11 +191,11 @@ class ApiEvents:
                 return  # `p.data = p` (Module._apply after an in-place fn): nothing rebound
             out = dst
         else:
-            src = args[0] if args else None
+            src = args[0] if args else kwargs.get("data")
             if op == "new_tensor":  # u.new_tensor(data) copies data; u gives dtype and device
                 src = args[1] if len(args) > 1 else kwargs.get("data")
             if not isinstance(src, _Tensor):
-                if op in _FROM_DATA and isinstance(src, (list, tuple)):
+                if op in _FROM_DATA and isinstance(src, _SEQUENCES):
                     src = _first_tensor(src)  # torch.tensor([t1, t2]): copies each tensor
                 if not isinstance(src, _Tensor):
                     return  # torch.tensor([1, 2]), torch.clone(x=...) etc.: no tensor input
@@ -393,6 +397,14 @@ def _past_entry(ev: CopyEvent) -> None:
         site = _callsite.call_site(frame.f_back.f_back)
         if site is not None:
             _callsite.put_site(ev, site)
+
+
+def _reads_tensors(args: tuple, kwargs: dict | None) -> bool:
+    """Whether ``torch.as_tensor(*args, **kwargs)`` reads tensors value by value: its data a
+    (nested) list or tuple holding a tensor. Of one tensor it returns that tensor, an alias
+    or an aten conversion (``_to_copy``, recorded as it runs), never a copy of its own."""
+    data = args[0] if args else (kwargs or _NO_KWARGS).get("data")
+    return isinstance(data, _SEQUENCES) and _first_tensor(data) is not None
 
 
 def _first_tensor(data: Any, depth: int = 0) -> Any:

@@ -68,6 +68,9 @@ def _api_table() -> dict[Any, str]:
         _Tensor.__deepcopy__: "deepcopy",
         _Tensor.copy_: "copy_",
         torch.tensor: "tensor_ctor",
+        # of a (nested) list of tensors a copy as torch.tensor's (tensor_new.cpp,
+        # internal_new_from_data); of one tensor its alias or a conversion (api_before skips it)
+        torch.as_tensor: "as_tensor",
         _Tensor.new_tensor: "new_tensor",
         _Tensor.numpy: "numpy",
         # moves the storage's bytes into a new shared segment the same storage then owns
@@ -268,7 +271,7 @@ _IN_PYTHON = frozenset(("numpy", "deepcopy", "share_memory_"))
 STORAGE_MOVES = frozenset(("share_memory_",))
 # Ops whose api_before has work to do for any call (a check before the call, a read of the
 # input's state, a memo or basic-index test): never on the C observer's one-call path.
-_BEFORE_OPS = frozenset(("backward", "deepcopy", "index", "detach_", "numpy"))
+_BEFORE_OPS = frozenset(("backward", "deepcopy", "index", "detach_", "numpy", "as_tensor"))
 # Fast ops whose whole event the observer may finish in C (api_mode.cpp's fast_event): not
 # those _record_api reads differently (a write into a tensor, a rebinding) nor the gathers (a fresh copy watched
 # by identity, _fresh.py), nor new_tensor, whose source is its data argument, not its first
