@@ -116,7 +116,7 @@ def _is_copy(e: Ev) -> bool:
 
 
 #: Copies another rule reports in full (tensor-ctor-copy): not reported again as redundant.
-_OWN_RULE = frozenset(("tensor_ctor", "new_tensor"))
+_OWN_RULE = frozenset(("tensor_ctor", "new_tensor", "as_tensor"))
 
 
 # --- data-inplace ----------------------------------------------------------------------------
@@ -526,16 +526,31 @@ def deepcopy_nonleaf(events: list[Ev]) -> list[Finding]:
 
 
 # --- tensor-ctor-copy -----------------------------------------------------------------------------------
+#: the call each op names in the message (as_tensor is recorded only of a list of tensors)
+_CTOR_CALLS = {
+    "tensor_ctor": "torch.tensor(t)", "new_tensor": "t.new_tensor(x)",
+    "as_tensor": "torch.as_tensor([t, ...])",
+}  # fmt: skip
+_STACK = (
+    "For a list of tensors, `torch.stack(ts)` keeps the autograd graph (`torch.stack(ts)."
+    "detach()` when the cut is meant)."
+)
+#: the fix, by whether the op is as_tensor (whose own form is what copies)
+_CTOR_FIXES = (
+    "Use `t.detach().clone()` when a copy is needed, or `torch.as_tensor(t)` / `t.to(dtype)` "
+    "when it is not. " + _STACK,
+    _STACK,
+)
 def tensor_ctor_copy(events: list[Ev]) -> list[Finding]:
     accs = _accs(
         (e.site, e, e.bytes_allocated, ())
         for e in events
-        if e.op in ("tensor_ctor", "new_tensor") and not e.group and e.error is None and not e.via
+        if e.op in _OWN_RULE and not e.group and e.error is None and not e.via
     )
     out = []
     for acc in accs.values():
         e = acc.events[0]
-        call = "torch.tensor(t)" if e.op == "tensor_ctor" else "t.new_tensor(x)"
+        call = _CTOR_CALLS[e.op]
         graph = " and cuts it from the autograd graph" if e.src_requires_grad else ""
         out.append(
             acc.finding(
@@ -543,8 +558,7 @@ def tensor_ctor_copy(events: list[Ev]) -> list[Finding]:
                 f"`{call}` of an existing tensor copies it{graph} "
                 f"({_plural(acc.count, 'time')}, {format_bytes(acc.bytes)}); torch warns "
                 "against this form",
-                "Use `t.detach().clone()` when a copy is needed, or `torch.as_tensor(t)` / "
-                "`t.to(dtype)` when it is not.",
+                _CTOR_FIXES[e.op == "as_tensor"],
             )
         )
     return out

@@ -363,8 +363,8 @@ def test_a_contiguous_that_never_copied_is_kept(tmp_path: Path) -> None:
     assert reasons and "`.contiguous()` is kept" in reasons[0]
 
 
-# torch.tensor / new_tensor of a sequence of tensors reads their values one by one: such a
-# call has no `.detach()` rewrite (the list has none), behind a name as in a literal
+# torch.tensor / new_tensor / as_tensor of a sequence of tensors reads their values one by one:
+# such a call has no `.detach()` rewrite (the list has none), behind a name as in a literal
 SEQUENCES = """\
 import torch
 
@@ -374,8 +374,9 @@ for step in range(2):
     by_name = torch.tensor(parts)
     literal = torch.tensor([parts[0], parts[1]])
     owned = w.new_tensor((parts[2], parts[0]))
+    cast = torch.as_tensor(parts)
     single = torch.tensor(parts[0])
-print(by_name.tolist(), literal.tolist(), owned.tolist(), single.item())
+print(by_name.tolist(), literal.tolist(), owned.tolist(), cast.tolist(), single.item())
 """
 
 
@@ -385,9 +386,9 @@ def test_tensor_of_a_sequence_of_tensors_gets_no_patch(tmp_path: Path) -> None:
     plan = plan_fixes(root / "out", root=root)
     why = {int(u.finding.call_sites[0].split(":")[1].split()[0]): u.reason
            for u in plan.unfixed if u.finding.code == "tensor-ctor-copy"}  # fmt: skip
-    assert sorted(why) == [6, 7, 8]  # by name, literal list, new_tensor of a tuple
+    assert sorted(why) == [6, 7, 8, 9]  # by name, literal list, new_tensor of a tuple, as_tensor
     assert all("a sequence of tensors is read value by value" in r for r in why.values())
-    # the near miss: the one tensor of line 9 is still rewritten, and only it
-    assert [(f.finding.code, f.line) for f in plan.fixes] == [("tensor-ctor-copy", 9)]
+    # the near miss: the one tensor of line 10 is still rewritten, and only it
+    assert [(f.finding.code, f.line) for f in plan.fixes] == [("tensor-ctor-copy", 10)]
     new = plan.files["train.py"][1]
     assert new == SEQUENCES.replace("torch.tensor(parts[0])", "parts[0].detach().clone()")

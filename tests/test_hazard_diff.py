@@ -138,11 +138,15 @@ def _programs() -> list[Any]:
             w = torch.randn(8, requires_grad=True)
             f = (w * 2).clone().detach()  # clone-detach-order
             g = (w * 2).detach().clone()  # near miss
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # torch's scalar-conversion warning
+                cast = torch.as_tensor([w[0] * 2, w[1]])  # tensor-ctor-copy, its as_tensor fix
+            same = torch.as_tensor(x)  # near miss: x itself
             y = x.to(torch.float32).contiguous()  # noop-conversion every step
             x.add_(1)  # the source changes each step: no repeat across steps
             snap = copy.deepcopy(x)  # deepcopy-in-loop
             t.step()
-            del a, b, c, d, tensor, e, f, g, y, snap
+            del a, b, c, d, tensor, e, f, g, y, snap, cast, same
 
     def lost_write(t: Any) -> None:
         x = torch.zeros(8)
@@ -214,7 +218,7 @@ def test_real_programs_file_and_memory(tmp_path: Path) -> None:
 
 # --- random events ------------------------------------------------------------------------------
 _OPS = ("clone", "to", "cpu", "cuda", "contiguous", "float", "copy_", "detach", "detach_",
-        "deepcopy", "tensor_ctor", "new_tensor", "index", "gather", "data_get", "data_set",
+        "deepcopy", "tensor_ctor", "new_tensor", "as_tensor", "index", "gather", "data_get", "data_set",
         "implicit", "reshape")  # fmt: skip
 
 

@@ -45,7 +45,8 @@ _KEEP_DETACHED = (
 )
 _CTOR_FIX = (
     "Use `t.detach().clone()` when a copy is needed, or `torch.as_tensor(t)` / `t.to(dtype)` "
-    "when it is not."
+    "when it is not. For a list of tensors, `torch.stack(ts)` keeps the autograd graph "
+    "(`torch.stack(ts).detach()` when the cut is meant)."
 )
 
 
@@ -296,6 +297,31 @@ def test_tensor_ctor_copy() -> None:
             40,
             [2],
             [site("new-tensor", "_ctor")],
+        ),
+    ]
+
+
+def _as_tensor(t: Any) -> None:
+    w = torch.ones(3, requires_grad=True)
+    parts = [w[0] * 2, w[1] * 3]  # 0-d, each with a grad_fn
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's scalar-conversion warning
+        torch.as_tensor(parts)  # site: as-tensor
+        torch.as_tensor(w)  # w itself: no copy, no finding
+
+
+def test_tensor_ctor_copy_of_as_tensor_names_stack_not_as_tensor() -> None:
+    assert findings(_as_tensor) == [
+        (
+            "tensor-ctor-copy",
+            "warning",
+            "`torch.as_tensor([t, ...])` of an existing tensor copies it and cuts it from the "
+            "autograd graph (1 time, 8 B); torch warns against this form",  # 2 float32
+            "For a list of tensors, `torch.stack(ts)` keeps the autograd graph "
+            "(`torch.stack(ts).detach()` when the cut is meant).",
+            8,
+            [0],
+            [site("as-tensor", "_as_tensor")],
         ),
     ]
 

@@ -23,6 +23,7 @@ from copytrace.analysis._evidence import (
     CONVERSION_OPS,
     HOT_DENSITY,
     HOT_MIN_STEPS,
+    OWN_RULE,
     Group,
     is_hot,
     plural,
@@ -307,12 +308,27 @@ def deepcopy_nonleaf(rc: Any) -> list[Finding]:
 
 
 # --- tensor-ctor-copy -----------------------------------------------------------------------------------
+#: the call each op names in the message (as_tensor is recorded only of a list of tensors)
+CTOR_CALLS = {
+    "tensor_ctor": "torch.tensor(t)", "new_tensor": "t.new_tensor(x)",
+    "as_tensor": "torch.as_tensor([t, ...])",
+}  # fmt: skip
+_STACK = (
+    "For a list of tensors, `torch.stack(ts)` keeps the autograd graph (`torch.stack(ts)."
+    "detach()` when the cut is meant)."
+)
+#: the fix, by whether the op is as_tensor (whose own form is what copies)
+_CTOR_FIXES = (
+    "Use `t.detach().clone()` when a copy is needed, or `torch.as_tensor(t)` / `t.to(dtype)` "
+    "when it is not. " + _STACK,
+    _STACK,
+)
 def tensor_ctor_copy(rc: Any) -> list[Finding]:
-    mask = rc.isin("op", ("tensor_ctor", "new_tensor")) & _ok(rc) & ~rc.truthy("via")
+    mask = rc.isin("op", tuple(OWN_RULE)) & _ok(rc) & ~rc.truthy("via")
     out = []
     for g in _groups(rc, mask, ("site",), "bytes_allocated"):
         e = g.first
-        call = "torch.tensor(t)" if e.op == "tensor_ctor" else "t.new_tensor(x)"
+        call = CTOR_CALLS[e.op]
         graph = " and cuts it from the autograd graph" if e.src_requires_grad else ""
         out.append(
             g.finding(
@@ -320,8 +336,7 @@ def tensor_ctor_copy(rc: Any) -> list[Finding]:
                 f"`{call}` of an existing tensor copies it{graph} "
                 f"({plural(g.count, 'time')}, {format_bytes_exact(g.bytes)}); torch warns "
                 "against this form",
-                "Use `t.detach().clone()` when a copy is needed, or `torch.as_tensor(t)` / "
-                "`t.to(dtype)` when it is not.",
+                _CTOR_FIXES[e.op == "as_tensor"],
             )
         )
     return out

@@ -39,6 +39,10 @@ def _edit(src: Source, old: cst.CSTNode, new: cst.CSTNode) -> Edit:
 _CTOR_KEYWORDS = ("dtype", "device", "requires_grad")
 #: literal sequences: ``torch.tensor([a, b])`` reads the tensors' values, it has no ``.detach()``
 _SEQUENCE_NODES = (cst.List, cst.Tuple, cst.ListComp, cst.GeneratorExp)
+_SEQUENCE_REASON = (
+    "a sequence of tensors is read value by value: no `.detach()` of it; `torch.stack` keeps "
+    "the graph and so changes the gradients"
+)
 
 
 def _refuse_sequence(t: Target, data: cst.BaseExpression) -> None:
@@ -53,14 +57,16 @@ def _refuse_sequence(t: Target, data: cst.BaseExpression) -> None:
     if isinstance(data, _SEQUENCE_NODES) or any(
         len(e.shape or ()) != len(e.src_stride or ()) for e in t.events
     ):
-        raise Refuse("a sequence of tensors is read value by value: no `.detach()` of it; "
-                     "`torch.stack` keeps the graph and so changes the gradients")  # fmt: skip
+        raise Refuse(_SEQUENCE_REASON)
 
 
 def tensor_ctor_copy(t: Target, src: Source) -> Edit:
     """``torch.tensor(x, dtype=d)`` -> ``x.detach().to(dtype=d, copy=True)`` (one copy, as
     before; ``x.detach().clone()`` without dtype or device); ``t.new_tensor(x)`` ->
-    ``x.detach().to(t, copy=True)`` (``new_tensor`` takes ``t``'s dtype and device)."""
+    ``x.detach().to(t, copy=True)`` (``new_tensor`` takes ``t``'s dtype and device); none for
+    ``torch.as_tensor``, recorded only of a sequence of tensors."""
+    if "as_tensor" in t.ops:
+        raise Refuse(_SEQUENCE_REASON)
     if t.ops == ["new_tensor"]:
         return _new_tensor(t, src)
     call = src.calls_on(t.line, lambda c: src.is_torch(c.func, "tensor"), "torch.tensor")
