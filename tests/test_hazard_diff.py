@@ -218,7 +218,7 @@ def test_real_programs_file_and_memory(tmp_path: Path) -> None:
 
 # --- random events ------------------------------------------------------------------------------
 _OPS = ("clone", "to", "cpu", "cuda", "contiguous", "float", "copy_", "detach", "detach_",
-        "deepcopy", "tensor_ctor", "new_tensor", "as_tensor", "index", "gather", "data_get", "data_set",
+        "deepcopy", "tensor_ctor", "new_tensor", "index", "gather", "data_get", "data_set",
         "implicit", "reshape")  # fmt: skip
 
 
