@@ -10,7 +10,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from copytrace.analysis._findings import HAZARDS, Finding
-from copytrace.analysis._rules import alias_write_text, deepcopy_nonleaf_text
+from copytrace.analysis._rules import (
+    CTOR_CALLS,
+    CTOR_FIXES,
+    alias_write_text,
+    deepcopy_nonleaf_text,
+)
 from copytrace.analysis._view import Ev
 
 __all__ = ["RULES", "analyze_reference"]
@@ -526,21 +531,6 @@ def deepcopy_nonleaf(events: list[Ev]) -> list[Finding]:
 
 
 # --- tensor-ctor-copy -----------------------------------------------------------------------------------
-#: the call each op names in the message (as_tensor is recorded only of a list of tensors)
-_CTOR_CALLS = {
-    "tensor_ctor": "torch.tensor(t)", "new_tensor": "t.new_tensor(x)",
-    "as_tensor": "torch.as_tensor([t, ...])",
-}  # fmt: skip
-_STACK = (
-    "For a list of tensors, `torch.stack(ts)` keeps the autograd graph (`torch.stack(ts)."
-    "detach()` when the cut is meant)."
-)
-#: the fix, by whether the op is as_tensor (whose own form is what copies)
-_CTOR_FIXES = (
-    "Use `t.detach().clone()` when a copy is needed, or `torch.as_tensor(t)` / `t.to(dtype)` "
-    "when it is not. " + _STACK,
-    _STACK,
-)
 def tensor_ctor_copy(events: list[Ev]) -> list[Finding]:
     accs = _accs(
         (e.site, e, e.bytes_allocated, ())
@@ -550,7 +540,7 @@ def tensor_ctor_copy(events: list[Ev]) -> list[Finding]:
     out = []
     for acc in accs.values():
         e = acc.events[0]
-        call = _CTOR_CALLS[e.op]
+        call = CTOR_CALLS[e.op]
         graph = " and cuts it from the autograd graph" if e.src_requires_grad else ""
         out.append(
             acc.finding(
@@ -558,7 +548,7 @@ def tensor_ctor_copy(events: list[Ev]) -> list[Finding]:
                 f"`{call}` of an existing tensor copies it{graph} "
                 f"({_plural(acc.count, 'time')}, {format_bytes(acc.bytes)}); torch warns "
                 "against this form",
-                _CTOR_FIXES[e.op == "as_tensor"],
+                CTOR_FIXES[e.op == "as_tensor"],
             )
         )
     return out

@@ -1446,16 +1446,23 @@ def _combine_losses(how: str) -> tuple[float, list[float]]:
     return aux.item(), grads
 
 
-def test_tensor_of_a_list_of_graph_tensors_is_a_detached_copy_and_flagged() -> None:
-    untraced = _combine_losses("tensor")
-    t, traced = run_traced(lambda: _combine_losses("tensor"))
+@pytest.mark.parametrize(
+    ("how", "op", "call"),
+    [("tensor", "tensor_ctor", "torch.tensor(t)"), ("as_tensor", "as_tensor", "torch.as_tensor([")],
+)
+def test_tensor_of_a_list_of_graph_tensors_is_a_detached_copy_and_flagged(
+    how: str, op: str, call: str
+) -> None:
+    untraced = _combine_losses(how)
+    t, traced = run_traced(lambda: _combine_losses(how))
     assert traced == untraced and traced[1] == [0.0, 0.0, 0.0]  # no gradient reaches them
-    (ev,) = [e for e in t.events if e.op == "tensor_ctor"]
+    (ev,) = [e for e in t.events if e.op == op]
     assert ev.bytes_allocated == 12  # 3 float32
     assert ev.graph == "detached" and ev.src_requires_grad is True and ev.grad_fn is None
     (finding,) = hazards(t, "tensor-ctor-copy")
     assert site_lines(finding) == {ev.line}
-    assert "cuts it from the autograd graph" in finding.message
+    assert f"`{call}" in finding.message and "cuts it from the autograd graph" in finding.message
+    assert "torch.stack(ts)" in finding.fix  # keeps the graph: as_tensor would not
 
 
 def test_stack_of_graph_tensors_and_tensor_of_floats_are_not_flagged() -> None:
@@ -1471,18 +1478,6 @@ def test_as_tensor_of_a_list_of_graph_tensors_runs_as_untraced() -> None:
     untraced = _combine_losses("as_tensor")
     _, traced = run_traced(lambda: _combine_losses("as_tensor"))
     assert traced == untraced and traced[1] == [0.0, 0.0, 0.0]  # cut like torch.tensor's
-
-
-def test_as_tensor_of_a_list_of_graph_tensors_is_a_detached_copy() -> None:
-    t, _ = run_traced(lambda: _combine_losses("as_tensor"))
-    (ev,) = [e for e in t.events if e.op == "as_tensor"]
-    assert ev.bytes_allocated == 12  # 3 float32
-    assert ev.graph == "detached" and ev.src_requires_grad is True and ev.grad_fn is None
-    (finding,) = hazards(t, "tensor-ctor-copy")
-    assert site_lines(finding) == {ev.line}
-    assert "`torch.as_tensor([t, ...])`" in finding.message
-    assert "cuts it from the autograd graph" in finding.message
-    assert "torch.stack(ts)" in finding.fix and "as_tensor" not in finding.fix
 
 
 @pytest.mark.xfail(

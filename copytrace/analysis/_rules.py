@@ -318,7 +318,7 @@ _STACK = (
     "detach()` when the cut is meant)."
 )
 #: the fix, by whether the op is as_tensor (whose own form is what copies)
-_CTOR_FIXES = (
+CTOR_FIXES = (
     "Use `t.detach().clone()` when a copy is needed, or `torch.as_tensor(t)` / `t.to(dtype)` "
     "when it is not. " + _STACK,
     _STACK,
@@ -336,7 +336,7 @@ def tensor_ctor_copy(rc: Any) -> list[Finding]:
                 f"`{call}` of an existing tensor copies it{graph} "
                 f"({plural(g.count, 'time')}, {format_bytes_exact(g.bytes)}); torch warns "
                 "against this form",
-                _CTOR_FIXES[e.op == "as_tensor"],
+                CTOR_FIXES[e.op == "as_tensor"],
             )
         )
     return out
