@@ -39,6 +39,7 @@ _LAUNCHER_MODULES = (
 _LAUNCHER_SCRIPTS = ("torchrun", "deepspeed", "copytrace")
 _ATEXIT = [False]
 _FORK_HOOK = [False]
+_EXEC_HOOK = [False]
 _MP_TOKEN: Any = None  # keeps the multiprocessing after-fork registration alive
 
 
@@ -96,7 +97,6 @@ def activate(
     if not _ATEXIT[0]:
         _ATEXIT[0] = True
         atexit.register(_at_exit)
-        _register_exec_hook()
 
 
 def is_launcher() -> bool:
@@ -144,6 +144,7 @@ def start_session(*, force: bool = False) -> Any:
         S.session = Trace(S.out, **options).start()
         register_signal_hook()
         _register_fork_hooks()
+        _register_exec_hook()
         _defer_process_group_destruction()
         mark("running")
     except Exception as err:
@@ -291,14 +292,24 @@ def _register_exec_hook() -> None:
     in every ``os.exec*`` function just before the ``exec`` system call (``os_execv_impl``,
     ``os_execve_impl``); ``subprocess`` and ``os.posix_spawn`` raise other events and are not
     affected. A hook cannot be removed, so it stays for the interpreter's life and does
-    nothing once this process has finished (one string comparison per audit event). Nothing
-    is done where adding it fails (an audit hook of the program's refused it): a warning says
-    so.
+    nothing once this process has finished (one string comparison per audit event). Added at
+    the first trace start (torch imported: see below). Nothing is done where adding it fails
+    (an audit hook of the program's refused it): a warning says so.
     """
+    if _EXEC_HOOK[0]:
+        return
+    _EXEC_HOOK[0] = True
     try:
         sys.addaudithook(_on_audit)
     except Exception as err:  # a hook of the program's refused ours
         warn(f"os.exec* will not write this process's trace: {type(err).__name__}: {err}")
+        return
+    # The hook is called on any audit event, also inside a compiled region (``sys._getframe``,
+    # ``object.__getattr__``), where dynamo would count its frame as one of the program's
+    # (``counters["frames"]`` one higher): dynamo skips its code, and what it calls.
+    from copytrace.tracer.compiled._aside import _skip_codes
+
+    _skip_codes([_on_audit.__code__, _before_exec.__code__], recursive=True)
 
 
 def _on_audit(event: str, args: tuple[Any, ...]) -> None:
