@@ -2,8 +2,10 @@
 
 With any Python dispatch mode on torch's stack, ``at::isTensorSubclassLike`` is true for every
 tensor, and some torch code takes another path with other rounding: ``prod``'s backward
-(``prod_backward`` in torch/csrc/autograd/FunctionsManual.cpp) and ``matmul`` of 3-D operands
-whose batch sizes differ, one of them 1 (``_matmul_impl`` in ATen's LinearAlgebra.cpp).
+(``prod_backward`` in torch/csrc/autograd/FunctionsManual.cpp), ``matmul`` of 3-D operands
+whose batch sizes differ, one of them 1 (``_matmul_impl`` in ATen's LinearAlgebra.cpp), and
+``cross_entropy`` with class weights and label smoothing (``cross_entropy_loss_label_smoothing``
+in ATen's LossNLL.cpp).
 The fallback (``COPYTRACE_OBSERVER=python``) keeps its dispatch mode on the stack for the whole
 trace; ``copytrace/tracer/_mode_values.py`` keeps those values as untraced. Each test runs a
 program untraced and traced on the fallback and compares every value and gradient bitwise,

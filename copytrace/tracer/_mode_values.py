@@ -4,7 +4,7 @@ torch takes other code paths while any Python dispatch mode is on: ``at::isTenso
 (ATen/TensorSubclassLikeUtils.h) is true for every tensor then
 (``c10::impl::dispatch_mode_enabled()``). Where such a path rounds differently, the fallback
 (``COPYTRACE_OBSERVER=python``, its :class:`~copytrace.tracer._modes.DispatchMode` on torch's
-stack for the whole trace) would change a program's numbers. Three kinds, each kept as
+stack for the whole trace) would change a program's numbers. Four kinds, each kept as
 untraced:
 
 * forward kernels that compute more (:data:`MODE_SENSITIVE`: torch's
