@@ -128,7 +128,7 @@ def matmul_differs(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
 
 
 def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], at: int, name: str, default: Any) -> Any:
-    """The argument at position ``at`` (or keyword ``name``; ``at < 0``: keyword only)."""
+    """The argument at position ``at``, else the keyword ``name``, else ``default``."""
     if 0 <= at < len(args):
         return args[at]
     return kwargs.get(name, default)
