@@ -2,8 +2,10 @@
 
 With any Python dispatch mode on torch's stack, ``at::isTensorSubclassLike`` is true for every
 tensor, and some torch code takes another path with other rounding: ``prod``'s backward
-(``prod_backward`` in torch/csrc/autograd/FunctionsManual.cpp) and ``matmul`` of 3-D operands
-whose batch sizes differ, one of them 1 (``_matmul_impl`` in ATen's LinearAlgebra.cpp).
+(``prod_backward`` in torch/csrc/autograd/FunctionsManual.cpp), ``matmul`` of 3-D operands
+whose batch sizes differ, one of them 1 (``_matmul_impl`` in ATen's LinearAlgebra.cpp), and
+``cross_entropy`` with class weights and label smoothing (``cross_entropy_loss_label_smoothing``
+in ATen's LossNLL.cpp).
 The fallback (``COPYTRACE_OBSERVER=python``) keeps its dispatch mode on the stack for the whole
 trace; ``copytrace/tracer/_mode_values.py`` keeps those values as untraced. Each test runs a
 program untraced and traced on the fallback and compares every value and gradient bitwise,
@@ -18,6 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.hooks import RemovableHandle
 
 import copytrace
+from copytrace.tracer import _mode_values
 
 
 @pytest.fixture(autouse=True)
@@ -243,3 +246,73 @@ def test_compiled_autograd_traces_the_node_hook_as_nothing():
         y = x.prod(1).sum()  # hooked
     assert torch.equal(backward(x, y), untraced)
     assert t.stats["errors"] == 0
+
+
+
+def _cross_entropy_program(loss, ignore=-100):
+    """``loss(input, linear weight, target, class weights)`` and its gradients, with the
+    shapes of ``nn.LinearCrossEntropyLoss(5, 4, out_features=(3, 2, 4))`` over an (8, 5)
+    input: logits (8, 4, 3, 2, 4) and 192 class-index targets, about a tenth of them
+    ``ignore`` (the branch sums the class weights of the targets; with none ignored both
+    paths sum the same 192 values in the same order)."""
+
+    def program():
+        x = torch.randn(8, 5, requires_grad=True)
+        linear = torch.randn(4, 3, 2, 4, 5, requires_grad=True)
+        target = torch.randint(0, 4, (8, 3, 2, 4))
+        target[torch.rand(8, 3, 2, 4) < 0.1] = ignore
+        weight = torch.rand(4) * 5
+        out = loss(x, linear, target, weight)
+        out.backward()
+        return [out, x.grad, linear.grad]
+
+    return program
+
+
+def _logits(x, linear):
+    return torch.einsum("ni,cabdi->ncabd", x, linear)
+
+
+CROSS_ENTROPY_FORMS = {
+    "F.linear_cross_entropy": lambda x, lin, t, w: torch.nn.functional.linear_cross_entropy(
+        x, lin, t, weight=w, label_smoothing=0.1
+    ),
+    "F.cross_entropy": lambda x, lin, t, w: torch.nn.functional.cross_entropy(
+        _logits(x, lin), t, weight=w, label_smoothing=0.1
+    ),
+    "cross_entropy_loss": lambda x, lin, t, w: torch._C._nn.cross_entropy_loss(
+        _logits(x, lin), t, w, 1, -100, 0.1  # reduction 1: at::Reduction::Mean
+    ),
+}
+
+
+@pytest.mark.parametrize("form", list(CROSS_ENTROPY_FORMS))
+def test_cross_entropy_with_class_weights_and_label_smoothing_equals_untraced(form):
+    program = _cross_entropy_program(CROSS_ENTROPY_FORMS[form])
+    untraced = _run(program, "untraced")
+    # the smoothing term is divided by the targets' class weights summed: untraced over
+    # masked_select's kept targets, under a dispatch mode over all 192 with the ignored
+    # ones filled with 0 (cross_entropy_loss_label_smoothing): another grouping, other bits
+    assert _run(program, "plain") != untraced
+    assert _run(program, "traced") == untraced
+
+
+def test_only_the_branching_cross_entropy_steps_aside():
+    """Without class weights, label smoothing, mean reduction or class-index targets the
+    call computes as untraced under the mode; it is not stepped aside and its implicit copies
+    stay recorded."""
+    F = torch.nn.functional
+    x, t, w, p = torch.randn(8, 4), torch.randint(0, 4, (8,)), torch.rand(4), torch.rand(8, 4)
+    differs = _mode_values.cross_entropy_differs
+    assert differs(F.cross_entropy, (x, t), {"weight": w, "label_smoothing": 0.1})
+    assert differs(F.cross_entropy, (x, t, w, None, -100, None, "mean", 0.1), {})
+    assert differs(F.cross_entropy, (x, t, w, True, -100, True), {"label_smoothing": 0.1})  # legacy: mean
+    assert differs(F.linear_cross_entropy, (x, x.T, t), {"weight": w, "label_smoothing": 0.1})
+    assert differs(torch._C._nn.cross_entropy_loss, (x, t, w, 1, -100, 0.1), {})
+    assert not differs(F.cross_entropy, (x, t), {"label_smoothing": 0.1})  # no class weights
+    assert not differs(F.cross_entropy, (x, t), {"weight": w})  # no smoothing
+    assert not differs(F.cross_entropy, (x, t, w), {"label_smoothing": 0.1, "reduction": "sum"})
+    assert not differs(F.cross_entropy, (x, t, w, False), {"label_smoothing": 0.1})  # legacy: sum
+    assert not differs(F.cross_entropy, (x, p, w), {"label_smoothing": 0.1})  # probabilities
+    assert not differs(F.linear_cross_entropy, (x, x.T, t), {"weight": w, "reduction": "none", "label_smoothing": 0.1})
+    assert not differs(torch._C._nn.cross_entropy_loss, (x, t, w, 0, -100, 0.1), {})  # none

@@ -4,7 +4,7 @@ torch takes other code paths while any Python dispatch mode is on: ``at::isTenso
 (ATen/TensorSubclassLikeUtils.h) is true for every tensor then
 (``c10::impl::dispatch_mode_enabled()``). Where such a path rounds differently, the fallback
 (``COPYTRACE_OBSERVER=python``, its :class:`~copytrace.tracer._modes.DispatchMode` on torch's
-stack for the whole trace) would change a program's numbers. Three kinds, each kept as
+stack for the whole trace) would change a program's numbers. Four kinds, each kept as
 untraced:
 
 * forward kernels that compute more (:data:`MODE_SENSITIVE`: torch's
@@ -15,6 +15,14 @@ untraced:
   (:func:`matmul_differs`): ``_matmul_impl`` (LinearAlgebra.cpp) squeezes that batch and folds
   into one ``mm`` where untraced it expands and runs ``bmm``; the call runs with the mode
   stepped aside, and only then;
+* ``cross_entropy`` with class weights, label smoothing, ``reduction="mean"`` and class-index
+  targets (:func:`cross_entropy_differs`): ``cross_entropy_loss_label_smoothing`` (ATen's
+  LossNLL.cpp) divides the smoothing term by the class weights of the targets, summed from
+  ``weight.gather`` over the masked-fill'd target when ``isTensorSubclassLike(weight)`` and
+  over ``target.masked_select(~ignore_mask)`` untraced: another order of the sum, other bits
+  in the loss and in every gradient through it (``nn.CrossEntropyLoss``, ``F.cross_entropy``,
+  and ``F.linear_cross_entropy``'s reference path, which calls it); the call runs with the
+  mode stepped aside, and only then;
 * backward formulas (torch/csrc/autograd/FunctionsManual.cpp): ``prod_backward`` takes
   ``prod_safe_zeros_backward`` (cumulative products) instead of ``grad * result / input``.
   The branch is taken while the node runs, so the forward call cannot step aside for it: each
@@ -44,9 +52,11 @@ __all__ = [
     "MATMUL",
     "MODE_SENSITIVE",
     "VALUE_CALLS",
+    "cross_entropy_differs",
     "grad_node_ops",
     "hook_nodes",
     "matmul_differs",
+    "steps_aside",
 ]
 
 _Tensor = torch.Tensor
@@ -65,8 +75,13 @@ _RMATMUL = _Tensor.__rmatmul__
 MATMUL = frozenset(
     (torch.matmul, _Tensor.matmul, _Tensor.__matmul__, _RMATMUL, torch.linalg.matmul)
 )
+_F = torch.nn.functional
+_CE_LOSS = torch._C._nn.cross_entropy_loss
+#: the Python forms of ``aten::cross_entropy_loss`` the function mode sees (``F.linear_cross_entropy``
+#: calls ``F.cross_entropy`` inside its handler, where the function mode is off the stack)
+CROSS_ENTROPY = frozenset((_F.cross_entropy, _F.linear_cross_entropy, _CE_LOSS))
 #: the calls the fallback's function mode looks at before running them
-VALUE_CALLS = MODE_SENSITIVE | MATMUL
+VALUE_CALLS = MODE_SENSITIVE | MATMUL | CROSS_ENTROPY
 #: the entry points of a backward pass (each hands itself to ``handle_torch_function``;
 #: ``Tensor.backward`` calls ``torch.autograd.backward``): the autograd engine keeps the mode
 #: stacks they run under for the nodes it runs (``GraphTask::thread_locals_``)
@@ -110,6 +125,56 @@ def matmul_differs(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> 
     if na == nb:
         return False
     return (na == 1 and not a.requires_grad) or (nb == 1 and not b.requires_grad)
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], at: int, name: str, default: Any) -> Any:
+    """The argument at position ``at``, else the keyword ``name``, else ``default``."""
+    if 0 <= at < len(args):
+        return args[at]
+    return kwargs.get(name, default)
+
+
+def cross_entropy_differs(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether ``cross_entropy_loss_label_smoothing`` (LossNLL.cpp) sums the target's class
+    weights in another order while a dispatch mode is on: class weights given, label smoothing
+    not 0, reduction mean, and the target holds class indices (an integer tensor; a float
+    target of the input's shape is probabilities, ``cross_entropy_loss_prob_target``)."""
+    if func is _F.linear_cross_entropy:  # (input, linear_weight, target, *, ...)
+        target = _arg(args, kwargs, 2, "target", None)
+        weight = kwargs.get("weight")
+        mean = kwargs.get("reduction", "mean") == "mean"
+        smoothing = kwargs.get("label_smoothing", 0.0)
+    elif func is _CE_LOSS:  # (input, target, weight, reduction: int, ignore_index, label_smoothing)
+        target = _arg(args, kwargs, 1, "target", None)
+        weight = _arg(args, kwargs, 2, "weight", None)
+        mean = _arg(args, kwargs, 3, "reduction", 1) == 1  # at::Reduction::Mean
+        smoothing = _arg(args, kwargs, 5, "label_smoothing", 0.0)
+    else:  # F.cross_entropy(input, target, weight, size_average, ignore_index, reduce, reduction, label_smoothing)
+        target = _arg(args, kwargs, 1, "target", None)
+        weight = _arg(args, kwargs, 2, "weight", None)
+        size_average = _arg(args, kwargs, 3, "size_average", None)
+        reduce = _arg(args, kwargs, 5, "reduce", None)
+        if size_average is not None or reduce is not None:
+            mean = _F._Reduction.legacy_get_string(size_average, reduce, emit_warning=False) == "mean"
+        else:
+            mean = _arg(args, kwargs, 6, "reduction", "mean") == "mean"
+        smoothing = _arg(args, kwargs, 7, "label_smoothing", 0.0)
+    return (
+        mean
+        and weight is not None
+        and smoothing != 0.0
+        and isinstance(target, _Tensor)
+        and not target.is_floating_point()
+    )
+
+
+def steps_aside(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether a call of :data:`VALUE_CALLS` must run with the dispatch mode stepped aside."""
+    if func in MATMUL:
+        return matmul_differs(func, args, kwargs)
+    if func in CROSS_ENTROPY:
+        return cross_entropy_differs(func, args, kwargs)
+    return True
 
 
 _KEY = object()  # our pre-hook's key in a node's hook dict: never a program's handle id

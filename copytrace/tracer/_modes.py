@@ -30,9 +30,8 @@ from copytrace.tracer import _mode_values
 from copytrace.tracer._mode_values import (
     BACKWARD,
     GRAD_NODE,
-    MATMUL,
     VALUE_CALLS,
-    matmul_differs,
+    steps_aside,
 )
 from copytrace.tracer._rules import _ALIAS, _BASIC_INDEX, _GETITEM, _aten_name, _basic_index
 from copytrace.tracer._warnplace import call_placed
@@ -85,7 +84,7 @@ class FunctionMode(TorchFunctionMode):
             kwargs = {}
         dispatch = self.dispatch
         if dispatch is not None and func in VALUE_CALLS:  # see _mode_values
-            if func not in MATMUL or matmul_differs(func, args, kwargs):
+            if steps_aside(func, args, kwargs):
                 return call_without(dispatch, call_placed, (func, args, kwargs), {})
         try:
             op = self._table.get(func)
@@ -191,7 +190,7 @@ class ValueMode(TorchFunctionMode):
             kwargs = {}
         dispatch = self._dispatch
         if func in VALUE_CALLS:
-            if func not in MATMUL or matmul_differs(func, args, kwargs):
+            if steps_aside(func, args, kwargs):
                 return call_without(dispatch, call_placed, (func, args, kwargs), {})
         elif func in BACKWARD:
             return run_backward(self, func, types, args, kwargs)
