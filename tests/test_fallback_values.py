@@ -249,7 +249,7 @@ def test_compiled_autograd_traces_the_node_hook_as_nothing():
 
 
 
-def _cross_entropy_program(loss, ignore=-100):
+def _cross_entropy_program(loss, ignore=-100, seed=0):
     """``loss(input, linear weight, target, class weights)`` and its gradients, with the
     shapes of ``nn.LinearCrossEntropyLoss(5, 4, out_features=(3, 2, 4))`` over an (8, 5)
     input: logits (8, 4, 3, 2, 4) and 192 class-index targets, about a tenth of them
@@ -257,6 +257,7 @@ def _cross_entropy_program(loss, ignore=-100):
     paths sum the same 192 values in the same order)."""
 
     def program():
+        torch.manual_seed(seed)
         x = torch.randn(8, 5, requires_grad=True)
         linear = torch.randn(4, 3, 2, 4, 5, requires_grad=True)
         target = torch.randint(0, 4, (8, 3, 2, 4))
@@ -288,12 +289,19 @@ CROSS_ENTROPY_FORMS = {
 
 @pytest.mark.parametrize("form", list(CROSS_ENTROPY_FORMS))
 def test_cross_entropy_with_class_weights_and_label_smoothing_equals_untraced(form):
-    program = _cross_entropy_program(CROSS_ENTROPY_FORMS[form])
-    untraced = _run(program, "untraced")
     # the smoothing term is divided by the targets' class weights summed: untraced over
     # masked_select's kept targets, under a dispatch mode over all 192 with the ignored
     # ones filled with 0 (cross_entropy_loss_label_smoothing): another grouping, other bits
-    assert _run(program, "plain") != untraced
+    # where the data and the CPU's vector width make the two sums round apart; the first of
+    # 10 seeds where a plain dispatch mode changes them is the one compared (seed 0 on the
+    # machines this was written on)
+    for seed in range(10):
+        program = _cross_entropy_program(CROSS_ENTROPY_FORMS[form], seed=seed)
+        untraced = _run(program, "untraced")
+        if _run(program, "plain") != untraced:
+            break
+    else:
+        pytest.skip("no seed of 10 makes a plain dispatch mode change the bits here")
     assert _run(program, "traced") == untraced
 
 
