@@ -40,7 +40,14 @@ from copytrace.tracer.compiled.stepaside import FUNCTION_STACK, call_without, li
 if TYPE_CHECKING:
     from copytrace.tracer._recorder import Recorder
 
-__all__ = ["FunctionMode", "DispatchMode", "ValueMode", "lift_for_node", "run_backward", "warm_up"]
+__all__ = [
+    "FunctionMode",
+    "DispatchMode",
+    "ValueMode",
+    "lift_for_node",
+    "run_with_value_mode",
+    "warm_up",
+]
 
 _perf_ns = time.perf_counter_ns
 _NoTorchFunction = torch._C.DisableTorchFunction
@@ -108,7 +115,7 @@ class FunctionMode(TorchFunctionMode):
         if func in BACKWARD and self.values is not None:
             with _NoTorchFunction():
                 self._rec.api_before(op, func, args, kwargs)  # checks the graph; no event
-            return run_backward(self.values, func, types, args, kwargs)
+            return run_with_value_mode(self.values, func, types, args, kwargs)
         return self._rec.api_call(op, func, args, kwargs)
 
     def _hook_nodes(self, dispatch: DispatchMode, out) -> None:
@@ -116,13 +123,13 @@ class FunctionMode(TorchFunctionMode):
 
     def _saving(self, dispatch: DispatchMode, func, types, args, kwargs):
         """``func(*args, **kwargs)`` while saved-tensor hooks are set: with ``ValueMode`` on
-        the stack for the pack hooks it calls (:func:`run_backward`, ``placed``). A pack hook's
-        own calls reach ``ValueMode``, which hooks the nodes made since the dispatch mode last
-        noted one and forgets the note, also the one this call's own ``prod`` made: so every
-        node this call made (numbered from the sequence number before it,
+        the stack for the pack hooks it calls (:func:`run_with_value_mode`, ``placed``). A pack
+        hook's own calls reach ``ValueMode``, which hooks the nodes made since the dispatch mode
+        last noted one and forgets the note, also the one this call's own ``prod`` made: so
+        every node this call made (numbered from the sequence number before it,
         ``torch._C._autograd._get_sequence_nr``) is looked at after it returns."""
         since = _sequence_nr()
-        out = run_backward(self.values, func, types, args, kwargs, placed=True)
+        out = run_with_value_mode(self.values, func, types, args, kwargs, placed=True)
         if _sequence_nr() > since:  # the call made autograd nodes
             dispatch.grad_since = since
         return out
@@ -172,7 +179,7 @@ class ValueMode(TorchFunctionMode):
     backward, a reentrant checkpoint's forward run again, a saved-tensor unpack hook) with the
     dispatch mode alone on the stack: a :data:`~copytrace.tracer._mode_values.MATMUL` or
     ``MODE_SENSITIVE`` call there would compute other bits and a ``prod`` node made there
-    would get no lift. :func:`run_backward` puts this mode on the function stack for the
+    would get no lift. :func:`run_with_value_mode` puts this mode on the function stack for the
     engine's run; it steps the dispatch mode aside for those calls and hooks the nodes, like
     :class:`FunctionMode`, and is put there again for a backward started inside backward.
     The same holds in forward for a saved-tensor pack hook, which the autograd kernel calls
@@ -193,14 +200,16 @@ class ValueMode(TorchFunctionMode):
             if steps_aside(func, args, kwargs):
                 return call_without(dispatch, call_placed, (func, args, kwargs), {})
         elif func in BACKWARD:
-            return run_backward(self, func, types, args, kwargs)
+            return run_with_value_mode(self, func, types, args, kwargs)
         out = call_placed(func, args, kwargs)
         if dispatch.grad_since is not None:
             _hook_nodes(self._rec, dispatch, out)
         return out
 
 
-def run_backward(mode: ValueMode, func, types, args: tuple, kwargs: dict, placed: bool = False):
+def run_with_value_mode(
+    mode: ValueMode, func, types, args: tuple, kwargs: dict, placed: bool = False
+):
     """``func(*args, **kwargs)``, a call made from a function mode's handler, with ``mode``
     on torch's function stack while it runs; taken off after, also when ``func`` raises.
 

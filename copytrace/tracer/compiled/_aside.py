@@ -41,7 +41,7 @@ class StepAside:
     def _suspend(self) -> tuple[Any, Any, Any]:
         """Take copytrace's modes off torch's stacks (cheap C calls, at every compiled call):
         its function mode, or inside backward the fallback's ``ValueMode`` in its place
-        (``_modes.run_backward``), and its dispatch mode. Returns what :meth:`_resume` takes."""
+        (``_modes.run_with_value_mode``), and its dispatch mode. Returns what :meth:`_resume` takes."""
         fmode, dmode = self._modes
         f_above = lift(*FUNCTION_STACK, fmode) if fmode is not None else None
         values = getattr(fmode, "values", None)
