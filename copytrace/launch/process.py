@@ -307,9 +307,9 @@ def _register_exec_hook() -> None:
     # The hook is called on any audit event, also inside a compiled region (``sys._getframe``,
     # ``object.__getattr__``), where dynamo would count its frame as one of the program's
     # (``counters["frames"]`` one higher): dynamo skips its code, and what it calls.
-    from copytrace.tracer.compiled._aside import _skip_codes
+    from copytrace.tracer.compiled import skip_codes
 
-    _skip_codes([_on_audit.__code__, _before_exec.__code__], recursive=True)
+    skip_codes([_on_audit.__code__, _before_exec.__code__], recursive=True)
 
 
 def _on_audit(event: str, args: tuple[Any, ...]) -> None:

@@ -54,14 +54,25 @@ graphs recorded, for the export), ``_aside.py`` (stepping aside: modes, hooks an
 of dynamo's sight), ``graphs.py`` (torch's compile log parsed) and ``stepaside.py`` (torch's
 mode stacks and hook dicts).
 
+:func:`skip_codes` is public: other rooms hand it the code objects of copytrace's functions
+that may be called inside a compiled region (the ``os.exec`` audit hook, called on every audit
+event, see :mod:`copytrace.launch.process`), so that dynamo skips them.
+
 Any error here is counted on the recorder (``note_error``), never raised.
 """
 
 from __future__ import annotations
 
-from copytrace.tracer.compiled._aside import copy_patched
+from copytrace.tracer.compiled._aside import copy_patched, skip_codes
 from copytrace.tracer.compiled._compiled import Compiled
 from copytrace.tracer.compiled._hook import suspended
 from copytrace.tracer.compiled.graphs import CompiledCall, CompiledGraphSpan
 
-__all__ = ["Compiled", "CompiledCall", "CompiledGraphSpan", "suspended", "copy_patched"]
+__all__ = [
+    "Compiled",
+    "CompiledCall",
+    "CompiledGraphSpan",
+    "suspended",
+    "copy_patched",
+    "skip_codes",
+]

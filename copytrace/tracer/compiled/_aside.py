@@ -41,7 +41,8 @@ class StepAside:
     def _suspend(self) -> tuple[Any, Any, Any]:
         """Take copytrace's modes off torch's stacks (cheap C calls, at every compiled call):
         its function mode, or inside backward the fallback's ``ValueMode`` in its place
-        (``_modes.run_with_value_mode``), and its dispatch mode. Returns what :meth:`_resume` takes."""
+        (``_modes.run_with_value_mode``), and its dispatch mode. Returns what :meth:`_resume`
+        takes."""
         fmode, dmode = self._modes
         f_above = lift(*FUNCTION_STACK, fmode) if fmode is not None else None
         values = getattr(fmode, "values", None)
@@ -109,7 +110,7 @@ class StepAside:
             return result
 
         _copytrace_callback._torchdynamo_orig_backend = callback  # type: ignore[attr-defined]
-        _skip_codes([_copytrace_callback.__code__], recursive=True)
+        skip_codes([_copytrace_callback.__code__], recursive=True)
         if len(self._callbacks) >= _MAX_CALLBACKS:  # many torch.compile calls: keep none alive
             self._callbacks.clear()
         self._callbacks[id(callback)] = (callback, _copytrace_callback)
@@ -141,7 +142,19 @@ class StepAside:
         return False
 
 
-def _skip_codes(codes: Any, recursive: bool) -> None:
+def skip_codes(codes: Any, recursive: bool) -> None:
+    """Tell dynamo to skip each code object in ``codes`` (an iterable of ``types.CodeType``):
+    a frame of one runs as plain Python, also inside a compiled region, is never traced into
+    a graph and is not counted as one of the program's frames (``counters["frames"]``).
+    ``recursive``: the frames it calls are skipped too (``FrameAction.SKIP`` for both the
+    frame and what it calls); otherwise only the frame itself, and those it calls are seen by
+    dynamo as untraced (``FrameAction.DEFAULT`` inside).
+
+    Through ``torch._dynamo.eval_frame.set_code_exec_strategy`` (a C function of
+    ``torch._C._dynamo.eval_frame``), which keeps the strategy in dynamo's extra state on the
+    code object: no Python state a program could observe. Does nothing on a torch without
+    that function. Raises nothing of its own; an item that is not a code object raises what
+    torch raises."""
     try:
         from torch._dynamo.eval_frame import (
             FrameAction,
@@ -166,7 +179,7 @@ def _skip_patch_codes(hooks: Any) -> None:
         code = getattr(getattr(hook, "__func__", hook), "__code__", None)
         if code is not None:
             codes.append(code)
-    _skip_codes(codes, recursive=False)
+    skip_codes(codes, recursive=False)
 
 
 _PATCHED_NAMES = (

@@ -15,8 +15,8 @@ import torch
 from copytrace.tracer.compiled._aside import (
     StepAside,
     _patched_names,
-    _skip_codes,
     _skip_patch_codes,
+    skip_codes,
 )
 from copytrace.tracer.compiled._calls import CallLog
 from copytrace.tracer.compiled._hook import (
@@ -348,5 +348,5 @@ def _skip_dynamo() -> None:
         codes += [f.__code__ for f in vars(cls).values() if hasattr(f, "__code__")]
     for code in list(codes):
         codes.extend(c for c in code.co_consts if hasattr(c, "co_code"))
-    _skip_codes(codes, recursive=True)
+    skip_codes(codes, recursive=True)
 
