@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _fallback_compare import PlainMode, run
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.checkpoint import checkpoint
 
 import copytrace
@@ -25,27 +25,6 @@ import copytrace
 @pytest.fixture(autouse=True)
 def _fallback(monkeypatch):
     monkeypatch.setenv("COPYTRACE_OBSERVER", "python")
-
-
-class _PlainMode(TorchDispatchMode):
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
-
-
-def _run(program, how):
-    """The bytes of ``program()``'s tensors: untraced, under a plain dispatch mode, or traced
-    on the fallback (no internal error)."""
-    torch.manual_seed(0)
-    if how == "plain":
-        with _PlainMode():
-            out = program()
-    elif how == "traced":
-        with copytrace.trace(write=False) as t:
-            out = program()
-        assert t.stats["errors"] == 0, t.first_error
-    else:
-        out = program()
-    return [v.detach().clone().numpy().tobytes() for v in out]
 
 
 # (5, 5, 5) @ (1, 5, 5), the batch of one not requiring grad: untraced one bmm over the
@@ -129,9 +108,9 @@ PROGRAMS = {
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_backward_computes_as_untraced(name):
     program = PROGRAMS[name]
-    untraced = _run(program, "untraced")
-    assert _run(program, "plain") != untraced  # any dispatch mode alone would change them
-    assert _run(program, "traced") == untraced
+    untraced = run(program, "untraced")
+    assert run(program, "plain") != untraced  # any dispatch mode alone would change them
+    assert run(program, "traced") == untraced
 
 
 def test_a_broadcast_matmul_in_a_non_reentrant_checkpoint_does_not_raise():
@@ -141,7 +120,7 @@ def test_a_broadcast_matmul_in_a_non_reentrant_checkpoint_does_not_raise():
     a, c = torch.randn(5, 5, 5, requires_grad=True), torch.randn(1, 5, 5)
     y = checkpoint(_broadcast_matmul, a, c, use_reentrant=False)
     with pytest.raises(torch.utils.checkpoint.CheckpointError, match="different metadata"):
-        with _PlainMode():
+        with PlainMode():
             y.sum().backward()
     with copytrace.trace(write=False) as t:
         _non_reentrant_checkpoint()
@@ -257,9 +236,9 @@ def _pack_hook_only():
 
 @pytest.mark.parametrize("program", [_pack_hook, _pack_hook_only])
 def test_a_pack_hook_computing_with_matmul(program):
-    untraced = _run(program, "untraced")
-    assert _run(program, "plain") != untraced  # the hook's broadcast matmul under a mode
-    assert _run(program, "traced") == untraced
+    untraced = run(program, "untraced")
+    assert run(program, "plain") != untraced  # the hook's broadcast matmul under a mode
+    assert run(program, "traced") == untraced
 
 
 def test_the_stacks_in_a_pack_hook_and_its_copies():
@@ -310,7 +289,7 @@ def test_compiled_code_in_backward_runs_with_no_mode_of_copytrace():
             y.prod(1).sum().backward()
         return [x.grad]
 
-    untraced = _run(program, "untraced")
+    untraced = run(program, "untraced")
     torch._dynamo.reset()
-    assert _run(program, "traced") == untraced
+    assert run(program, "traced") == untraced
     torch._dynamo.reset()

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from _fallback_compare import run
 from torch.utils.hooks import RemovableHandle
 
 import copytrace
@@ -26,33 +26,6 @@ from copytrace.tracer import _mode_values
 @pytest.fixture(autouse=True)
 def _fallback(monkeypatch):
     monkeypatch.setenv("COPYTRACE_OBSERVER", "python")
-
-
-class _PlainMode(TorchDispatchMode):
-    """Any dispatch mode at all: what the fallback's would do without copytrace's care."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        return func(*args, **(kwargs or {}))
-
-
-def _bits(values):
-    return [v.detach().clone().numpy().tobytes() for v in values]
-
-
-def _run(program, how):
-    """``program()``'s tensors (values and gradients) as bytes: untraced, traced on the
-    fallback, or under a plain dispatch mode."""
-    torch.manual_seed(0)
-    if how == "untraced":
-        return _bits(program())
-    if how == "plain":
-        with _PlainMode():
-            return _bits(program())
-    with copytrace.trace(write=False) as t:
-        assert torch._C._len_torch_dispatch_stack() == 1  # the fallback's mode is on
-        out = _bits(program())
-    assert t.stats["errors"] == 0, t.first_error
-    return out
 
 
 def _prod_program(forward):
@@ -80,11 +53,11 @@ PROD_FORMS = {
 @pytest.mark.parametrize("form", list(PROD_FORMS))
 def test_prod_gradients_equal_untraced(form):
     program = _prod_program(PROD_FORMS[form])
-    untraced = _run(program, "untraced")
+    untraced = run(program, "untraced")
     # x has no zero: untraced, prod_backward is grad * result / input; under a dispatch
     # mode it is the product of cumulative products, other bits
-    assert _run(program, "plain")[1] != untraced[1]
-    assert _run(program, "traced") == untraced
+    assert run(program, "plain")[1] != untraced[1]
+    assert run(program, "traced") == untraced
 
 
 def _matmul_program(call):
@@ -115,20 +88,20 @@ def _kernels(program, how):
     """The matrix-product kernels ``program`` runs (torch's profiler: RecordFunction, which
     sees them whatever mode is on)."""
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        _run(program, how)
+        run(program, how)
     return sorted({e.name for e in prof.events() if e.name in ("aten::mm", "aten::bmm")})
 
 
 @pytest.mark.parametrize("form", list(MATMUL_FORMS))
 def test_matmul_with_a_broadcast_batch_of_one_equals_untraced(form):
     program = _matmul_program(MATMUL_FORMS[form])
-    untraced = _run(program, "untraced")
+    untraced = run(program, "untraced")
     # (5, 5, 5) @ (1, 5, 5): untraced one bmm over the expanded batch; under a dispatch mode
     # the batch of one is squeezed and the other folded into one mm, with other rounding
     assert _kernels(program, "untraced") == ["aten::bmm"]
     assert _kernels(program, "plain") == ["aten::mm"]
     assert _kernels(program, "traced") == ["aten::bmm"]
-    assert _run(program, "traced") == untraced
+    assert run(program, "traced") == untraced
 
 
 def test_prod_gradients_with_retain_graph_and_double_backward():
@@ -140,9 +113,9 @@ def test_prod_gradients_with_retain_graph_and_double_backward():
         (gg,) = torch.autograd.grad(g2.sum(), x)  # through the graph the backward made
         return [g1, g2, gg]
 
-    untraced = _run(program, "untraced")
-    assert _run(program, "plain")[:2] != untraced[:2]
-    assert _run(program, "traced") == untraced
+    untraced = run(program, "untraced")
+    assert run(program, "plain")[:2] != untraced[:2]
+    assert run(program, "traced") == untraced
 
 
 @pytest.mark.parametrize("reentrant", [False, True])
@@ -159,9 +132,9 @@ def test_prod_inside_a_checkpoint(reentrant):
         y.sum().backward()
         return [y, x.grad, lin.weight.grad]
 
-    untraced = _run(program, "untraced")
-    assert _run(program, "plain")[1] != untraced[1]
-    assert _run(program, "traced") == untraced
+    untraced = run(program, "untraced")
+    assert run(program, "plain")[1] != untraced[1]
+    assert run(program, "traced") == untraced
 
 
 def test_an_error_in_backward_leaves_the_mode_stack_as_it_was():
@@ -248,7 +221,6 @@ def test_compiled_autograd_traces_the_node_hook_as_nothing():
     assert t.stats["errors"] == 0
 
 
-
 def _cross_entropy_program(loss, ignore=-100, seed=0):
     """``loss(input, linear weight, target, class weights)`` and its gradients, with the
     shapes of ``nn.LinearCrossEntropyLoss(5, 4, out_features=(3, 2, 4))`` over an (8, 5)
@@ -297,12 +269,12 @@ def test_cross_entropy_with_class_weights_and_label_smoothing_equals_untraced(fo
     # machines this was written on)
     for seed in range(10):
         program = _cross_entropy_program(CROSS_ENTROPY_FORMS[form], seed=seed)
-        untraced = _run(program, "untraced")
-        if _run(program, "plain") != untraced:
+        untraced = run(program, "untraced")
+        if run(program, "plain") != untraced:
             break
     else:
         pytest.skip("no seed of 10 makes a plain dispatch mode change the bits here")
-    assert _run(program, "traced") == untraced
+    assert run(program, "traced") == untraced
 
 
 def test_only_the_branching_cross_entropy_steps_aside():
