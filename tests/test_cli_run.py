@@ -183,6 +183,44 @@ def test_run_leaves_the_script_as_main_for_its_atexit_handlers(tmp_path, end, ha
     assert traced.stdout == plain.stdout, traced.stderr
 
 
+_SAVE_AT_EXIT = (
+    "import atexit, pickle, sys\n"
+    "class Config:\n    pass\n"
+    "def save():\n"  # a handler that pickles an object of a class the module defines
+    "    main = sys.modules['__main__']\n"
+    "    print(main.__name__, type(pickle.loads(pickle.dumps(Config()))) is Config)\n"
+    "atexit.register(save)\n"
+    "print(sys.argv, __name__, __spec__.name, sys.modules['__main__'] is sys.modules[__name__])\n"
+)
+
+
+def _plain_and_traced(tmp_path, command):
+    plain = subprocess.run(
+        [sys.executable, *command],
+        capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    traced = subprocess.run(
+        [sys.executable, "-m", "copytrace", "run", "--no-report", "-o", str(tmp_path / "o"),
+         *command],
+        capture_output=True, text=True, env=_env(), cwd=tmp_path, timeout=120,
+    )  # fmt: skip
+    assert plain.returncode == traced.returncode == 0, traced.stderr
+    return plain, traced
+
+
+def test_run_dash_m_leaves_the_module_as_main_for_its_atexit_handlers(tmp_path):
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("")
+    (tmp_path / "pkg" / "job.py").write_text(_SAVE_AT_EXIT)
+    plain, traced = _plain_and_traced(tmp_path, ["-m", "pkg.job", "--flag"])
+    # python -m runs the module in __main__'s globals and keeps it there until exit:
+    # argv[0] is the module's file, and pickle finds Config in __main__ at exit.
+    job = str(tmp_path / "pkg" / "job.py")
+    assert plain.stdout == f"[{job!r}, '--flag'] __main__ pkg.job True\n__main__ True\n"
+    assert traced.stdout == plain.stdout, traced.stderr
+    assert "Exception ignored" not in traced.stderr
+
+
 def test_ctrl_c_exit_status_is_the_same_traced(tmp_path):
     script = tmp_path / "ki.py"
     script.write_text("import torch\ntorch.ones(2).clone()\nraise KeyboardInterrupt\n")

@@ -303,7 +303,7 @@ def _run_program(
     sys.path.insert(0, os.getcwd() if is_module else str(Path(target).resolve().parent))
     try:
         if is_module:
-            kept = runpy.run_module(target, run_name="__main__", alter_sys=True)
+            kept = _run_as_main(target, alter_argv=True)
         else:
             kept = _run_script(target)
     except SystemExit as exc:  # an exit status, not an error (as under COPYTRACE=1)
@@ -356,6 +356,20 @@ def _run_script(target: str) -> dict[str, Any]:
             module.__dict__.pop("__file__", None)
             module.__dict__.pop("__cached__", None)
     return module.__dict__
+
+
+def _run_as_main(name: str, alter_argv: bool) -> dict[str, Any]:
+    """Run module ``name`` as ``python -m name`` does: through
+    ``runpy._run_module_as_main``, the function CPython's ``pymain_run_module`` calls, in the
+    globals of a new module put in ``sys.modules["__main__"]``. So, as under python, the
+    module stays ``__main__`` after it ends (its ``atexit`` handlers pickle the classes it
+    defines; ``runpy.run_module`` puts copytrace's ``__main__`` back), ``sys.argv[0]`` is the
+    module's file, and a package without ``__main__`` ends with python's one-line
+    ``SystemExit`` message. Returns the module's globals."""
+    module = types.ModuleType("__main__")
+    module.__dict__["__builtins__"] = builtins
+    sys.modules["__main__"] = module
+    return runpy._run_module_as_main(name, alter_argv=alter_argv)  # type: ignore[attr-defined]
 
 
 def _print_program_traceback() -> None:
