@@ -221,6 +221,23 @@ def test_run_dash_m_leaves_the_module_as_main_for_its_atexit_handlers(tmp_path):
     assert "Exception ignored" not in traced.stderr
 
 
+def test_run_zipapp_keeps_argv0_as_typed_and_its_main_for_atexit(tmp_path):
+    import zipapp
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "__main__.py").write_text(
+        _SAVE_AT_EXIT.replace("__spec__.name", "__file__") + "print(sys.path[0])\n"
+    )
+    zipapp.create_archive(tmp_path / "src", tmp_path / "app.pyz")
+    plain, traced = _plain_and_traced(tmp_path, ["app.pyz", "x"])
+    # argv[0] as typed, __file__ inside the archive, the archive (absolute) first on the path
+    app = str(tmp_path / "app.pyz")
+    assert plain.stdout == (
+        f"['app.pyz', 'x'] __main__ {app}/__main__.py True\n{app}\n__main__ True\n"
+    )
+    assert traced.stdout == plain.stdout, traced.stderr
+
+
 def test_ctrl_c_exit_status_is_the_same_traced(tmp_path):
     script = tmp_path / "ki.py"
     script.write_text("import torch\ntorch.ones(2).clone()\nraise KeyboardInterrupt\n")

@@ -300,10 +300,18 @@ def _run_program(
         under ``python``.
     """
     saved_path = sys.path[:]
-    sys.path.insert(0, os.getcwd() if is_module else str(Path(target).resolve().parent))
+    zipapp = not is_module and zipfile.is_zipfile(target)
+    if is_module:
+        sys.path.insert(0, os.getcwd())
+    elif zipapp:  # python puts the archive itself first, not its folder
+        sys.path.insert(0, os.path.abspath(target))
+    else:
+        sys.path.insert(0, str(Path(target).resolve().parent))
     try:
         if is_module:
             kept = _run_as_main(target, alter_argv=True)
+        elif zipapp:
+            kept = _run_as_main("__main__", alter_argv=False)
         else:
             kept = _run_script(target)
     except SystemExit as exc:  # an exit status, not an error (as under COPYTRACE=1)
@@ -326,16 +334,14 @@ def _run_script(target: str) -> dict[str, Any]:
     As python: ``__main__.__file__`` and the code's file name are absolute (a script may
     chdir), ``sys.argv[0]`` stays as typed (``runpy.run_path`` would make it absolute),
     ``__loader__`` is a ``SourceFileLoader`` and ``__spec__`` None (``run_path``: None
-    and None). A zip application goes through ``runpy.run_path``, as python's zipimport.
-    ``sys.modules["__main__"]`` is the script's module from then on, as under python: its
-    ``atexit`` handlers find its globals there (``run_path`` puts copytrace's back, and a
-    class of the script no longer pickles at exit). Its ``__file__`` and ``__cached__``
+    and None). ``sys.modules["__main__"]`` is the script's module from then on, as under
+    python: its ``atexit`` handlers find its globals there (``run_path`` puts copytrace's
+    back, and a class of the script no longer pickles at exit). Its ``__file__`` and ``__cached__``
     go when it ends, or fails, as CPython's ``_PyRun_SimpleFileObject`` drops them; a
-    ``SystemExit`` leaves them (python exits from inside the run).
+    ``SystemExit`` leaves them (python exits from inside the run). A zip application goes
+    through :func:`_run_as_main`.
     """
     path = os.path.abspath(target)
-    if zipfile.is_zipfile(path):
-        return runpy.run_path(path, run_name="__main__")
     with io.open_code(path) as f:
         code = compile(f.read(), path, "exec", dont_inherit=True)  # bytes: its coding line
     module = types.ModuleType("__main__")
@@ -359,13 +365,16 @@ def _run_script(target: str) -> dict[str, Any]:
 
 
 def _run_as_main(name: str, alter_argv: bool) -> dict[str, Any]:
-    """Run module ``name`` as ``python -m name`` does: through
-    ``runpy._run_module_as_main``, the function CPython's ``pymain_run_module`` calls, in the
-    globals of a new module put in ``sys.modules["__main__"]``. So, as under python, the
-    module stays ``__main__`` after it ends (its ``atexit`` handlers pickle the classes it
-    defines; ``runpy.run_module`` puts copytrace's ``__main__`` back), ``sys.argv[0]`` is the
-    module's file, and a package without ``__main__`` ends with python's one-line
-    ``SystemExit`` message. Returns the module's globals."""
+    """Run module ``name`` as ``python -m name`` (``alter_argv``) or a zip application's
+    ``__main__`` as ``python app.pyz`` (not ``alter_argv``; the archive is ``sys.path[0]``)
+    do: through ``runpy._run_module_as_main``, the function CPython's ``pymain_run_module``
+    and ``pymain_run_main_from_importer`` call, in the globals of a new module put in
+    ``sys.modules["__main__"]``. So, as under python, the module stays ``__main__`` after it
+    ends (its ``atexit`` handlers pickle the classes it defines; ``runpy.run_module`` and
+    ``run_path`` put copytrace's ``__main__`` back), ``sys.argv[0]`` is the module's file for
+    ``-m`` and stays as typed for an archive (``run_path`` makes it absolute), and a package
+    without ``__main__`` ends with python's one-line ``SystemExit`` message. Returns the
+    module's globals."""
     module = types.ModuleType("__main__")
     module.__dict__["__builtins__"] = builtins
     sys.modules["__main__"] = module
