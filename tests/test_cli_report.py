@@ -142,6 +142,36 @@ def test_summary(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     assert SCRIPT_MODULE in capsys.readouterr().out  # plain text: not escaped
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["/venv/bin/python", "-m", "copytrace", "run", "-o", "out", "--", "fit.py", "--lr", "1"],
+        ["/venv/bin/python3.11", "-u", "/venv/bin/copytrace", "run", "--no-report",
+         "fit.py", "--lr", "1"],
+    ],
+)  # fmt: skip
+def test_summary_of_a_cut_short_copytrace_run_shows_the_program(
+    tmp_path: Path, capsys: pytest.CaptureFixture, argv: list[str]
+) -> None:
+    # A process killed under ``copytrace run`` leaves no run span (which holds the program's
+    # argv); its resource holds the process's own command, copytrace's.
+    from _tracegen import trace_lines
+
+    events, steps = (json.loads(line) for line in trace_lines()[:2])
+    for doc in (events, steps):
+        doc["resourceSpans"][0]["resource"]["attributes"].append({
+            "key": "process.command_args",
+            "value": {"arrayValue": {"values": [{"stringValue": a} for a in argv]}},
+        })  # fmt: skip
+    (tmp_path / "copytrace-testhost-4242.otlp.jsonl").write_text(
+        json.dumps(events) + "\n" + json.dumps(steps) + "\n"
+    )
+    assert main(["summary", str(tmp_path), "--no-analysis"]) == 0
+    out = capsys.readouterr().out
+    assert "  command: fit.py --lr 1\n" in out
+    assert "(no run span: trace incomplete)" in out
+
+
 def test_summary_of_a_real_trace(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The program of tests/_realtrace.py, traced for real: counts, bytes and the hazard."""
     write_real_trace(tmp_path)

@@ -91,3 +91,26 @@ def test_bad_run_number_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert code == 2 and out == ""
     assert err == f"copytrace: error: --run 3: {tmp_path} holds runs 1-2\n"
     assert main(["check", str(tmp_path), "--run", "1", "--allow-partial"]) == 0
+
+
+@pytest.mark.parametrize(
+    "argv, program",
+    [
+        (["python", "-m", "copytrace", "run", "-o", "out", "--py-spy-rate", "50", "--py-spy",
+          "t.py", "-o", "x"], ["t.py", "-o", "x"]),
+        (["/v/bin/python3", "-X", "dev", "-W", "error", "-m", "copytrace", "run", "--", "-t.py"],
+         ["-t.py"]),
+        (["/v/bin/python", "/v/bin/copytrace", "run", "--output=o", "-m", "pkg.m", "--no-report"],
+         ["-m", "pkg.m", "--no-report"]),
+        # not copytrace run: as it is
+        (["python", "train.py", "run"], ["python", "train.py", "run"]),
+        (["python", "-m", "copytrace", "summary", "out"],
+         ["python", "-m", "copytrace", "summary", "out"]),
+        (["train.py", 1], ["train.py", "1"]),
+        ([], []),
+    ],
+)  # fmt: skip
+def test_program_args_drops_copytrace_run_and_its_options(argv, program):
+    from copytrace.tracefile import program_args
+
+    assert program_args(argv) == program

@@ -229,34 +229,24 @@ def _packed_plotly_js() -> str:
 
 
 _PY = re.compile(r"python[0-9.]*(\.exe)?")
-#: ``copytrace run`` options that take a value (the rest are flags).
-_RUN_VALUE_OPTIONS = ("-o", "--output", "--py-spy-format", "--py-spy-rate")
 
 
 def short_command(command: str, limit: int = 80) -> str:
     """The program and its arguments, for a title: ``train.py --epochs 1``.
 
-    Drops a leading python interpreter and ``copytrace run [options]`` (traces written
-    before ``copytrace run`` recorded the program's own argv), shortens the script to its
-    file name, and cuts the text at ``limit`` characters.
+    Drops ``copytrace run [options]`` (traces written before ``copytrace run`` recorded the
+    program's own argv: ``tracefile.program_args``) and a leading python interpreter,
+    shortens the script to its file name, and cuts the text at ``limit`` characters.
     """
+    from copytrace.tracefile import program_args
+
     try:
         args = shlex.split(command)
     except ValueError:
         args = command.split()
+    args = program_args(args)
     if args and _PY.fullmatch(os.path.basename(args[0])):
         args = args[1:]
-    if args[:2] == ["-m", "copytrace"] or (args and os.path.basename(args[0]) == "copytrace"):
-        rest = args[2:] if args[0] == "-m" else args[1:]
-        if rest[:1] == ["run"]:
-            rest = rest[1:]
-            while rest and rest[0].startswith("-") and rest[0] != "-m":
-                opt = rest.pop(0)
-                if opt == "--":
-                    break
-                if opt in _RUN_VALUE_OPTIONS and rest:
-                    rest.pop(0)
-            args = rest
     if args and not args[0].startswith("-"):
         args[0] = os.path.basename(args[0]) or args[0]
     text = " ".join(shlex.quote(a) for a in args)

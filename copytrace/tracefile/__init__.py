@@ -33,6 +33,8 @@ __all__ = [
     "decode_value",
     "event_table",
     "load_trace",
+    "program_args",
+    "resource_command",
     "run_groups",
     "table_from_trace",
 ]
@@ -43,7 +45,7 @@ def __getattr__(name: str) -> Any:
         from copytrace.tracefile import _table
 
         return getattr(_table, name)
-    if name in ("RunGroup", "run_groups"):
+    if name in ("RunGroup", "program_args", "resource_command", "run_groups"):
         from copytrace.tracefile import _runs
 
         return getattr(_runs, name)

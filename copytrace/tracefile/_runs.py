@@ -9,10 +9,51 @@ processes are grouped, by start time, into runs whose time spans do not overlap.
 from __future__ import annotations
 
 import json
+import os
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["RunGroup", "run_groups"]
+__all__ = ["RunGroup", "program_args", "resource_command", "run_groups"]
+
+_PY = re.compile(r"python[0-9.]*(\.exe)?")
+#: the interpreter's options that take the next argument as their value
+_PY_VALUE_OPTIONS = ("-W", "-X")
+#: ``copytrace run`` options that take a value (the rest are flags).
+_RUN_VALUE_OPTIONS = ("-o", "--output", "--py-spy-format", "--py-spy-rate")
+
+
+def program_args(argv: Sequence[Any]) -> list[str]:
+    """The program's own command from a process's recorded ``argv``: ``["train.py",
+    "--epochs", "1"]`` of ``python -m copytrace run -o out -- train.py --epochs 1`` (or of
+    the ``copytrace`` console script, ``python /venv/bin/copytrace run ...``). The resource's
+    ``process.command_args`` is the process's whole command (``sys.orig_argv``), which under
+    ``copytrace run`` is copytrace's; the run span's is the program's, but a trace cut short
+    (the process killed) has no run span. Any other ``argv`` is returned as it is (as
+    strings), the interpreter included."""
+    args = [str(a) for a in argv]
+    i = 0
+    if args and _PY.fullmatch(os.path.basename(args[0])):
+        i = 1
+        while i < len(args) and args[i].startswith("-") and args[i] != "-m":
+            i += 2 if args[i] in _PY_VALUE_OPTIONS else 1
+    if args[i : i + 2] == ["-m", "copytrace"]:
+        i += 2
+    elif i < len(args) and os.path.basename(args[i]) == "copytrace":
+        i += 1
+    else:
+        return args
+    if args[i : i + 1] != ["run"]:
+        return args
+    rest = args[i + 1 :]
+    while rest and rest[0].startswith("-") and rest[0] != "-m":
+        opt = rest.pop(0)
+        if opt == "--":
+            break
+        if opt in _RUN_VALUE_OPTIONS and rest:
+            rest.pop(0)
+    return rest
 
 
 @dataclass
@@ -49,10 +90,21 @@ class RunGroup:
 
 
 def _command(attrs: dict[str, Any]) -> str:
+    """A run span's ``process.command_args`` (the program's argv) joined; '' if absent."""
     argv = attrs.get("process.command_args")
     if isinstance(argv, list):
         return " ".join(str(a) for a in argv)
-    return str(argv or attrs.get("process.command_line") or "")
+    return str(argv or "")
+
+
+def resource_command(res: dict[str, Any]) -> str:
+    """The program's command from a resource's ``process.command_args`` (or an SDK
+    detector's ``process.command_line``), through :func:`program_args`; '' if unknown."""
+    argv = res.get("process.command_args")
+    if isinstance(argv, list):
+        return " ".join(program_args(argv))
+    line = argv or res.get("process.command_line")
+    return " ".join(program_args(str(line).split(" "))) if line else ""
 
 
 def run_groups(table: Any) -> list[RunGroup]:
@@ -62,7 +114,7 @@ def run_groups(table: Any) -> list[RunGroup]:
     bounds: dict[str, list[int]] = {}
     commands: dict[str, str] = {}
     for run, res in table.resources.items():
-        commands[run] = _command(res)
+        commands[run] = resource_command(res)
     for part in table.parts:
         if part.rows == 0:
             continue

@@ -20,11 +20,17 @@ def _label(rank: int | None, pid: int | None, index: int) -> str:
 
 
 def _command(meta: RunMeta) -> str:
-    res, attrs = meta.resource, meta.attrs
-    argv = attrs.get("process.command_args", res.get("process.command_args"))
+    """The run span's command (the program's argv), else the program's part of the
+    resource's (a trace cut short has no run span; under ``copytrace run`` the resource
+    holds copytrace's own command: ``tracefile.resource_command``)."""
+    argv = meta.attrs.get("process.command_args")
     if isinstance(argv, list):
         return " ".join(str(a) for a in argv)
-    return as_str(argv or res.get("process.command_line"))
+    if argv:
+        return as_str(argv)
+    from copytrace.tracefile import resource_command
+
+    return resource_command(meta.resource)
 
 
 def _info(meta: RunMeta, index: int) -> RunInfo:
