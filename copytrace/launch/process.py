@@ -288,19 +288,31 @@ def _register_exec_hook() -> None:
     without running ``atexit``: before, the trace recorded so far was lost and the launch's
     marker stayed "running" (the root's report waited for it, the launch folder stayed).
 
-    An audit hook (PEP 578, ``sys.addaudithook``): CPython raises the ``os.exec`` audit event
-    in every ``os.exec*`` function just before the ``exec`` system call (``os_execv_impl``,
-    ``os_execve_impl``); ``subprocess`` and ``os.posix_spawn`` raise other events and are not
-    affected. A hook cannot be removed, so it stays for the interpreter's life and does
-    nothing once this process has finished (one string comparison per audit event). Added at
-    the first trace start (torch imported: see below). Nothing is done where adding it fails
-    (an audit hook of the program's refused it): a warning says so.
+    An audit hook (PEP 578): CPython raises the ``os.exec`` audit event in every ``os.exec*``
+    function just before the ``exec`` system call (``os_execv_impl``, ``os_execve_impl``);
+    ``subprocess`` and ``os.posix_spawn`` raise other events and are not affected. A hook
+    cannot be removed, so it stays for the interpreter's life and does nothing once this
+    process has finished. CPython calls it on every audit event: where the C++ observer is
+    loaded it is a C hook (``exec_hook``, ``_native/audit.cpp``) that compares the event's
+    name in C and calls Python (:func:`_on_exec`) on ``os.exec`` only; elsewhere a Python
+    hook (``sys.addaudithook``, :func:`_on_audit`), a Python call per event (about 25 a copy
+    on the Python fallback: ``benchmarks/audit_hook.py``). Added at the first trace start
+    (torch imported: see below). Nothing is done where adding it fails (an audit hook of the
+    program's refused it with an error that is not a ``RuntimeError``, for the C hook, or not
+    an ``Exception``, for the Python one; CPython drops the others silently): a warning says
+    so.
     """
     if _EXEC_HOOK[0]:
         return
     _EXEC_HOOK[0] = True
+    from copytrace.tracer import _native
+
+    native = _native.loaded()
     try:
-        sys.addaudithook(_on_audit)
+        if native is not None:
+            native.exec_hook(_on_exec)
+        else:
+            sys.addaudithook(_on_audit)
     except Exception as err:  # a hook of the program's refused ours
         warn(f"os.exec* will not write this process's trace: {type(err).__name__}: {err}")
         return
@@ -309,11 +321,17 @@ def _register_exec_hook() -> None:
     # (``counters["frames"]`` one higher): dynamo skips its code, and what it calls.
     from copytrace.tracer.compiled import skip_codes
 
-    skip_codes([_on_audit.__code__, _before_exec.__code__], recursive=True)
+    skip_codes([_on_audit.__code__, _on_exec.__code__, _before_exec.__code__], recursive=True)
 
 
 def _on_audit(event: str, args: tuple[Any, ...]) -> None:
     if event == "os.exec" and S.active and not S.finished:
+        _before_exec()
+
+
+def _on_exec() -> None:
+    """The C hook's call at an ``os.exec`` audit event."""
+    if S.active and not S.finished:
         _before_exec()
 
 

@@ -43,7 +43,8 @@ _HERE = Path(__file__).parent
 #: torch's Tensor headers for the five.
 _UNITS = (
     "torch_units.cpp", "api_mode.cpp", "warn_shim.cpp", "lean.cpp", "hotpatch.cpp",
-    "frames.cpp", "attached.cpp", "compiled.cpp", "columns.cpp", "otlp.cpp", "module.cpp",
+    "frames.cpp", "audit.cpp", "attached.cpp", "compiled.cpp", "columns.cpp", "otlp.cpp",
+    "module.cpp",
 )  # fmt: skip
 _SOURCES = tuple(_HERE / unit for unit in _UNITS)
 #: Everything the build reads (every unit, included or not, and the header): a change to any of

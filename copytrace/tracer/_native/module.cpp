@@ -119,6 +119,10 @@ PyMethodDef g_methods[] = {
     {"optimizer_step_seen", py_optimizer_step_seen, METH_NOARGS,
      "optimizer_step_seen(): from Optimizer._optimizer_step_code, after each step(): counted "
      "while idle (see copytrace/tracer/_stepcode.py); raises nothing"},
+    // audit.cpp
+    {"exec_hook", py_exec_hook, METH_O,
+     "exec_hook(on_exec): call on_exec() at each os.exec audit event, from a C audit hook "
+     "added once (None: call nothing)"},
     // frames.cpp
     {"call_site", FN(call_site), METH_FASTCALL,
      "call_site(classify): the user's (file, line, function, via, library) or None (see "

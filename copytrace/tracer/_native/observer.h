@@ -11,6 +11,7 @@
 //   facts.cpp      a tensor's facts in one call; copy_slots
 //   steps.cpp      optimizer steps from torch's Optimizer.step# record scope
 //   frames.cpp     call sites, frame variables                              (Python only)
+//   audit.cpp      the os.exec audit hook, calling Python on that event only (Python only)
 //   record.cpp     an API call's whole event in one call, by the rule table (_rules.RULES)
 //   attached.cpp   an attached copy's tag, entry and call-site count in C       (Python only)
 //   watch_cb.cpp   level lean's write watch: a RecordFunction callback while a tensor is watched
@@ -336,6 +337,8 @@ PyObject* py_storage_owners(PyObject*, PyObject* address);
 COPYTRACE_FAST(py_set_step_hooks)
 COPYTRACE_FAST(py_set_step_idle)
 COPYTRACE_O(py_set_step_code) COPYTRACE_NOARGS(py_optimizer_step_seen)
+// audit.cpp
+COPYTRACE_O(py_exec_hook)
 // frames.cpp
 COPYTRACE_NOARGS(py_clear_sites) COPYTRACE_FAST(py_frame_var)
 COPYTRACE_FAST(py_module_calls)

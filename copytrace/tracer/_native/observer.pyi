@@ -194,6 +194,11 @@ def bind_torch_function(mode: object, /) -> Callable[..., Any]:
 def entry_frames() -> tuple[FrameType, ...]: ...
 def has_entry_frames() -> bool: ...
 
+# --- audit.cpp ------------------------------------------------------------------------------
+def exec_hook(on_exec: Callable[[], object] | None, /) -> None:
+    """Call on_exec() at each os.exec audit event, from a C audit hook added once for the
+    process's life (None: call nothing); raises what an audit hook refusing it raises."""
+
 # --- warn_shim.cpp --------------------------------------------------------------------------
 def make_warn(orig: Callable[..., None], /) -> Callable[..., None]:
     """A warnings.warn calling `orig` with the stacklevel counted as untraced."""
