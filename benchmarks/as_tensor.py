@@ -22,10 +22,8 @@ change.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -64,25 +62,6 @@ def _child(calls: int, rounds: int, lib: str | None) -> None:
     assert torch.as_tensor is as_tensor  # put back after tracing
 
 
-def _parts(argv: list[str], env: dict[str, str], instructions_: bool, tmp: Path) -> dict:
-    import instructions
-
-    if not instructions_:
-        proc = subprocess.run(argv, env=env, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise SystemExit(f"as_tensor.py: the child failed:\n{proc.stderr[-4000:]}")
-        rows = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
-        return {r["part"]: r["ns"] / r["count"] for r in rows if r["count"]}
-    lib = instructions._build_marker(tmp)
-    out = tmp / "callgrind.out"
-    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-           f"--callgrind-out-file={out}", *argv, "--lib", str(lib)]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"as_tensor.py: the run under valgrind failed:\n{proc.stderr[-4000:]}")
-    return {k: ir / n for k, (ir, n) in instructions.read_dumps(out).items() if n}
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200_000)
@@ -105,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
     child = [sys.executable, str(Path(__file__).resolve()), "--child",
              "--calls", str(args.calls), "--rounds", str(args.rounds)]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="copytrace-as-tensor-") as tmp:
-        parts = _parts(child, instructions._env(), args.instructions, Path(tmp))
+        parts, _ = instructions.run_parts(
+            child, instructions._env(), args.instructions, Path(tmp), "as_tensor.py"
+        )
     unit = "instructions" if args.instructions else "CPU ns"
     print(f"{unit} per torch.as_tensor call; load average {os.getloadavg()[0]:.1f}")
     for case in CASES:

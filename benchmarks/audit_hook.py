@@ -30,22 +30,11 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-
-
-def _loop(x, y, steps: int) -> None:
-    import torch
-
-    for _ in range(steps):
-        for _ in range(33):
-            a = x.clone()  # noqa: F841
-            b = y.detach()  # noqa: F841
-            c = y.to(torch.float64)  # noqa: F841
 
 
 def _frames(calls: int) -> None:
@@ -58,6 +47,7 @@ def _child(calls: int, steps: int, rounds: int, lib: str | None) -> None:
     """The parts, without then with copytrace's hook; then the audit events per copy."""
     import torch
     from instructions import Counter
+    from per_event import _loop  # the same 99 copy events a step
 
     import copytrace
     from copytrace.launch import process
@@ -101,38 +91,6 @@ def _child(calls: int, steps: int, rounds: int, lib: str | None) -> None:
     print(json.dumps({"audit_events_per_copy": events / (steps * 99)}), flush=True)
 
 
-def _parts_timed(argv: list[str], env: dict[str, str]) -> tuple[dict[str, float], float]:
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"audit_hook.py: the child failed:\n{proc.stderr[-4000:]}")
-    parts, per_copy = {}, 0.0
-    for line in proc.stdout.splitlines():
-        row = json.loads(line)
-        if "audit_events_per_copy" in row:
-            per_copy = row["audit_events_per_copy"]
-        elif row["count"]:  # not a settling part
-            parts[row["part"]] = row["ns"] / row["count"]
-    return parts, per_copy
-
-
-def _parts_counted(argv: list[str], env: dict[str, str], tmp: Path) -> tuple[dict, float]:
-    import instructions
-
-    lib = instructions._build_marker(tmp)
-    out = tmp / "callgrind.out"
-    cmd = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
-           f"--callgrind-out-file={out}", *argv, "--lib", str(lib)]  # fmt: skip
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise SystemExit(f"audit_hook.py: the run under valgrind failed:\n{proc.stderr[-4000:]}")
-    per_copy = 0.0
-    for line in proc.stdout.splitlines():
-        if line.startswith("{"):
-            per_copy = json.loads(line).get("audit_events_per_copy", per_copy)
-    parts = {k: ir / n for k, (ir, n) in instructions.read_dumps(out).items() if n}
-    return parts, per_copy
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=200_000, help="sys._getframe() calls")
@@ -162,12 +120,12 @@ def main(argv: list[str] | None = None) -> int:
     child = [sys.executable, str(Path(__file__).resolve()), "--child", "--calls",
              str(args.calls), "--steps", str(args.steps), "--rounds", str(args.rounds)]  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="copytrace-audit-") as tmp:
-        if args.instructions:
-            parts, per_copy = _parts_counted(child, env, Path(tmp))
-            unit = "instructions"
-        else:
-            parts, per_copy = _parts_timed(child, env)
-            unit = "CPU ns"
+        parts, other = instructions.run_parts(
+            child, env, args.instructions, Path(tmp), "audit_hook.py"
+        )
+    rows = [json.loads(line) for line in other if line.startswith("{")]
+    per_copy = next((r["audit_events_per_copy"] for r in rows if "audit_events_per_copy" in r), 0.0)
+    unit = "instructions" if args.instructions else "CPU ns"
     path = "the Python fallback and hook" if args.observer == "python" else "the C hook"
     print(f"{unit}; {path}; load average {os.getloadavg()[0]:.1f}")
     print(f"audit events per copy event: {per_copy:.1f}")

@@ -211,6 +211,35 @@ def read_dumps(out: Path) -> dict[str, tuple[int, int]]:
     return parts
 
 
+def run_parts(
+    argv: list[str], env: dict[str, str], counted: bool, tmp: Path, who: str
+) -> tuple[dict[str, float], list[str]]:
+    """Run a child that measures parts with :class:`Counter` (``argv`` without ``--lib``):
+    timed (``{part: CPU ns per count}``), or under callgrind when ``counted`` (``{part:
+    instructions per count}``, the marker library built in ``tmp`` and passed as ``--lib``).
+    Returns the parts and the child's other stdout lines. Settling parts (count 0) are left
+    out. Raises SystemExit, naming ``who``, with the tail of the child's stderr if it fails."""
+    if counted:
+        lib = _build_marker(tmp)
+        out = tmp / "callgrind.out"
+        argv = ["valgrind", "--tool=callgrind", "--instr-atstart=no",
+                f"--callgrind-out-file={out}", *argv, "--lib", str(lib)]  # fmt: skip
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"{who}: the child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    parts: dict[str, float] = {}
+    other = []
+    for line in proc.stdout.splitlines():
+        row = json.loads(line) if line.startswith('{"part"') else None
+        if row is None:
+            other.append(line)
+        elif row["count"]:
+            parts[row["part"]] = row["ns"] / row["count"]
+    if counted:
+        parts = {k: ir / n for k, (ir, n) in read_dumps(out).items() if n}
+    return parts, other
+
+
 def run_valgrind(args: argparse.Namespace, tmp: Path) -> dict[str, float]:
     """Instructions per step (or per call) of each part, from one valgrind run."""
     lib = _build_marker(tmp)
