@@ -61,4 +61,7 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'copytrace' has no attribute {name!r}")
     import importlib
 
-    return getattr(importlib.import_module(module), name)
+    from copytrace._threads import unlisted
+
+    with unlisted():  # torch's and the SDK's imports on a thread threading did not start
+        return getattr(importlib.import_module(module), name)

@@ -10,7 +10,8 @@ CPU autocast, ``with torch.device``, the program's own TorchFunctionMode or Torc
 ``_make_subclass``, ``as_subclass``) and, in some programs, a ``torch.compile``d function. The
 traced run must give the same results (type, values, dtype, strides, autograd facts), raise
 the same exceptions, show the user's mode the same calls, and run the compiled function's
-graph as many times as the untraced run.
+graph as many times as the untraced run. Both tests run on the C++ observer and on the Python
+fallback (``COPYTRACE_OBSERVER=python``, as CI's fallback part runs this file).
 
 Examples per run: ``COPYTRACE_FUZZ_EXAMPLES`` (default 40, a few seconds each); e.g.
 ``COPYTRACE_FUZZ_EXAMPLES=2000 python -m pytest tests/test_fuzz.py`` for a longer local run.
@@ -25,7 +26,6 @@ import os
 import types
 import warnings
 
-import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -33,7 +33,6 @@ from torch.overrides import TorchFunctionMode, resolve_name
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import copytrace
-from copytrace.tracer import _native
 
 EXAMPLES = int(os.environ.get("COPYTRACE_FUZZ_EXAMPLES", "40"))
 
@@ -304,11 +303,6 @@ def _same_result(a, b):
     derandomize=True,
 )
 @given(wrapped_programs())
-@pytest.mark.skipif(
-    _native.load() is None,
-    reason="the Python fallback path is a Python dispatch mode: torch itself changes S(t) and "
-    "compiled calls under one (README, known limitations)",
-)
 def test_modes_subclasses_and_compiled_code_see_the_same_program(wrapped):
     program, context, user_mode = wrapped
     with warnings.catch_warnings():

@@ -368,6 +368,92 @@ def test_thread_hooks_and_counts_read_as_untraced(how, tmp_path):
     assert len(files) == 1 and _trace_lines(files[0])
 
 
+_BARE_THREAD_PROGRAM = textwrap.dedent(
+    """
+    import _thread, copy, sys, threading, time
+    import torch
+
+    how = sys.argv[1]
+    names = set()
+
+
+    def program():
+        x = torch.randn(4, 4, requires_grad=True)
+        y = x.clone()
+        x.detach(), x.to(torch.float64), copy.deepcopy(torch.ones(3))
+        torch.nn.Linear(2, 2).load_state_dict(torch.nn.Linear(2, 2).state_dict())
+        (y * 2).sum().backward()
+
+
+    def on_a_bare_thread(work):
+        done = _thread.allocate_lock()
+        done.acquire()
+        box = []
+
+        def run():
+            try:
+                box.append((work(), threading.get_native_id()))
+            except BaseException as err:
+                box.append((err, None))
+            finally:
+                done.release()
+
+        _thread.start_new_thread(run, ())
+        done.acquire()
+        while _thread._count():  # the thread's state gone: no Python left on it
+            time.sleep(0.01)
+        result, native = box[0]
+        if isinstance(result, BaseException):
+            raise result
+        return native
+
+
+    def traced_on_the_thread():  # the trace started and stopped there, copytrace imported there
+        if how == "plain":
+            return program()
+        import copytrace
+
+        with copytrace.trace(write=False) as t:
+            program()
+        names.update(e.thread_name for e in t.events)
+
+
+    native = on_a_bare_thread(traced_on_the_thread)
+    if how == "plain":
+        on_a_bare_thread(program)
+    else:  # traced from the main thread: the bare thread's backward is recorded
+        import copytrace
+
+        with copytrace.trace(write=False) as t:
+            native2 = on_a_bare_thread(program)
+        names.update(e.thread_name + "*" for e in t.events if e.phase == "backward")
+    listed = sorted((type(v).__name__, k == threading.get_ident()) for k, v in threading._active.items())
+    print(listed, threading.active_count(), len(threading.enumerate()), threading.Thread().name)
+    if how != "plain":
+        want = {f"os-thread-{native}", f"os-thread-{native2}*"}  # the OS may reuse an id
+        print(names == want, sorted(names))
+    """
+)
+
+
+def test_a_bare_thread_of_the_program_stays_out_of_threading_s_tables(tmp_path):
+    # threading.current_thread() on a thread threading did not start lists a _DummyThread for
+    # good and takes a number from the counter that names Thread-N. Before, the recorder (each
+    # event's thread name), trace start (the main-thread check before SIGTERM's handler) and
+    # psutil's import (under the OpenTelemetry SDK's, imported at the first trace) called it
+    # on a program's _thread.start_new_thread thread: a second entry, "Thread-2" after.
+    run, _ = _runner(tmp_path, "bare.py", _BARE_THREAD_PROGRAM)
+    plain = run("plain")
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.splitlines() == ["[('_MainThread', True)] 1 1 Thread-1"]
+    traced = run("traced")
+    assert traced.returncode == 0, traced.stderr
+    lines = traced.stdout.splitlines()
+    assert lines[0] == plain.stdout.splitlines()[0]
+    # named from the OS thread id: the events of the first thread, the second's backward (*)
+    assert lines[1].startswith("True "), lines[1]
+
+
 # --- weak handles on storages ----------------------------------------------------------------
 def _storage_program() -> tuple[list[int], list[int]]:
     """Copies, a state_dict() handover, a .data alias written and a rebinding: the weak

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -222,6 +223,36 @@ def test_cannot_attach_is_one_line_and_no_recorder(tmp_path, monkeypatch, capsys
         assert "Permission Denied" in err[0]
     if how == "nobody":  # py-spy --subprocesses words it as "no python processes found"
         assert "ptrace" in err[0] or "Permission" in err[0]
+
+
+def test_py_spy_runs_with_no_thread_the_program_sees(tmp_path, monkeypatch):
+    # copytrace run --py-spy runs the program in this process: py-spy's output goes to a file
+    # with no name, not to pipes drained by threading.Threads, which the program's
+    # threading.enumerate() listed and its threading.settrace hook traced
+    exe = _fake_py_spy(
+        tmp_path,
+        'while [ $# -gt 0 ]; do [ "$1" = -o ] && out=$2; shift; done\n'
+        'trap \'echo profile > "$out"; exit 0\' INT\n'
+        "echo 'py-spy> Sampling process 100 times a second. Press Control-C to exit.'\n"
+        "while :; do sleep 0.05; done",
+    )
+    monkeypatch.setenv(pyspy.PYSPY_ENV, str(exe))
+    hooked: list[str] = []
+    before = sorted((t.name, t.ident) for t in threading.enumerate())
+    threading.settrace(lambda frame, event, arg: hooked.append(frame.f_code.co_filename))
+    try:
+        spy = pyspy.start(tmp_path / "out", timeout_s=20)
+        assert spy is not None
+        during = sorted((t.name, t.ident) for t in threading.enumerate())
+        assert spy.output == [
+            "py-spy> Sampling process 100 times a second. Press Control-C to exit."
+        ]
+        path = spy.stop()
+    finally:
+        threading.settrace(None)  # type: ignore[arg-type]
+    assert during == before and hooked == []
+    assert path is not None and path.read_text() == "profile\n"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [path.name]  # no log left
 
 
 def _have_py_spy() -> bool:

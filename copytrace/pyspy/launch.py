@@ -19,9 +19,8 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
+import time
 from pathlib import Path
-from typing import Any
 
 from copytrace import _env
 from copytrace.pyspy.profile import FORMATS
@@ -52,43 +51,49 @@ def profile_path(out_dir: str | os.PathLike[str], fmt: str, pid: int | None = No
 
 
 class PySpy:
-    """A running ``py-spy record`` attached to a process; see :func:`start`."""
+    """A running ``py-spy record`` attached to a process; see :func:`start`.
 
-    def __init__(self, proc: subprocess.Popen[str], path: Path, pid: int) -> None:
+    py-spy's stdout and stderr go to ``log``, an unnamed file (no thread drains a pipe:
+    the traced program runs in this process, and a ``threading.Thread`` here would be listed
+    by its ``threading.enumerate()``, traced by its ``threading.settrace`` hooks and report
+    to its ``threading.excepthook``); the file is read with ``os.pread`` (py-spy writes at
+    the offset it shares with this process, which a read must not move) and closed by
+    :meth:`stop`.
+    """
+
+    def __init__(self, proc: subprocess.Popen[bytes], path: Path, pid: int, log: int) -> None:
         self.proc = proc
         self.path = path
         self.pid = pid
-        self.output: list[str] = []
-        self._sampling = threading.Event()
-        self._threads = [
-            threading.Thread(target=self._drain, args=(s,), daemon=True, name="copytrace-py-spy")
-            for s in (proc.stdout, proc.stderr)
-        ]
-        for t in self._threads:
-            t.start()
+        self._log: int | None = log
 
-    def _drain(self, stream: Any) -> None:
+    @property
+    def output(self) -> list[str]:
+        """py-spy's lines so far (stdout and stderr, as written); [] once :meth:`stop` ran."""
+        log = self._log
+        if log is None:
+            return []
         try:
-            for line in stream:
-                self.output.append(line.rstrip("\n"))
-                if "Sampling process" in line:
-                    self._sampling.set()
-        except (OSError, ValueError):
-            pass
+            data = os.pread(log, os.fstat(log).st_size, 0)
+        except OSError:
+            return []
+        return data.decode("utf-8", "replace").splitlines()
+
+    def _sampling(self) -> bool:
+        return any("Sampling process" in ln for ln in self.output)
 
     def wait_sampling(self, timeout_s: float) -> bool:
         """Wait until py-spy samples (True), or exits or times out (False)."""
         step = 0.02
         waited = 0.0
         while waited < timeout_s:
-            if self._sampling.wait(step):
+            if self._sampling():
                 return True
             if self.proc.poll() is not None:
-                for t in self._threads:
-                    t.join(1.0)
-                return self._sampling.is_set()
+                return self._sampling()
+            time.sleep(step)
             waited += step
-        return self._sampling.is_set()
+        return self._sampling()
 
     def error_line(self) -> str:
         """py-spy's own explanation of a failure, in one line."""
@@ -110,9 +115,26 @@ class PySpy:
                 self.proc.wait()
             except OSError:
                 pass
-        for t in self._threads:
-            t.join(2.0)
+        log, self._log = self._log, None
+        if log is not None:
+            os.close(log)
         return self.path if self.path.is_file() and self.path.stat().st_size > 0 else None
+
+
+def _unnamed_file(directory: Path) -> int:
+    """A file descriptor open for reading and writing on a file with no name in ``directory``
+    (Linux ``O_TMPFILE``; elsewhere a file made there and unlinked at once), so that nothing
+    is left on disk. Raises ``OSError`` where neither can be made."""
+    flag = getattr(os, "O_TMPFILE", 0)
+    if flag:
+        try:
+            return os.open(directory, flag | os.O_RDWR, 0o600)
+        except OSError:  # a file system without O_TMPFILE support
+            pass
+    name = directory / f".copytrace-py-spy-{os.getpid()}.log"
+    fd = os.open(name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    os.unlink(name)
+    return fd
 
 
 def _allow_ptrace_by(pid: int) -> None:
@@ -175,20 +197,24 @@ def start(
     if idle:
         cmd.append("--idle")
     try:
-        proc = subprocess.Popen(
-            cmd,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            errors="replace",
-            start_new_session=True,  # a Ctrl-C in the terminal stops the program, not py-spy
-        )
+        log = _unnamed_file(path.parent)
     except OSError as err:
         print(f"copytrace: cannot start py-spy ({err}); running without it", file=sys.stderr)
         return None
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+            start_new_session=True,  # a Ctrl-C in the terminal stops the program, not py-spy
+        )
+    except OSError as err:
+        os.close(log)
+        print(f"copytrace: cannot start py-spy ({err}); running without it", file=sys.stderr)
+        return None
     _allow_ptrace_by(proc.pid)
-    spy = PySpy(proc, path, pid)
+    spy = PySpy(proc, path, pid, log)
     if spy.wait_sampling(timeout_s):
         return spy
     reason = spy.error_line() if proc.poll() is not None else f"no sample after {timeout_s:g} s"

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from copytrace import _threads
 from copytrace.schema import CopyEvent
 from copytrace.tracer import _callsite, _modules
 from copytrace.tracer import _facts as _F
@@ -46,7 +47,6 @@ _NoTorchFunction = torch._C.DisableTorchFunction
 _Tensor = torch.Tensor
 _py_facts = _F.py_facts
 _is_wrapped = _F.is_wrapped
-_THREAD_NAMES: dict[int, str] = {}  # thread ident -> name (names are read once per thread)
 # Every field at its default: the C++ observer copies it for each new event (copy_slots).
 _PROTOTYPE = CopyEvent()
 _NO_KWARGS: dict[str, Any] = {}
@@ -209,7 +209,7 @@ class ApiEvents:
             if state is None:
                 state = self._native_state = (
                     _PROTOTYPE, self.watch.ids, _callsite._code_kind, _modules.CALL_IMPL,
-                    _THREAD_NAMES,
+                    _threads.NAMES,
                 )  # fmt: skip
             found = native.record(
                 state, op, src, out, src_requires_grad, len(self.events) + self.dropped,

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from copytrace._threads import current_name
 from copytrace.schema import CopyEvent
 from copytrace.tracer._callsite import user_frame
 from copytrace.tracer._hide import hide_frames
@@ -291,8 +292,7 @@ class Handovers:
         ev.step = rec.step_index
         ev.module = rec.modules.current(sys._getframe(1))
         ev.phase = "other"
-        thread = threading.current_thread()
-        ev.thread_id, ev.thread_name = thread.ident, thread.name
+        ev.thread_id, ev.thread_name = threading.get_ident(), current_name()
         rec._append(ev)
         return ev
 

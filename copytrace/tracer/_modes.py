@@ -271,37 +271,43 @@ class DispatchMode(TorchDispatchMode):
         self.grad_since: int | None = None
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        # ``func`` is called with torch function off: an ``OpOverload`` called from Python
+        # asks the function modes and the ``__torch_function__`` of its arguments' types
+        # (torch/csrc/jit/python/init.cpp ``_get_operation_for_overload_or_packet``), which the
+        # dispatcher never does untraced. Most ops come here from a function mode's handler,
+        # which runs with its mode off; those that reach the dispatcher past the modes did
+        # not: a program's function mode saw ``aten.set_.source_Storage_storage_offset`` of
+        # ``copy.copy(t)`` (``Tensor.set_`` does not call the function modes)
         if kwargs is None:
             kwargs = {}
-        watch = self._watch
-        if watch.aliases or watch.snap_watch or watch.surprise:  # while an alias is watched
-            with _NoTorchFunction():
+        with _NoTorchFunction():
+            watch = self._watch
+            if watch.aliases or watch.snap_watch or watch.surprise:  # while an alias is watched
                 self._watch.before_op(func, args, kwargs)
-        kind = self._table.get(func)
-        if kind is None:
-            return func(*args, **kwargs)
-        if kind == GRAD_NODE:  # its autograd node exists already, the newest on this thread
-            if self.grad_since is None:
-                self.grad_since = _mode_values.sequence_nr()
-            return func(*args, **kwargs)
-        rec = self._rec
-        pending = rec.active
-        if pending is not None:
-            pending.aten.append(_aten_name(func))
-            return func(*args, **kwargs)
-        if kind == _ALIAS:
-            rec.internal_detaches += 1
-            return func(*args, **kwargs)
-        start = _perf_ns()
-        out = func(*args, **kwargs)
-        end = _perf_ns()
-        try:
-            with _NoTorchFunction():
+            kind = self._table.get(func)
+            if kind is None:
+                return func(*args, **kwargs)
+            if kind == GRAD_NODE:  # its autograd node exists already, the newest on this thread
+                if self.grad_since is None:
+                    self.grad_since = _mode_values.sequence_nr()
+                return func(*args, **kwargs)
+            rec = self._rec
+            pending = rec.active
+            if pending is not None:
+                pending.aten.append(_aten_name(func))
+                return func(*args, **kwargs)
+            if kind == _ALIAS:
+                rec.internal_detaches += 1
+                return func(*args, **kwargs)
+            start = _perf_ns()
+            out = func(*args, **kwargs)
+            end = _perf_ns()
+            try:
                 rec.implicit(_aten_name(func), kind, args, kwargs, out, start, end)
-        except Exception as err:
-            rec.note_error(err)
-        rec.overhead_ns += _perf_ns() - end
-        return out
+            except Exception as err:
+                rec.note_error(err)
+            rec.overhead_ns += _perf_ns() - end
+            return out
 
 
 def lift_for_node(grad_outputs):

@@ -17,10 +17,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
+
+from copytrace._threads import on_main_thread
 
 __all__ = [
     "CLOSE_TIMEOUT_S",
@@ -154,7 +155,7 @@ def c_action_is_default(signum: int) -> bool:
 def install_signal_handlers() -> None:
     """Catch SIGTERM while tracing, unless the program handles or ignores it itself, in
     Python or in C (:func:`c_action_is_default`)."""
-    if threading.current_thread() is not threading.main_thread():
+    if not on_main_thread():
         return
     for sig in _FATAL_SIGNALS:
         try:
@@ -167,7 +168,7 @@ def install_signal_handlers() -> None:
 
 def restore_signal_handlers() -> None:
     """Put back the handlers :func:`install_signal_handlers` replaced (where still ours)."""
-    if threading.current_thread() is not threading.main_thread():
+    if not on_main_thread():
         return
     for sig, previous in list(_SAVED_HANDLERS.items()):
         try:

@@ -35,12 +35,13 @@ from typing import Any
 
 import torch
 
+from copytrace._threads import NAMES as _NAMES
+from copytrace._threads import current_name as _thread_name
 from copytrace.schema import CopyEvent
 from copytrace.tracer import _callsite, _modules, _node_tags
 from copytrace.tracer import _facts as _F
 from copytrace.tracer._api_events import (  # noqa: F401
     _PROTOTYPE,
-    _THREAD_NAMES,
     ApiEvents,
     _Pending,
     _tag_grad_fn,
@@ -288,11 +289,10 @@ class Recorder(ApiEvents, ImplicitEvents):
                 ev.phase = "forward"
             else:
                 ev.phase = "other"
-        ident = _get_ident()
-        name = _THREAD_NAMES.get(ident)
+        name = getattr(_NAMES, "name", None)
         if name is None:
-            name = _THREAD_NAMES[ident] = threading.current_thread().name
-        ev.thread_id = ident
+            name = _NAMES.name = _thread_name()
+        ev.thread_id = _get_ident()
         ev.thread_name = name
         group = self.group
         if group is not None:

@@ -29,11 +29,11 @@ import json
 import os
 import signal
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 from copytrace._armfile import arm_dir, arm_file, request_file, start_time
+from copytrace._threads import on_main_thread
 from copytrace.tracer import _schedule as S
 from copytrace.tracer._process import c_action_is_default
 
@@ -127,7 +127,7 @@ class Trigger:
                 f"this platform has no {self.signame} ({self.setting}): {self._idle}",
             )
             return False
-        if threading.current_thread() is not threading.main_thread():
+        if not on_main_thread():
             _say_once("thread", f"{self.setting} is armed only from the main thread: {self._idle}")
             return False
         try:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from copytrace import _env
+from copytrace._threads import unlisted
 from copytrace._warnstate import frozen_warnings
 from copytrace.export.file_sink import FileSink
 from copytrace.export.pipeline import ExportPipeline, RunIds, epoch_offset
@@ -188,7 +189,7 @@ class Session(contextlib.ContextDecorator):
     def start(self) -> Session:
         """Install the modes, hooks and patches; return the session that records (see
         :meth:`_start`). The program's warnings state is kept (:mod:`copytrace._warnstate`)."""
-        with frozen_warnings():
+        with frozen_warnings(), unlisted():
             return self._start()
 
     def _start(self) -> Session:
@@ -427,7 +428,7 @@ class Session(contextlib.ContextDecorator):
 
     def stop(self) -> Path | None:
         """:meth:`_stop`, keeping the program's warnings state (:mod:`copytrace._warnstate`)."""
-        with frozen_warnings():
+        with frozen_warnings(), unlisted():
             return self._stop()
 
     def _stop(self) -> Path | None:

@@ -296,7 +296,7 @@ def record(
 ) -> tuple[Any, Any, Any] | bool | None:
     """An API call's event as (event, grad_fn, placed or module frame); False: no event; None:
     the Python readers record it. state: (prototype event, StorageIds, classify,
-    Module._call_impl's code, thread names by ident)."""
+    Module._call_impl's code, ``copytrace._threads.NAMES``: the thread's name where read)."""
 
 # --- compiled.cpp ---------------------------------------------------------------------------
 def callback_from_stance(callback: Any, /) -> Any: ...

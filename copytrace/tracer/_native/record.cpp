@@ -57,7 +57,7 @@ Py_ssize_t g_offsets[F_COUNT];
 bool g_schema_checked = false;  // record_setup found every field of ours in the schema's
 // interned strings: op names compared, values stored, attribute names read
 PyObject *s_attached, *s_detached, *s_none, *s_ids, *s_next, *s_limit, *s_of_storage, *s_is_pinned,
-    *s_optimizer, *s_other;
+    *s_optimizer, *s_other, *s_name;
 
 // RULES, resolved by set_record_rules (all null: no rules, record leaves every call to Python)
 PyObject* g_rules = nullptr;  // (RULES, the four transfers): owns what the items below borrow
@@ -74,7 +74,7 @@ bool interned_names() {
       {&s_attached, "attached"}, {&s_detached, "detached"}, {&s_none, "none"},
       {&s_ids, "_ids"}, {&s_next, "_next"},
       {&s_limit, "_limit"}, {&s_of_storage, "of_storage"}, {&s_is_pinned, "is_pinned"},
-      {&s_optimizer, "optimizer"}, {&s_other, "other"}};
+      {&s_optimizer, "optimizer"}, {&s_other, "other"}, {&s_name, "name"}};
   for (auto& n : names) {
     *n.slot = PyUnicode_InternFromString(n.text);
     if (*n.slot == nullptr) return false;
@@ -315,15 +315,19 @@ PyObject* record(PyObject*, PyObject* const* argv, Py_ssize_t nargs) {
       Py_DECREF(frame);
       return nullptr;
     }
-    PyObject* name = PyDict_GetItemWithError(PyTuple_GET_ITEM(state, 4), ident);  // borrowed
+    // this thread's name, where Python's Recorder._place read it (a _thread._local: gone
+    // with the thread, so a later thread with the same ident does not take it)
+    PyObject* name = PyObject_GetAttr(PyTuple_GET_ITEM(state, 4), s_name);
+    if (name == nullptr && PyErr_ExceptionMatches(PyExc_AttributeError)) PyErr_Clear();
     if (name != nullptr) {
       const int optimizer = PyObject_IsTrue(argv[10]);
-      if (optimizer < 0 || !put(ev, F_phase, R(optimizer ? s_optimizer : s_other)) ||
-          !put(ev, F_thread_name, R(name))) {
+      if (optimizer < 0 || !put(ev, F_phase, R(optimizer ? s_optimizer : s_other))) {
+        Py_DECREF(name);
         Py_DECREF(ident);
         Py_DECREF(frame);
         return nullptr;
       }
+      put(ev, F_thread_name, name);  // takes the reference
       put(ev, F_thread_id, ident);  // takes the reference
       ident = nullptr;
       Py_DECREF(frame);
