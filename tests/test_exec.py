@@ -127,3 +127,25 @@ def test_execv_on_the_fallback_writes_the_trace_so_far(tmp_path: Path) -> None:
     names = sorted(p.name for p in out.glob("copytrace-*.otlp.jsonl*"))
     assert len(names) == 2 and "-exec1." in names[0], names
     assert _events(out / names[0]) == [("clone", 4, 400)]  # y = x.clone(): 100 float32
+
+
+# A wrapper that never imports torch (so no trace, no exec hook) and execs the real program:
+# the new program is the launch's root itself (same pid), not a child of it.
+WRAPPER_EXEC = f"""
+import os, sys
+os.execv(sys.executable, [sys.executable, "-c", {AFTER!r}])
+"""
+
+
+def test_a_root_that_execs_before_importing_torch_still_writes_the_report(
+    tmp_path: Path,
+) -> None:
+    proc, out = _run(tmp_path, WRAPPER_EXEC)
+    assert (proc.stdout, proc.returncode) == ("after\n", 3), proc.stderr
+    (trace,) = out.glob("copytrace-*.otlp.jsonl*")  # the wrapper traced nothing
+    # the new program: a.clone() and a.double() of 10 elements: 40 B and 80 B
+    assert _events(trace) == [("clone", 1, 40), ("double", 1, 80)]
+    assert (out / "report.html").is_file()
+    assert not list(out.glob(".copytrace-launch-*")), "launch markers left behind"
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("copytrace:")]
+    assert lines == [f"copytrace: trace {trace}; report {out / 'report.html'}"], proc.stderr

@@ -134,9 +134,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI with ``argv`` (default ``sys.argv[1:]``) and return the exit status.
 
     Returns:
-        0 on success, 2 for a usage or input error (one line on stderr), or the traced
-        script's own exit status for ``copytrace run``.
+        0 on success, 2 for a usage or input error (one line on stderr), 141
+        (:data:`BROKEN_PIPE_STATUS`) when stdout's reader went away (``| head``), or the
+        traced script's own exit status for ``copytrace run``.
     """
+    BROKEN_PIPE[0] = False
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     program = None
@@ -152,13 +154,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         from copytrace.cli._common import check_outputs
 
         check_outputs(args)
-        return int(args.handler(args))
+        status = int(args.handler(args))
+        if args.command != "run":
+            sys.stdout.flush()  # a reader gone is met here, not in the interpreter's exit
+        return status
     except CopytraceError as err:
         print(f"copytrace: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("copytrace: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # ``copytrace diff --json | head``: the reader left; say nothing more (as ``cat``,
+        # killed by SIGPIPE, does). ``run``'s program meets its own broken pipe as untraced.
+        if args.command == "run":
+            raise
+        BROKEN_PIPE[0] = True
+        return BROKEN_PIPE_STATUS
+
+
+#: Exit status after the reader of stdout went away: 128 + SIGPIPE (13), the status a shell
+#: reports for a C tool killed by SIGPIPE in the same pipe.
+BROKEN_PIPE_STATUS = 141
+#: Set when the last :func:`main` stopped on a broken stdout pipe.
+BROKEN_PIPE = [False]
 
 
 #: Commands that only read traces: their process runs no program of the user's.
@@ -206,6 +225,12 @@ def console_main() -> None:
 
     skip_pandas(sys.argv[1:])
     status = main()
+    if BROKEN_PIPE[0]:
+        # stdout's buffer would be flushed into the closed pipe at exit: a second
+        # BrokenPipeError, printed by the interpreter ("Exception ignored ...")
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
     if run.INTERRUPTED[0] and status == 130 and hasattr(signal, "SIGINT"):
         sys.stdout.flush()
         sys.stderr.flush()

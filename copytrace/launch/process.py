@@ -83,7 +83,7 @@ def activate(
         report = bool(_env.setting(_env.COPYTRACE_REPORT))
     launch = os.environ.get(_env.COPYTRACE_LAUNCH) or None
     if root is None:
-        root = launch is None
+        root = launch is None or _image_of_root(launch)
     if root:
         launch = f"{os.getpid()}-{time.time_ns()}"
         _envcheck.warn_unknown()  # the launch's processes below inherit the same environment
@@ -97,6 +97,37 @@ def activate(
     if not _ATEXIT[0]:
         _ATEXIT[0] = True
         atexit.register(_at_exit)
+
+
+def _image_of_root(launch: str) -> bool:
+    """True when this process is the root of ``launch`` itself, replaced by an ``os.exec*``
+    its trace did not see: a root that never imported torch has no exec hook, so
+    ``COPYTRACE_LAUNCH`` stayed in the environment, and the new program, taking itself for
+    a child, wrote neither the report nor its line. exec keeps the pid and the start time; a
+    process that only reuses the pid of a root that died started after the launch began
+    (``/proc``'s start time; whole seconds of boot time, hence the 1 s margin)."""
+    pid, _, began_ns = launch.partition("-")
+    if pid != str(os.getpid()):
+        return False
+    started = _started_s()
+    if started is None or not began_ns.isdigit():
+        return True
+    return started <= int(began_ns) / 1e9 + 1.0
+
+
+def _started_s() -> float | None:
+    """When this process started, in seconds since the epoch, from ``/proc`` (proc(5): the
+    22nd field of ``/proc/self/stat`` in clock ticks since boot, ``btime`` in
+    ``/proc/stat``); None without ``/proc``."""
+    from copytrace._armfile import start_time
+
+    ticks = start_time(os.getpid())
+    try:
+        with open("/proc/stat", "rb") as f:
+            btime = next(int(ln.split()[1]) for ln in f if ln.startswith(b"btime "))
+        return btime + ticks / os.sysconf("SC_CLK_TCK") if ticks is not None else None
+    except (OSError, ValueError, StopIteration):
+        return None
 
 
 def is_launcher() -> bool:

@@ -147,6 +147,15 @@ class Run:
         """Run duration in ns (never negative)."""
         return max(0, self.end_ns - self.start_ns)
 
+    def __repr__(self) -> str:
+        """Counts, not contents: the generated form printed every span (hundreds of
+        kilobytes at the REPL for a few hundred events)."""
+        return (
+            f"Run(trace_id={self.trace_id!r}, pid={self.resource.get('process.pid')!r}, "
+            f"steps={len(self.steps)}, events={len(self.events)}, "
+            f"hazards={len(self.hazards)}, files={[str(f) for f in self.files]!r})"
+        )
+
 
 @dataclass
 class TraceData:
@@ -172,3 +181,12 @@ class TraceData:
     def events(self) -> list[Event]:
         """All event and group spans of all runs."""
         return [ev for run in self.runs for ev in run.events]
+
+    def __repr__(self) -> str:
+        """Counts, not contents (as :meth:`Run.__repr__`): ``copytrace.load_trace(DIR)``
+        typed at a terminal's REPL prints one line."""
+        return (
+            f"TraceData(runs={len(self.runs)}, events={sum(len(r.events) for r in self.runs)}, "
+            f"files={[str(f) for f in self.files]!r}, bad_lines={self.bad_lines}, "
+            f"empty_files={[str(f) for f in self.empty_files]!r})"
+        )
