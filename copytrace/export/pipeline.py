@@ -327,16 +327,22 @@ class ExportPipeline:
             self._wake.clear()
             tidy()
             while self._pending:
-                chunk = self._pending.popleft()
-                try:
-                    self.write_now(chunk)
-                except Exception as err:  # never let the export thread die
-                    self.errors += 1
-                    print(f"copytrace: export failed: {type(err).__name__}: {err}", file=sys.stderr)
-                self._progress.set()
-                if chunk.final is not None:
-                    self._close_sinks()
+                if self._write_one(self._pending.popleft()):
                     return
+
+    def _write_one(self, chunk: Chunk) -> bool:
+        """Write a chunk on the worker (its records are freed on return, not kept by the
+        worker's frame until the next chunk comes); True once the final chunk is written."""
+        try:
+            self.write_now(chunk)
+        except Exception as err:  # never let the export thread die
+            self.errors += 1
+            print(f"copytrace: export failed: {type(err).__name__}: {err}", file=sys.stderr)
+        self._progress.set()
+        if chunk.final is not None:
+            self._close_sinks()
+            return True
+        return False
 
     def write_now(self, chunk: Chunk) -> None:
         """Plan ``chunk`` and write it to every sink, on the calling thread."""
