@@ -24,7 +24,7 @@ variable                      default           meaning
 ``COPYTRACE_COMPRESSION``     ``gzip``          trace file compression: ``gzip`` or ``none``
 ``COPYTRACE_FLUSH_EVENTS``    ``4096``          flush records to the trace file at the first
                                                 step boundary with this many buffered, within
-                                                a step at 8x this many (0: at the end only)
+                                                a step at 4x this many (0: at the end only)
 ``COPYTRACE_FLUSH_SECONDS``   ``5``             ... or this many seconds after the previous
                                                 one
 ``COPYTRACE_LEVEL``           ``lean``          ``lean``: no Python mode on the hot path

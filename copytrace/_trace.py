@@ -156,7 +156,7 @@ class Trace(contextlib.ContextDecorator):
             or shut down).
         compression: ``"gzip"`` (the default, ``$COPYTRACE_COMPRESSION``) or ``"none"``.
         flush_events: flush at the first step boundary with this many records buffered,
-            and within a step once it holds 8 times this many (default 4096,
+            and within a step once it holds 4 times this many (default 4096,
             ``$COPYTRACE_FLUSH_EVENTS``; 0: only when the trace stops).
         flush_seconds: also flush at a step boundary this long after the last flush
             (default 5, ``$COPYTRACE_FLUSH_SECONDS``); copytrace's own set-up (installing

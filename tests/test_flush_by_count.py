@@ -1,4 +1,4 @@
-"""A flush by count: a step holding ``FULL_FACTOR`` x ``flush_events`` records is handed to
+"""A flush by count: a step holding ``FULL_FACTOR`` (4) x ``flush_events`` records is handed to
 the export thread before it ends (``copytrace.tracer._buffer``), and the trace written is
 the one a single flush at the step's end writes: the same spans, parents and order of the
 events, the same sidecar rows."""
@@ -53,14 +53,14 @@ def test_a_run_without_steps_is_flushed_by_count_before_it_stops(
 ) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        with copytrace.trace(tmp_path, flush_events=16, observer=observer) as t:
+        with copytrace.trace(tmp_path, flush_events=32, observer=observer) as t:
             _copies(100)
-            # 300 records, a flush each time the buffer holds 8 x 16 = 128. The first at
+            # 300 records, a flush each time the buffer holds 4 x 32 = 128. The first at
             # record 127 (a detach) takes all 128. The second, when the buffer holds 128
             # again, is checked right after record 255 (128 + 127, 255 % 3 == 0: a clone)
             # whose result the program still holds: it stays buffered (its facts may still
             # change) with what follows: 128 + 127 records handed over, 45 buffered
-            assert FULL_FACTOR * 16 == 128
+            assert FULL_FACTOR * 32 == 128
             flushes, buffered = t.session.stats["flushes"], len(t.session.events)
     assert (flushes, buffered) == (2, 45)
     assert t.session.stats["events"] == 300
@@ -86,7 +86,7 @@ def test_no_flush_by_count_when_flush_events_is_0(tmp_path: Path) -> None:
 def test_no_flush_by_count_from_another_thread(tmp_path: Path) -> None:
     """The traced thread may be amid a record: another thread's full buffer is flushed
     later, by the traced thread."""
-    with copytrace.trace(tmp_path, flush_events=16) as t:
+    with copytrace.trace(tmp_path, flush_events=32) as t:
         session = t.session
         rec = session._rec
         other = threading.Thread(target=rec.full)

@@ -51,9 +51,10 @@ __all__ = [
     "watched_event_ids",
 ]
 
-#: A step is flushed by count once it holds this many times ``flush_events`` records (32,768
-#: at the default 4,096: the file sink's bulk run, ``columnar.BULK_EVENTS``).
-FULL_FACTOR = 8
+#: A step is flushed by count once it holds this many times ``flush_events`` records (16,384
+#: at the default 4,096). At 32,768 the exit was longer: the export thread was further behind
+#: when the program stopped (docs/performance.md, "Flushing by count").
+FULL_FACTOR = 4
 
 _USED_PATHS: set[Path] = set()
 
