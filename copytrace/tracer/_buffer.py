@@ -37,6 +37,7 @@ from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds
 from copytrace.export.sdk_sink import SdkSink, env_sampler_keeps, exporters_from_env
 from copytrace.schema import CopyEvent
 from copytrace.tracer import _native
+from copytrace.tracer._recorder import FLUSH_NEVER
 from copytrace.tracer._rules import settle_unreal_events
 from copytrace.tracer.watch import HeldEvents
 
@@ -326,7 +327,8 @@ class Buffer:
         planned before its span (:meth:`ExportPipeline.early_parents`)."""
         if flush_events <= 0 or pipeline is None or not pipeline.early_parents():
             return
-        rec.flush_every = rec.flush_at = FULL_FACTOR * flush_events
+        # at most FLUSH_NEVER: the C observer reads it as an int64
+        rec.flush_every = rec.flush_at = min(FULL_FACTOR * flush_events, FLUSH_NEVER)
         rec.on_full = on_full
         self.full_thread = threading.get_ident()
 
