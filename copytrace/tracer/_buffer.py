@@ -337,12 +337,12 @@ class Buffer:
         buffer up to its first record the analysis watch may still change (none is held
         back, so the file has the records in the order a flush at the step's end writes
         them; the rest stays buffered), and the current step's span id planned now. Not when
-        that leaves more than half of the buffer (a record watched since early in the
-        step: its tensor still alive). Not while ``optimizer.step()``
-        numbers the steps (a first explicit step may still renumber them from 0), where
-        this step's records may be discarded, nor on another thread than the traced one (an
-        autograd thread's implicit copy: the traced thread may be amid a record). When
-        nothing is flushed, the recorder asks again after ``flush_every`` more records."""
+        that leaves more than half of the buffer (a record watched since early in the step:
+        its tensor still alive), nor while ``optimizer.step()`` numbers the steps (a first
+        explicit step may still renumber them from 0), where this step's records may be
+        discarded, nor on another thread than the traced one (an autograd thread's implicit
+        copy: the traced thread may be amid a record). When nothing is flushed, the recorder
+        asks again after ``flush_every`` more records."""
         may = self.discard_from is None and self.calls_discard_from is None
         may = may and threading.get_ident() == self.full_thread
         if may and pipeline is not None and not (rec.auto_step and rec.step_index > 0):
