@@ -23,8 +23,8 @@ variable                      default           meaning
                                                 ``wait=1,warmup=1,active=3,repeat=2``
 ``COPYTRACE_COMPRESSION``     ``gzip``          trace file compression: ``gzip`` or ``none``
 ``COPYTRACE_FLUSH_EVENTS``    ``4096``          flush records to the trace file at the first
-                                                step boundary with this many buffered (0: at
-                                                the end only)
+                                                step boundary with this many buffered, within
+                                                a step at 4x this many (0: at the end only)
 ``COPYTRACE_FLUSH_SECONDS``   ``5``             ... or this many seconds after the previous
                                                 one
 ``COPYTRACE_LEVEL``           ``lean``          ``lean``: no Python mode on the hot path

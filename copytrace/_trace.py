@@ -155,8 +155,9 @@ class Trace(contextlib.ContextDecorator):
             copytrace's own (its processors, sampler and limits apply; it is never replaced
             or shut down).
         compression: ``"gzip"`` (the default, ``$COPYTRACE_COMPRESSION``) or ``"none"``.
-        flush_events: flush at the first step boundary with this many records buffered
-            (default 4096, ``$COPYTRACE_FLUSH_EVENTS``; 0: only when the trace stops).
+        flush_events: flush at the first step boundary with this many records buffered,
+            and within a step once it holds 4 times this many (default 4096,
+            ``$COPYTRACE_FLUSH_EVENTS``; 0: only when the trace stops).
         flush_seconds: also flush at a step boundary this long after the last flush
             (default 5, ``$COPYTRACE_FLUSH_SECONDS``); copytrace's own set-up (installing
             its modes and hooks) is not counted.

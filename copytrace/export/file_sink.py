@@ -150,6 +150,8 @@ class FileSink:
     closes_before_hazards = True
     #: Takes :class:`~copytrace.export.pipeline.PlanRun` items as they are.
     takes_runs = True
+    #: Writes a span's planned parent id as it is, whether that span is written yet or not.
+    early_parents = True
 
     def __init__(
         self,

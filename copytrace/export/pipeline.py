@@ -101,9 +101,13 @@ class Chunk:
             and on the last chunk its compiled graphs).
         then: called (no arguments) on the export thread once the chunk is written; its
             errors are counted, never raised.
+        open_step: the step the traced thread is in, when the chunk was cut before that step
+            ended (a flush by count): its span id is planned now, for its events' parent, and
+            kept for its span, written with a later chunk's ``steps``; None otherwise.
     """
 
-    __slots__ = ("events", "steps", "held", "late", "final", "submitted", "compiled", "then")
+    __slots__ = ("events", "steps", "held", "late", "final", "submitted", "compiled", "then",
+                 "open_step")  # fmt: skip
 
     def __init__(
         self,
@@ -122,6 +126,7 @@ class Chunk:
         self.submitted = False
         self.compiled: Sequence[Any] = ()
         self.then: Callable[[], None] | None = None
+        self.open_step: int | None = None
 
 
 #: One planned span: (span id hex, parent span id hex, event or None, step tuple or None).
@@ -178,10 +183,13 @@ class Sink(Protocol):
         closes_before_hazards: the pipeline's ``hazards`` hook reads what this sink wrote, so
             it is closed before the hook runs (the trace file), not after.
         spans: spans written so far.
+        early_parents: a span may name as its parent a step span written later (a chunk's
+            ``open_step``) and keep it as that parent (the file, copytrace's own span ids).
     """
 
     closes_before_hazards: bool
     spans: int
+    early_parents: bool
 
     def begin(self, run: RunIds) -> None:
         """Start the run (its ids, clock and resource)."""
@@ -225,6 +233,7 @@ class ExportPipeline:
         self._progress = threading.Event()
         self._thread: OsThread | None = None
         self._held: dict[int, tuple[str, str]] = {}  # id(event) -> (span id, parent id)
+        self._open: dict[int, str] = {}  # step -> span id planned before the step's span
         self._failed: set[int] = set()
         self.errors = 0
         self.closed = False
@@ -248,6 +257,11 @@ class ExportPipeline:
         thread = OsThread(self._work, "copytrace-export", self._worker_failed)
         if thread.start():
             self._thread = thread
+
+    def early_parents(self) -> bool:
+        """Whether every sink keeps a parent planned before its span is written
+        (:attr:`Sink.early_parents`): only then may a chunk have an ``open_step``."""
+        return all(getattr(sink, "early_parents", False) for sink in self.sinks)
 
     # -- traced thread --------------------------------------------------------------------------
     def submit(self, chunk: Chunk) -> None:
@@ -313,16 +327,22 @@ class ExportPipeline:
             self._wake.clear()
             tidy()
             while self._pending:
-                chunk = self._pending.popleft()
-                try:
-                    self.write_now(chunk)
-                except Exception as err:  # never let the export thread die
-                    self.errors += 1
-                    print(f"copytrace: export failed: {type(err).__name__}: {err}", file=sys.stderr)
-                self._progress.set()
-                if chunk.final is not None:
-                    self._close_sinks()
+                if self._write_one(self._pending.popleft()):
                     return
+
+    def _write_one(self, chunk: Chunk) -> bool:
+        """Write a chunk on the worker (its records are freed on return, not kept by the
+        worker's frame until the next chunk comes); True once the final chunk is written."""
+        try:
+            self.write_now(chunk)
+        except Exception as err:  # never let the export thread die
+            self.errors += 1
+            print(f"copytrace: export failed: {type(err).__name__}: {err}", file=sys.stderr)
+        self._progress.set()
+        if chunk.final is not None:
+            self._close_sinks()
+            return True
+        return False
 
     def write_now(self, chunk: Chunk) -> None:
         """Plan ``chunk`` and write it to every sink, on the calling thread."""
@@ -353,15 +373,20 @@ class ExportPipeline:
 
     def _plan(self, chunk: Chunk) -> Iterator[PlanItem | PlanRun]:
         """Span ids and parents: steps under the run, events under their step or their
-        deepcopy group; held events are planned now and written when they come back.
+        deepcopy group; held events are planned now and written when they come back. The
+        ``open_step``'s span id is planned at its first chunk and its span written with the
+        chunk that ends it.
         Lazy, so that a big chunk costs no memory per event here. A block of events with no
         group, no group's child and none held is one :class:`PlanRun`."""
         run_id = self.run.span_hex
         step_ids: dict[int, str] = {}
-        for step in chunk.steps:
-            sid = os.urandom(8).hex()
+        for step in chunk.steps:  # a step cut by a flush by count has its id already
+            sid = self._open.pop(step[0], None) or os.urandom(8).hex()
             step_ids[step[0]] = sid
             yield (sid, run_id, None, step)
+        if chunk.open_step is not None:
+            sid = self._open.setdefault(chunk.open_step, os.urandom(8).hex())
+            step_ids[chunk.open_step] = sid
         groups: dict[int, str] = {}
         held = chunk.held
         events = chunk.events

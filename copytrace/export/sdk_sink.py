@@ -254,6 +254,12 @@ class SdkSink:
         self._since_flush = 0
         self.spans = 0
 
+    @property
+    def early_parents(self) -> bool:
+        """With copytrace's own provider a planned parent is the SDK's id, written or not; a
+        user's provider makes its own ids: a parent not yet written would be the run."""
+        return self._ids is not None
+
     def begin(self, run: RunIds) -> None:
         self._run = run
         if self._ids is not None:

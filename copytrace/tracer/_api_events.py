@@ -113,6 +113,8 @@ class ApiEvents:
             self._record_api(op, args, kwargs, result, aten, start, end, name, src_rg)
         except Exception as err:
             self.note_error(err)
+        if len(self.events) >= self.flush_at:
+            self.full()  # a flush by count (copytrace.tracer._buffer), between two calls
         self.overhead_ns += _perf_ns() - end
 
     def api_fast(
@@ -127,6 +129,8 @@ class ApiEvents:
             self._record_api(op, args, _NO_KWARGS, result, aten, start, end, name)
         except Exception as err:
             self.note_error(err)
+        if len(self.events) >= self.flush_at:
+            self.full()
         self.overhead_ns += _perf_ns() - end
 
     def api_call(self: Recorder, op: str, func: Any, args: tuple, kwargs: dict) -> Any:

@@ -10,6 +10,15 @@ in-place write to an alias, a stale read) are exported but held back from encodi
 the watch lets them go (``Chunk.held`` / ``Chunk.late``). Records of warmup steps, and of
 untraced steps where copytrace's modes could not be removed, are discarded before export.
 
+A step that holds :data:`FULL_FACTOR` x ``flush_events`` records is flushed before it ends
+(a flush by count, :meth:`Buffer.flush_full`): a program that marks no step (or very long
+steps) then writes its trace while it runs, on the export thread, instead of holding every
+record until it stops. The recorder asks for it (``Recorder.full``) once its buffer reaches
+``Recorder.flush_at``, from its Python after-call hook or the C observer's ``fast_event``,
+after the call's event is complete, outside any torch kernel. The step's span id is planned
+with that first chunk (``Chunk.open_step``) and its span written when the step ends, so the
+spans, their parents and their order among the events are those of a flush at the step's end.
+
 Cost: a flush is one list swap plus, after the first flush, one pass adding the base to
 ``seq`` (about 40 ns per record); the encoding runs on the export thread.
 """
@@ -17,6 +26,7 @@ Cost: a flush is one list swap plus, after the first flush, one pass adding the 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,10 +37,25 @@ from copytrace.export.pipeline import Chunk, ExportPipeline, RunEnd, RunIds
 from copytrace.export.sdk_sink import SdkSink, env_sampler_keeps, exporters_from_env
 from copytrace.schema import CopyEvent
 from copytrace.tracer import _native
+from copytrace.tracer._recorder import FLUSH_NEVER
 from copytrace.tracer._rules import settle_unreal_events
 from copytrace.tracer.watch import HeldEvents
 
-__all__ = ["Buffer", "make_pipeline", "new_trace_path", "renumber", "watched_event_ids"]
+__all__ = [
+    "FULL_FACTOR",
+    "Buffer",
+    "drop_dead_watched",
+    "make_pipeline",
+    "new_trace_path",
+    "renumber",
+    "unwatched_head",
+    "watched_event_ids",
+]
+
+#: A step is flushed by count once it holds this many times ``flush_events`` records (16,384
+#: at the default 4,096). At 32,768 the exit was longer: the export thread was further behind
+#: when the program stopped (docs/performance.md, "Flushing by count").
+FULL_FACTOR = 4
 
 _USED_PATHS: set[Path] = set()
 
@@ -132,6 +157,36 @@ def watched_event_ids(watch: HeldEvents, rec: Any) -> set[int]:
         return set()
 
 
+def drop_dead_watched(rec: Any) -> None:
+    """Let the watch drop its attached copies whose ``grad_fn`` is gone and its fresh copies
+    found dead (what it does each time those lists double): no later check changes their
+    records. An error is counted."""
+    watch = rec.watch
+    try:
+        prune = getattr(watch, "_prune_attached", None)
+        if prune is not None and watch.attached:
+            prune()
+        prune = getattr(watch.copies, "_prune_fresh", None)
+        if prune is not None and watch.copies.fresh:
+            prune()
+    except Exception as err:
+        rec.note_error(err)
+
+
+def unwatched_head(events: list[CopyEvent], watched: set[int]) -> int:
+    """How many records from the start of ``events`` go before the first one in ``watched``
+    (``id()`` of records), and before the deepcopy group of a watched group child."""
+    cut = len(events)
+    if watched:
+        cut = next((i for i, ev in enumerate(events) if id(ev) in watched), cut)
+    while 0 < cut < len(events):
+        parent = events[cut].parent
+        if parent is None or parent < 0:
+            break
+        cut -= 1  # a group's child: the group and its children stay together
+    return cut
+
+
 class Buffer:
     """What one session has buffered and exported so far.
 
@@ -160,6 +215,8 @@ class Buffer:
         self.inflight: Chunk | None = None
         self.seq_final = False
         self.flushes = 0
+        self.full_flushes = 0  # of them, flushes by count (a step cut before its end)
+        self.full_thread: int | None = None  # the traced thread, where a flush by count runs
         self.last_flush = 0
         self.discard_from: int | None = None
         self.calls_discard_from: int | None = None
@@ -223,22 +280,32 @@ class Buffer:
         compiled: Any,
         pid: int,
         then: Callable[[], None] | None = None,
+        open_step: int | None = None,
+        cut: int | None = None,
     ) -> None:
         """Hand the buffered records and finished steps to the export thread (records that
         the analysis may still annotate are held back until it is done with them); ``then``
-        runs on the export thread once they are written."""
+        runs on the export thread once they are written; ``open_step``: the step not ended
+        yet whose records are in the chunk (:attr:`Chunk.open_step`, a flush by count);
+        ``cut``: only the records before this index go, the rest stays buffered, renumbered
+        from 0 as the recorder numbers a new buffer."""
         if pipeline is None or pid != os.getpid() or pipeline.closed:
             return
         if rec.group is not None or rec.active is not None:
             return  # not between two records: the next boundary will do
-        events = rec.events
+        events, kept = rec.events, []
+        if cut is not None:
+            events, kept = events[:cut], events[cut:]
+            renumber(kept, -cut)
         settle_unreal_events(events)  # the C fast path's events (api_mode.cpp) to a meta device
         chunk = Chunk(events, self.step_log)
         chunk.then = then
+        chunk.open_step = open_step
         if compiled is not None:
             chunk.compiled = compiled.take_calls()
         self.inflight = chunk
-        rec.events = []
+        rec.events = kept
+        rec.flush_at = rec.flush_every
         self.step_log = []
         base = self.removed
         self.removed += len(events)
@@ -250,6 +317,44 @@ class Buffer:
         self.last_flush = time.perf_counter_ns()
         pipeline.submit(chunk)
         self.inflight = None
+
+    def arm_full(
+        self, rec: Any, flush_events: int, pipeline: Any, on_full: Callable[[], None]
+    ) -> None:
+        """Flush by count from here on: ``on_full`` (the session's) is called by the recorder
+        once it holds :data:`FULL_FACTOR` x ``flush_events`` records; not armed when
+        ``flush_events`` is 0 (flush at the end only) or a sink cannot take a step's span id
+        planned before its span (:meth:`ExportPipeline.early_parents`)."""
+        if flush_events <= 0 or pipeline is None or not pipeline.early_parents():
+            return
+        # at most FLUSH_NEVER: the C observer reads it as an int64
+        rec.flush_every = rec.flush_at = min(FULL_FACTOR * flush_events, FLUSH_NEVER)
+        rec.on_full = on_full
+        self.full_thread = threading.get_ident()
+
+    def flush_full(self, rec: Any, pipeline: Any, compiled: Any, pid: int) -> None:
+        """A flush by count (``pipeline`` None: the session records no plain step now): the
+        buffer up to its first record the analysis watch may still change (none is held
+        back, so the file has the records in the order a flush at the step's end writes
+        them; the rest stays buffered), and the current step's span id planned now. Not when
+        that leaves more than half of the buffer (a record watched since early in the step:
+        its tensor still alive), nor while ``optimizer.step()`` numbers the steps (a first
+        explicit step may still renumber them from 0), where this step's records may be
+        discarded, nor on another thread than the traced one (an autograd thread's implicit
+        copy: the traced thread may be amid a record). When nothing is flushed, the recorder
+        asks again after ``flush_every`` more records."""
+        may = self.discard_from is None and self.calls_discard_from is None
+        may = may and threading.get_ident() == self.full_thread
+        if may and pipeline is not None and not (rec.auto_step and rec.step_index > 0):
+            drop_dead_watched(rec)
+            cut = unwatched_head(rec.events, watched_event_ids(rec.watch, rec))
+            flushes = self.flushes
+            if cut >= len(rec.events) // 2:
+                self.flush(rec, pipeline, compiled, pid, open_step=rec.step_index, cut=cut)
+            if self.flushes > flushes:
+                self.full_flushes += 1
+                return
+        rec.flush_at = len(rec.events) + rec.flush_every
 
     def _hold_back(self, rec: Any, events: list[CopyEvent], chunk: Chunk) -> None:
         """Let go of the held records the watch is done with; hold the new ones it is not."""

@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -78,7 +79,10 @@ from copytrace.tracer._rules import (  # noqa: F401
 )
 from copytrace.tracer.watch import BACKWARD_FUNCTIONS, Watch
 
-__all__ = ["Recorder", "active_recorder"]
+__all__ = ["FLUSH_NEVER", "Recorder", "active_recorder"]
+
+#: ``Recorder.flush_at`` while no flush by count is armed (fits the C observer's int64).
+FLUSH_NEVER = 2**62
 
 _perf_ns = time.perf_counter_ns
 _NoTorchFunction = torch._C.DisableTorchFunction
@@ -197,6 +201,11 @@ class Recorder(ApiEvents, ImplicitEvents):
         #: (``_native/watch_cb.cpp``, set up by ``_observer.install_wrappers``)
         self.lean = False
         self._native_state: tuple | None = None  # record.cpp's record: its first argument
+        #: a flush by count (copytrace.tracer._buffer): ``full()`` is called once ``events``
+        #: holds ``flush_at`` records (the after-call hook, api_mode.cpp's fast_event); a
+        #: flush sets ``flush_at`` back to ``flush_every``; ``on_full``: the session's flush
+        self.flush_every = self.flush_at = FLUSH_NEVER
+        self.on_full: Callable[[], None] | None = None
         for fn in BACKWARD_FUNCTIONS:
             self.api_table[fn] = "backward"
 
@@ -210,6 +219,18 @@ class Recorder(ApiEvents, ImplicitEvents):
         handovers.watched = []
         self.node_tags = _node_tags.NodeTags(self)
         self.watch.ids.close()
+
+    def full(self) -> None:
+        """``events`` holds ``flush_at`` records: the session's flush by count (``on_full``),
+        called after a call's event is complete. Never raises (an error is counted)."""
+        on_full = self.on_full
+        try:
+            if on_full is None:
+                self.flush_at = FLUSH_NEVER
+            else:
+                on_full()
+        except Exception as err:
+            self.note_error(err)
 
     # -- counters and attribution ---------------------------------------------------------
     def note_error(self, err: BaseException) -> None:

@@ -220,11 +220,8 @@ class Session(contextlib.ContextDecorator):
         self._run = RunIds(self._start_ns, self._epoch_offset, self._resource)
         self._pipeline = self._make_pipeline()
         if not self.sampled:
-            print(
-                "copytrace: this run is sampled out (OTEL_TRACES_SAMPLER or the tracer "
-                "provider's sampler): not tracing",
-                file=sys.stderr,
-            )
+            print("copytrace: this run is sampled out (OTEL_TRACES_SAMPLER or the tracer "
+                  "provider's sampler): not tracing", file=sys.stderr)  # fmt: skip
             self._pipeline = None
             return self
         self._install_step_hooks()
@@ -232,6 +229,8 @@ class Session(contextlib.ContextDecorator):
         _process.set_active(self)
         first = self._action_at(0)
         self._enter_action(first, S.START[first])
+        if self.schedule is None and self.trigger is None and not self.ring:
+            self._buf.arm_full(self._rec, self.flush_events, self._pipeline, self._full)
         if self._pipeline is not None:
             self._pipeline.start()
         _process.install_signal_handlers()
@@ -359,6 +358,12 @@ class Session(contextlib.ContextDecorator):
             self._enter_action(nxt, S.transition(action, nxt))
         self._idle.enter(self)
         return rec.step_index
+
+    def _full(self) -> None:
+        """The recorder's buffer is full: a flush by count (:meth:`Buffer.flush_full`)."""
+        plain = self.running and not self._closing and self._action == S.RECORD
+        pipeline = self._pipeline if plain else None
+        self._buf.flush_full(self._rec, pipeline, self._engagement.compiled, self.pid)
 
     # -- stopping -------------------------------------------------------------------------------------
     def _write_final(self, end_ns: int, timeout: float) -> None:
@@ -518,7 +523,7 @@ class Session(contextlib.ContextDecorator):
         self._idle.leave(self)
         if rec.auto_step:
             rec.auto_step = False
-            if rec.step_index > 0 and not buf.flushes and not buf.discarded:
+            if rec.step_index > 0 and buf.flushes == buf.full_flushes and not buf.discarded:
                 self._renumber_from_zero()
         if not self.running:
             return rec.step()

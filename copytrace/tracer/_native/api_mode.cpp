@@ -116,7 +116,7 @@ PyObject* intern_name(const char* s) {
 struct FastNames {
   PyObject *group, *native_state, *events, *dropped, *step_index, *in_optimizer, *alias, *via,
       *graph, *bytes_allocated, *inplace_writes, *max_events, *overhead_ns, *kept, *limit,
-      *prune, *detach;
+      *prune, *detach, *flush_at, *full;
   FastNames()
       : group(intern_name("group")), native_state(intern_name("_native_state")),
         events(intern_name("events")), dropped(intern_name("dropped")),
@@ -126,7 +126,8 @@ struct FastNames {
         inplace_writes(intern_name("inplace_writes")), max_events(intern_name("max_events")),
         overhead_ns(intern_name("overhead_ns")), kept(intern_name("kept")),
         limit(intern_name("_limit")), prune(intern_name("_prune")),
-        detach(intern_name("detach")) {}
+        detach(intern_name("detach")), flush_at(intern_name("flush_at")),
+        full(intern_name("full")) {}
 };
 FastNames* g_fn = nullptr;
 
@@ -249,6 +250,21 @@ bool fast_finish(PyObject* op, PyObject* src, PyObject* out, PyObject* ev, PyObj
   return true;
 }
 
+// The recorder's buffer `events` holding its `flush_at` records: its full(), a flush by count
+// (copytrace/tracer/_buffer.py), called once the call's event is complete, after the op
+// returned (no kernel and no dispatcher state of it is running) and with torch function
+// handling off, as the Python tail is. One attribute read per event; errors counted.
+void check_full(PyObject* events) {
+  const long long at = attr_ll(g_fast_rec, g_fn->flush_at);
+  if (at == -1 && PyErr_Occurred()) {
+    swallow();
+    return;
+  }
+  if (PyList_GET_SIZE(events) < at) return;
+  PyObject* r = PyObject_CallMethodNoArgs(g_fast_rec, g_fn->full);
+  if (r == nullptr) swallow(); else Py_DECREF(r);
+}
+
 // Record a fast call's event (result `out`, no error); false: g_fast_after must record it.
 bool fast_event(PyObject* op, PyObject* args, PyObject* out, int64_t t0, int64_t t1,
                 PyObject* names) {
@@ -279,21 +295,19 @@ bool fast_event(PyObject* op, PyObject* args, PyObject* out, int64_t t0, int64_t
   }
   Py_XDECREF(group);
   Py_XDECREF(state);
-  Py_XDECREF(events);
   Py_XDECREF(step);
   Py_XDECREF(inopt);
   if (PyErr_Occurred() || (usable && found == nullptr)) {
     Py_XDECREF(found);
+    Py_XDECREF(events);
     PyErr_Clear();
     return false;  // the Python path records it (and counts what fails there)
   }
-  if (found == nullptr || found == Py_None) {
+  if (found == nullptr || found == Py_None || found == Py_False) {
+    Py_XDECREF(events);
+    const bool none = found == Py_False;  // no event (an integer index's view)
     Py_XDECREF(found);
-    return false;
-  }
-  if (found == Py_False) {  // no event (an integer index's view)
-    Py_DECREF(found);
-    return true;
+    return none;
   }
   PyObject* src = PyTuple_GET_ITEM(args, 0);
   PyObject* ev = PyTuple_GET_ITEM(found, 0);
@@ -307,6 +321,8 @@ bool fast_event(PyObject* op, PyObject* args, PyObject* out, int64_t t0, int64_t
     if (r == nullptr) swallow(); else Py_DECREF(r);
   }
   Py_DECREF(found);
+  check_full(events);  // the list the event went to (usable: a list)
+  Py_DECREF(events);
   if (!add_ll(g_fast_rec, g_fn->overhead_ns, now_ns() - t1)) swallow();
   return true;
 }
