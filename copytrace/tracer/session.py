@@ -193,12 +193,9 @@ class Session(contextlib.ContextDecorator):
             return self._start()
 
     def _start(self) -> Session:
-        """Install the modes, hooks and patches; return the session that records.
-
-        Returns:
-            ``self``, or the already active session when another one is recording (this
-            one then delegates to it, and its :meth:`stop` does nothing).
-        """
+        """Install the modes, hooks and patches; return ``self``, or the already active session
+        when another one is recording (this one then delegates to it; its :meth:`stop` does
+        nothing)."""
         active = _process.active()
         if active is not None:
             if self.write and active is not self:
