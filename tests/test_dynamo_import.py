@@ -169,3 +169,18 @@ def test_a_cancelled_waiter_takes_the_finder_away(fake_dynamo):
     assert _dynamo_import._FINDER in sys.meta_path
     _dynamo_import.cancel(w)
     assert _dynamo_import._FINDER not in sys.meta_path and _dynamo_import.waiting() == 0
+
+
+def test_under_copytrace_1_a_program_that_never_compiles_does_not_import_dynamo(tmp_path):
+    # The launch traces from `import torch` to exit; its audit hook's skip waits for dynamo too.
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COPYTRACE")}
+    env.update(COPYTRACE="1", COPYTRACE_REPORT="0", COPYTRACE_OUTPUT=str(tmp_path / "out"))
+    code = ("import sys, torch; torch.ones(2).clone(); "
+            "print('torch._dynamo' in sys.modules, type(sys.meta_path[0]).__module__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=600)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["False", "copytrace.tracer._dynamo_import"]
+    assert list((tmp_path / "out").glob("*.otlp.jsonl*"))  # traced all the same
