@@ -140,12 +140,17 @@ class Engagement:
         thread the modes off torch's stacks and the observer suppressed (nothing of dynamo's
         own import is recorded). Returns what puts them back. Never raises."""
         undo: list[Callable[[], None]] = []
+
+        def patches_back() -> None:  # unless the trace stopped meanwhile (another thread's import)
+            if self.engaged:
+                _recorder.install_patches(stepping_aside=True, tensor_too=True)
+
         try:
             if _compiled.copy_patched():
                 _recorder.remove_patches(stepping_aside=True, tensor_too=True)
-                undo.append(lambda: _recorder.install_patches(stepping_aside=True, tensor_too=True))
+                undo.append(patches_back)
             shim = _warnshim.aside()
-            undo.append(lambda: _warnshim.back(shim))
+            undo.append(lambda: _warnshim.back(shim) if self.engaged else None)
             if threading.get_ident() == self._thread:
                 undo.append(self._lift_modes(rec))
         except Exception as err:
