@@ -206,16 +206,17 @@ def test_without_flush_seconds_no_time_based_flush(tmp_path: Path) -> None:
 
 def _slow_engage(monkeypatch: pytest.MonkeyPatch, clock: _ProgramClock, seconds: float) -> None:
     """Make each engage last ``seconds`` longer on ``clock``, as the first one in a process
-    does on a loaded host (it imports ``torch._dynamo``: 5 to 9 s of wall time there)."""
+    can on a loaded host (the C++ observer's set-up; it imported ``torch._dynamo`` before
+    that was left to the program: 5 to 9 s of wall time there)."""
     from copytrace.tracer import _engage
 
-    preload = _engage._preload_dynamo
+    engage_compiled = _engage.Engagement._compiled_with_dynamo
 
-    def slow_preload() -> None:
+    def slow(self: Any, *args: Any, **kwargs: Any) -> None:
         clock.advance(seconds)
-        preload()
+        engage_compiled(self, *args, **kwargs)
 
-    monkeypatch.setattr(_engage, "_preload_dynamo", slow_preload)
+    monkeypatch.setattr(_engage.Engagement, "_compiled_with_dynamo", slow)
 
 
 def test_flush_seconds_does_not_count_copytraces_set_up(

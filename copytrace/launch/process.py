@@ -349,10 +349,20 @@ def _register_exec_hook() -> None:
         return
     # The hook is called on any audit event, also inside a compiled region (``sys._getframe``,
     # ``object.__getattr__``), where dynamo would count its frame as one of the program's
-    # (``counters["frames"]`` one higher): dynamo skips its code, and what it calls.
+    # (``counters["frames"]`` one higher): dynamo skips its code, and what it calls, from
+    # its import on (nothing compiled runs before; copytrace does not import it).
+    from copytrace.tracer import _dynamo_import
+
+    _dynamo_import.wait(_skip_exec_hook)
+
+
+def _skip_exec_hook() -> None:
     from copytrace.tracer.compiled import skip_codes
 
-    skip_codes([_on_audit.__code__, _on_exec.__code__, _before_exec.__code__], recursive=True)
+    try:
+        skip_codes([_on_audit.__code__, _on_exec.__code__, _before_exec.__code__], recursive=True)
+    except Exception as err:  # a torch whose private API changed: the frames are counted
+        warn(f"compiled frames may count copytrace's audit hook: {type(err).__name__}: {err}")
 
 
 def _on_audit(event: str, args: tuple[Any, ...]) -> None:

@@ -13,25 +13,19 @@ offers no hook for that and a Python dispatch mode is on, torch.compile is put i
 
 from __future__ import annotations
 
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from copytrace.tracer import _observer, _recorder, _tensor_new, _warnshim
+from copytrace.tracer import _dynamo_import, _observer, _recorder, _tensor_new, _warnshim
 from copytrace.tracer import compiled as _compiled
+from copytrace.tracer.compiled._compiled import _skip_dynamo
+from copytrace.tracer.compiled._hook import Pending, _hookable, _suppress
+from copytrace.tracer.compiled.stepaside import DISPATCH_STACK, FUNCTION_STACK, lift, lower
 
 __all__ = ["Engagement"]
-
-
-def _preload_dynamo() -> None:
-    """Import ``torch._dynamo`` before any patch is in place (the compiled-call hooks import
-    it anyway). Some of its modules keep the torch functions they see when imported: one
-    imported while copytrace's ``torch.from_numpy`` stands would keep the patch for good, and
-    dynamo would then graph-break on ``torch.from_numpy`` in the program after the trace."""
-    try:
-        import torch._dynamo  # noqa: F401
-    except Exception:  # no dynamo on this torch: nothing of it to protect
-        pass
 
 
 def _force_eager() -> Any:
@@ -69,13 +63,16 @@ class Engagement:
         self.stance: Any = None
         self.compiled: _compiled.Compiled | None = None
         self.compiled_mode: str | None = None
+        self._thread: int | None = None  # the traced thread (where engage() is called)
+        self._waiter: Any = None  # waiting for torch._dynamo's import (_dynamo_import.wait)
+        self._pending: Pending | None = None  # imported on another thread: see ready()
 
     def engage(self, rec: Any, native: Any, optim_hooks: list[Any]) -> None:
         """Install everything for ``rec`` (no-op when installed)."""
         if self.engaged:
             return
         self.engaged = True
-        _preload_dynamo()
+        self._thread = threading.get_ident()
         _recorder.set_active(rec)
         if native is not None:
             fmode = _observer.engage(rec, native, full=self.level != "api")
@@ -87,7 +84,7 @@ class Engagement:
                 _recorder.install_patches()
                 fmode.__enter__()
                 self.modes = [fmode]
-            self._engage_compiled(rec, optim_hooks, eager_fallback=False)
+            self._compiled_with_dynamo(rec, optim_hooks, eager_fallback=False)
             return
         dmode = _recorder.DispatchMode(rec) if self.level != "api" else None
         if dmode is not None:  # S(t) of a tensor subclass runs with dmode aside
@@ -102,7 +99,91 @@ class Engagement:
             self.modes.append(dmode)
             fmode.dispatch = dmode
             fmode.values = _recorder.ValueMode(rec, dmode)  # its function mode in backward
-        self._engage_compiled(rec, optim_hooks, eager_fallback=self.level != "api")
+        self._compiled_with_dynamo(rec, optim_hooks, eager_fallback=self.level != "api")
+
+    def _compiled_with_dynamo(self, rec: Any, optim_hooks: list[Any], eager_fallback: bool) -> None:
+        """:meth:`_engage_compiled` now if ``torch._dynamo`` is imported, else right after the
+        program imports it (nothing compiled runs before): a program that never compiles does
+        not import it (about 1.7 s of CPU at start and 0.35-0.4 s at teardown). Its import
+        then runs with copytrace out of the way (:meth:`_aside_for_import`): dynamo keeps some
+        of the torch functions it sees when imported; one imported under copytrace's
+        ``torch.from_numpy`` patch kept it and graph-broke on ``torch.from_numpy`` after the
+        trace (``docs/observer-effects.md``)."""
+        if self.compiled is None:  # its run attributes (0 calls) are written in any case
+            self.compiled = _compiled.Compiled(rec)
+        if _dynamo_import.imported():
+            self._engage_compiled(rec, optim_hooks, eager_fallback)
+            return
+
+        def ready() -> None:
+            if not self.engaged or self._waiter is None:
+                return
+            self._waiter = None
+            try:
+                cls = _hookable()
+                if threading.get_ident() == self._thread or cls is None:
+                    self._engage_compiled(rec, optim_hooks, eager_fallback)
+                    return
+                # imported on another thread: engaged at the traced thread's first compiled call
+                _skip_dynamo()
+                self._pending = Pending(cls, self._thread, lambda: self._engage_compiled(
+                    rec, optim_hooks, eager_fallback))  # fmt: skip
+                self._pending.install()
+            except Exception as err:
+                rec.note_error(err)
+
+        self._waiter = _dynamo_import.wait(ready, lambda: self._aside_for_import(rec))
+
+    def _aside_for_import(self, rec: Any) -> Callable[[], None]:
+        """Take copytrace out of the way while ``torch._dynamo``'s modules run, as if no trace
+        were on: every patch (``torch.Tensor``'s too) and the warnings shim out; on the traced
+        thread the modes off torch's stacks and the observer suppressed (nothing of dynamo's
+        own import is recorded). Returns what puts them back. Never raises."""
+        undo: list[Callable[[], None]] = []
+
+        def patches_back() -> None:  # unless the trace stopped meanwhile (another thread's import)
+            if self.engaged:
+                _recorder.install_patches(stepping_aside=True, tensor_too=True)
+
+        try:
+            if _compiled.copy_patched():
+                _recorder.remove_patches(stepping_aside=True, tensor_too=True)
+                undo.append(patches_back)
+            shim = _warnshim.aside()
+            undo.append(lambda: _warnshim.back(shim) if self.engaged else None)
+            if threading.get_ident() == self._thread:
+                undo.append(self._lift_modes(rec))
+        except Exception as err:
+            rec.note_error(err)
+
+        def put_back() -> None:
+            for step in reversed(undo):
+                try:
+                    step()
+                except Exception as err:
+                    rec.note_error(err)
+
+        return put_back
+
+    def _lift_modes(self, rec: Any) -> Callable[[], None]:
+        """copytrace's modes off this thread's stacks and its observer suppressed (as for a
+        compiled call's backward); returns what undoes it."""
+        lifted = []
+        for mode in [*self.modes, self.lean_mode]:
+            for stack in (FUNCTION_STACK, DISPATCH_STACK):
+                above = lift(*stack, mode) if mode is not None else None
+                if above is not None:
+                    lifted.append((stack, mode, above))
+        rec.compiled_depth += 1
+        _suppress(rec, True)
+
+        def lower_them() -> None:
+            _suppress(rec, False)
+            rec.compiled_depth = max(0, rec.compiled_depth - 1)
+            for (length, _, pop, push), mode, above in reversed(lifted):
+                lower(length, pop, push, mode, above)
+
+        return lower_them
 
     def _engage_compiled(self, rec: Any, optim_hooks: list[Any], eager_fallback: bool) -> None:
         """Let torch.compile'd code run compiled (copytrace steps aside at each compiled call);
@@ -131,6 +212,11 @@ class Engagement:
         if not force and self.modes and not self._modes_on_top():
             return False
         self.engaged = False
+        _dynamo_import.cancel(self._waiter)
+        self._waiter = None
+        if self._pending is not None:
+            self._pending.remove()
+            self._pending = None
         if self.compiled is not None:
             self.compiled.disengage()
         for mode in reversed(self.modes):

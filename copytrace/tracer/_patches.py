@@ -192,15 +192,15 @@ MISSING = object()
 _MODULES_BEFORE: set[str] | None = None
 
 
-def install_patches(stepping_aside: bool = False) -> None:
+def install_patches(stepping_aside: bool = False, tensor_too: bool = False) -> None:
     """Install copytrace's patches (``stepping_aside``: back after a compiled call, where the
-    ``torch.Tensor`` ones stayed)."""
+    ``torch.Tensor`` ones stayed, or with ``tensor_too`` after an import, where they went too)."""
     global _MODULES_BEFORE
     if not stepping_aside and _MODULES_BEFORE is None:
         _MODULES_BEFORE = set(sys.modules)  # ~3,000 names: tens of microseconds
     getitem = False
     for owner, name, _, new in EXTRA_PATCHES:
-        if not (stepping_aside and owner is _Tensor):
+        if tensor_too or not (stepping_aside and owner is _Tensor):
             setattr(owner, name, new)
             getitem = getitem or name == "__getitem__"
     if getitem:  # CPython also fills Tensor's sq_item for a __getitem__ attribute: clear it
@@ -213,13 +213,15 @@ def install_patches(stepping_aside: bool = False) -> None:
     _handover.install(_here, active_recorder)
 
 
-def remove_patches(stepping_aside: bool = False) -> None:
+def remove_patches(stepping_aside: bool = False, tensor_too: bool = False) -> None:
     """Remove copytrace's patches (``stepping_aside``: for a compiled call, which sees
     ``torch.Tensor``'s own methods through the wrappers' descriptors and whose wrappers stand
-    aside by themselves; changing ``torch.Tensor``'s attributes costs a type-cache flush each)."""
+    aside by themselves; changing ``torch.Tensor``'s attributes costs a type-cache flush each.
+    ``tensor_too``: those of ``torch.Tensor`` as well, for the import of a module that keeps
+    what it sees, ``torch._dynamo``: :mod:`._dynamo_import`)."""
     getitem = new_slot = False
     for owner, name, orig, new in EXTRA_PATCHES:
-        if stepping_aside and owner is _Tensor:
+        if stepping_aside and owner is _Tensor and not tensor_too:
             continue
         if owner.__dict__.get(name) is new:
             if orig is MISSING:

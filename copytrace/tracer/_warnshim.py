@@ -64,6 +64,22 @@ def remove() -> None:
         warnings.warn = _ORIG_WARN
 
 
+def aside() -> Any:
+    """Put the original ``warnings.warn`` back for an import that keeps what it sees
+    (``torch._dynamo``: :mod:`._dynamo_import`); returns the shim for :func:`back`, or None."""
+    shim = warnings.warn
+    if shim in _SHIM:
+        warnings.warn = _ORIG_WARN
+        return shim
+    return None
+
+
+def back(shim: Any) -> None:
+    """Undo :func:`aside` (unless the program replaced ``warnings.warn`` meanwhile)."""
+    if shim is not None and warnings.warn is _ORIG_WARN:
+        warnings.warn = shim
+
+
 def _past_reentry(frame: Any) -> tuple[Any, int]:
     """Where ``frame`` is copytrace's function mode re-entering a torch function: the frame
     that called that function from outside (past the mode's frames, ``handle_torch_function``

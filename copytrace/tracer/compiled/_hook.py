@@ -117,6 +117,49 @@ def _all_names(code: Any) -> set[str]:
 
 
 
+class Pending:
+    """Stands for a trace's compiled-call hooks when ``torch._dynamo`` was imported on another
+    thread than the traced one (:mod:`copytrace.tracer._dynamo_import`): compiled.cpp's hooks
+    are installed on the traced thread (a thread-local flag), so the hook on
+    ``_TorchDynamoContext`` waits for the traced thread's first compiled call, which runs it
+    before dynamo looks at a frame (``compile_wrapper`` calls ``enter_exit_hooks`` before
+    ``_callback_from_stance``); ``finish`` then engages there, and the call is recorded.
+
+    Args:
+        cls: dynamo's ``_TorchDynamoContext`` (:func:`_hookable`).
+        thread: the traced thread's ident.
+        finish: engages the compiled-call hooks on the calling thread.
+    """
+
+    depth = 0
+
+    def __init__(self, cls: Any, thread: int | None, finish: Callable[[], None]) -> None:
+        self.cls = cls
+        self.thread = thread
+        self.finish = finish
+        self.prop = property(_hooks_get, _hooks_set, _hooks_del)
+
+    def install(self) -> None:
+        setattr(self.cls, _HOOKS_ATTR, self.prop)
+        _STATE[0] = self  # type: ignore[assignment]
+
+    def remove(self) -> None:
+        if _STATE[0] is self:
+            _STATE[0] = None
+        if self.cls.__dict__.get(_HOOKS_ATTR) is self.prop:
+            delattr(self.cls, _HOOKS_ATTR)
+
+    def enter(self) -> Callable[[], None]:
+        if threading.get_ident() != self.thread:
+            return _nothing
+        self.remove()
+        self.finish()
+        state = _STATE[0]
+        if state is None or state is self:  # type: ignore[comparison-overlap]
+            return _nothing
+        return state.enter()
+
+
 def suspended() -> bool:
     """True while the traced thread runs compiled code (copytrace's observers stand aside)."""
     state = _STATE[0]
