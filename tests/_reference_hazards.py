@@ -121,7 +121,7 @@ def _is_copy(e: Ev) -> bool:
 
 
 #: Copies another rule reports in full (tensor-ctor-copy): not reported again as redundant.
-_OWN_RULE = frozenset(("tensor_ctor", "new_tensor", "as_tensor"))
+_OWN_RULE = frozenset(("tensor_ctor", "new_tensor", "as_tensor", "legacy_ctor"))
 
 
 # --- data-inplace ----------------------------------------------------------------------------
@@ -548,7 +548,7 @@ def tensor_ctor_copy(events: list[Ev]) -> list[Finding]:
                 f"`{call}` of an existing tensor copies it{graph} "
                 f"({_plural(acc.count, 'time')}, {format_bytes(acc.bytes)}); torch warns "
                 "against this form",
-                CTOR_FIXES[e.op == "as_tensor"],
+                CTOR_FIXES[e.op],
             )
         )
     return out
