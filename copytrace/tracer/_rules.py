@@ -269,16 +269,16 @@ _IN_PYTHON = frozenset(("numpy", "deepcopy", "share_memory_"))
 #: storage then owns (``share_memory_``: ``torch/storage.py``, ``_share_fd_cpu_``); a move
 #: shows as the ``aten::copy_`` folded into the call (none when already shared).
 STORAGE_MOVES = frozenset(("share_memory_",))
-# Ops whose api_before has work to do for any call (a check before the call, a read of the
-# input's state, a memo or basic-index test): never on the C observer's one-call path.
-_BEFORE_OPS = frozenset(
-    ("backward", "deepcopy", "index", "detach_", "numpy", "as_tensor", "legacy_ctor")
-)
 #: The op of a legacy constructor of a (nested) list holding a tensor: ``torch.Tensor([a, b])``
 #: and the typed ones (``torch.FloatTensor([a, b])``...), whose calls reach no function mode
 #: (``tp_new`` of ``TensorBase`` and of torch's legacy type objects: ``_legacy.py``). Recorded
 #: as ``new_tensor`` is, its data the second argument: ``(cls, data)``.
 LEGACY_CTOR = "legacy_ctor"
+# Ops whose api_before has work to do for any call (a check before the call, a read of the
+# input's state, a memo or basic-index test): never on the C observer's one-call path.
+_BEFORE_OPS = frozenset(
+    ("backward", "deepcopy", "index", "detach_", "numpy", "as_tensor", LEGACY_CTOR)
+)
 # Fast ops whose whole event the observer may finish in C (api_mode.cpp's fast_event): not
 # those _record_api reads differently (a write into a tensor, a rebinding) nor the gathers (a fresh copy watched
 # by identity, _fresh.py), nor new_tensor, whose source is its data argument, not its first
