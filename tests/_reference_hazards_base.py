@@ -110,4 +110,4 @@ def _is_copy(e: Ev) -> bool:
 
 
 #: Copies another rule reports in full (tensor-ctor-copy): not reported again as redundant.
-_OWN_RULE = frozenset(("tensor_ctor", "new_tensor", "as_tensor"))
+_OWN_RULE = frozenset(("tensor_ctor", "new_tensor", "as_tensor", "legacy_ctor"))

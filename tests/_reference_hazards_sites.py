@@ -259,7 +259,7 @@ def tensor_ctor_copy(events: list[Ev]) -> list[Finding]:
                 f"`{call}` of an existing tensor copies it{graph} "
                 f"({_plural(acc.count, 'time')}, {format_bytes(acc.bytes)}); torch warns "
                 "against this form",
-                CTOR_FIXES[e.op == "as_tensor"],
+                CTOR_FIXES[e.op],
             )
         )
     return out

@@ -1437,7 +1437,8 @@ def _combine_losses(how: str) -> tuple[float, list[float]]:
     parts = [layer(x).softmax(-1).mean(0).var() for layer in layers]  # each 0-d, needs grad
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's scalar-conversion warning for the list form
-        build = {"tensor": torch.tensor, "as_tensor": torch.as_tensor, "stack": torch.stack}[how]
+        build = {"tensor": torch.tensor, "as_tensor": torch.as_tensor, "stack": torch.stack,
+                 "Tensor": torch.Tensor, "FloatTensor": torch.FloatTensor}[how]  # fmt: skip
         aux = build(parts).sum()
     if aux.requires_grad:
         aux.backward()
@@ -1448,8 +1449,11 @@ def _combine_losses(how: str) -> tuple[float, list[float]]:
 
 @pytest.mark.parametrize(
     ("how", "op", "call"),
-    [("tensor", "tensor_ctor", "torch.tensor(t)"), ("as_tensor", "as_tensor", "torch.as_tensor([")],
-)
+    [
+        ("tensor", "tensor_ctor", "torch.tensor(t)"), ("as_tensor", "as_tensor", "torch.as_tensor(["),
+        ("Tensor", "legacy_ctor", "torch.Tensor(["), ("FloatTensor", "legacy_ctor", "torch.Tensor(["),
+    ],
+)  # fmt: skip
 def test_tensor_of_a_list_of_graph_tensors_is_a_detached_copy_and_flagged(
     how: str, op: str, call: str
 ) -> None:
@@ -1480,21 +1484,75 @@ def test_as_tensor_of_a_list_of_graph_tensors_runs_as_untraced() -> None:
     assert traced == untraced and traced[1] == [0.0, 0.0, 0.0]  # cut like torch.tensor's
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the legacy constructors reach no function mode: torch.Tensor([a, b]) runs "
-    "TensorBase.__new__ and torch.FloatTensor([a, b]) its immutable type's tp_new "
-    "(legacy_new_from_sequence in torch/csrc/utils/tensor_new.cpp), both unrecorded",
-)
-@pytest.mark.parametrize("ctor", [torch.Tensor, torch.FloatTensor])
-def test_legacy_constructor_of_a_list_of_graph_tensors_is_a_detached_copy(ctor: Any) -> None:
+# the legacy constructors reach no function mode: copytrace swaps their tp_new (_legacy.py)
+OBSERVERS = ("auto", "python")  # the C++ observer where it can be built, and the fallback
+
+
+@pytest.mark.parametrize("observer", OBSERVERS)
+@pytest.mark.parametrize("ctor", [torch.Tensor, torch.FloatTensor, torch.DoubleTensor])
+def test_legacy_constructor_of_a_list_of_graph_tensors_is_a_detached_copy(
+    ctor: Any, observer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
     w = torch.ones(2, requires_grad=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # torch's scalar-conversion warning
         t, out = run_traced(lambda: ctor([w[0] * 2, w[1] * 3]))
-    assert out.tolist() == [2.0, 3.0] and out.grad_fn is None
+    assert out.tolist() == [2.0, 3.0] and out.grad_fn is None and type(out) is torch.Tensor
     (ev,) = t.events
-    assert ev.bytes_allocated == 8 and ev.graph == "detached"  # 2 float32
+    assert ev.op == "legacy_ctor" and ev.alias is False and ev.error is None
+    assert ev.bytes_allocated == 2 * out.element_size()  # float32: 8 B, float64: 16 B
+    assert ev.graph == "detached" and ev.src_requires_grad is True
+    (finding,) = hazards(t, "tensor-ctor-copy")
+    assert site_lines(finding) == {ev.line}
+    assert "`torch.Tensor([t, ...])` of an existing tensor copies it and cuts it" in finding.message
+    assert "torch.stack(ts)" in finding.fix and ".to(dtype)" in finding.fix
+
+
+@pytest.mark.parametrize("observer", OBSERVERS)
+def test_legacy_constructor_of_plain_tensors_is_a_copy_and_its_error_is_the_programs(
+    observer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
+    a, b = torch.tensor(1.5), torch.tensor(2.5)
+    t, out = run_traced(lambda: torch.Tensor([[a, b], [b, a]]))
+    assert out.tolist() == [[1.5, 2.5], [2.5, 1.5]]
+    (ev,) = t.events  # as torch.tensor([[a, b], [b, a]]): a copy of existing tensors
+    assert (ev.op, ev.bytes_allocated, ev.graph) == ("legacy_ctor", 16, "none")  # 4 float32
+    # torch.LongTensor refuses float tensors: the program gets torch's error, as untraced
+    with pytest.raises(TypeError) as untraced:
+        torch.LongTensor([a, b])
+    t, err = raise_traced(lambda: torch.LongTensor([a, b]))
+    assert type(err) is TypeError and str(err) == str(untraced.value)
+    assert [(e.op, e.error) for e in t.events] == [("legacy_ctor", "TypeError")]
+
+
+class _Sub(torch.Tensor):
+    pass
+
+
+@pytest.mark.parametrize("observer", OBSERVERS)
+def test_legacy_constructor_near_misses_are_not_recorded(
+    observer: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
+    src = torch.arange(3.0, requires_grad=True)
+
+    def near_misses() -> list[torch.Tensor]:
+        return [
+            torch.Tensor(3), torch.Tensor(2, 3), torch.Tensor([1.0, 2.0]),
+            torch.FloatTensor([1.0, 2.0]), torch.LongTensor(2), torch.Tensor(src),
+            _Sub(src), torch.Tensor._make_subclass(_Sub, src.detach()), torch.Tensor([]),
+        ]  # fmt: skip
+
+    t, made = run_traced(near_misses)
+    assert [list(m.shape) for m in made] == [[3], [2, 3], [2], [2], [2], [3], [3], [3], [0]]
+    alias = made[5]  # torch.Tensor(t) of one tensor: torch's aten::alias, no copy
+    assert alias is not src and alias.data_ptr() == src.data_ptr() and alias.grad_fn is not None
+    assert type(made[6]) is _Sub and made[6].data_ptr() == src.data_ptr()
+    assert [e for e in t.events if e.op == "legacy_ctor"] == []
+    assert [e for e in t.events if not e.alias] == []  # nothing here allocates a copy
+    assert hazards(t, "tensor-ctor-copy") == []
 
 
 def test_as_tensor_of_one_tensor_or_of_numbers_is_not_a_copy() -> None:

@@ -141,12 +141,13 @@ def _programs() -> list[Any]:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # torch's scalar-conversion warning
                 cast = torch.as_tensor([w[0] * 2, w[1]])  # tensor-ctor-copy, its as_tensor fix
+                legacy = torch.FloatTensor([w[0] * 2, w[1]])  # tensor-ctor-copy, legacy fix
             same = torch.as_tensor(x)  # near miss: x itself
             y = x.to(torch.float32).contiguous()  # noop-conversion every step
             x.add_(1)  # the source changes each step: no repeat across steps
             snap = copy.deepcopy(x)  # deepcopy-in-loop
             t.step()
-            del a, b, c, d, tensor, e, f, g, y, snap, cast, same
+            del a, b, c, d, tensor, e, f, g, y, snap, cast, same, legacy
 
     def lost_write(t: Any) -> None:
         x = torch.zeros(8)

@@ -68,7 +68,14 @@ def _c_pointers() -> dict[str, int]:
     for cls in (torch.Tensor, torch.nn.Parameter):
         for slot, number in (("sq_item", 44), ("mp_subscript", 5)):  # Include/typeslots.h
             out[f"{cls.__name__}.{slot}"] = get_slot(cls, number) or 0
+    for cls in (torch._C.TensorBase, torch.Tensor, *_legacy_types()):  # the legacy constructors
+        out[f"{cls.__module__}.{cls.__name__}.tp_new"] = get_slot(cls, 65) or 0
+    out["tensortype.tp_call"] = get_slot(type(torch.FloatTensor), 50) or 0
     return out
+
+
+def _legacy_types() -> list[type]:
+    return sorted((c for c in torch._tensor_classes if type(c) is type(torch.FloatTensor)), key=str)
 
 
 def _exercise() -> None:
@@ -90,6 +97,51 @@ def test_no_c_pointer_or_type_slot_left_changed_after_tracing():
     after = _c_pointers()
     changed = sorted(k for k in before if before[k] != after.get(k))
     assert changed == []
+
+
+class _Before(torch.Tensor):  # a subclass made before the trace: it holds TensorBase's tp_new
+    pass
+
+
+class _OwnNew(_Before):
+    def __new__(cls, t):
+        return super().__new__(cls, t)  # TensorBase.__new__'s safety check compares tp_new slots
+
+
+def _tp_new(cls: type) -> int:
+    get_slot = ctypes.pythonapi.PyType_GetSlot
+    get_slot.restype, get_slot.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_int]
+    return get_slot(cls, 65) or 0  # Py_tp_new, Include/typeslots.h
+
+
+@pytest.mark.parametrize("observer", ["auto", "python"])
+def test_legacy_constructor_slots_are_given_back_at_stop(observer, monkeypatch):
+    # While tracing, the C++ observer swaps the tp_new of TensorBase, of the classes that hold
+    # its pointer and of torch.FloatTensor & co.; the fallback tensortype's tp_call (and its
+    # __call__) and torch.Tensor.__new__. At stop every slot is torch's again.
+    monkeypatch.setenv("COPYTRACE_OBSERVER", observer)
+    meta = type(torch.FloatTensor)
+    new_before, meta_before = torch.Tensor.__new__, dict(vars(meta))
+    before = _c_pointers()
+    src = torch.arange(3.0)
+    with copytrace.trace(write=False) as t:
+        during = _c_pointers()
+
+        class Made(torch.Tensor):  # made while tracing: inherits what torch.Tensor holds now
+            pass
+
+        made = (Made(src), _Before(src), _OwnNew(src), torch.FloatTensor([src[0], src[1]]))
+    assert [type(m).__name__ for m in made] == ["Made", "_Before", "_OwnNew", "Tensor"]
+    assert [e.op for e in t.events] == ["legacy_ctor"]  # the list, not the subclasses
+    changed = {k for k in before if before[k] != during[k]}
+    if t.observer_path == "native":  # torch.Tensor.__new__ untouched, tp_new of every class swapped
+        assert {"torch.FloatTensor.tp_new", "torch._C.TensorBase.tp_new"} <= changed
+    else:
+        assert "tensortype.tp_call" in changed
+    assert _c_pointers() == before
+    assert _tp_new(Made) == _tp_new(_Before) == _tp_new(torch._C.TensorBase)
+    assert torch.Tensor.__new__ is new_before and dict(vars(meta)) == meta_before
+    assert "__new__" not in vars(torch.Tensor)
 
 
 def test_tensor_sequence_slot_unchanged_while_tracing():

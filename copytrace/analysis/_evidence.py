@@ -107,7 +107,7 @@ def is_copy(e: Ev) -> bool:
 
 
 #: Copies another rule reports in full (tensor-ctor-copy): not reported again as redundant.
-OWN_RULE = frozenset(("tensor_ctor", "new_tensor", "as_tensor"))
+OWN_RULE = frozenset(("tensor_ctor", "new_tensor", "as_tensor", "legacy_ctor"))
 
 #: dtype name -> the dtypes (names) that hold every one of its values exactly: a cast to one
 #: of them is lossless (float32 -> float64); any other cast between two different dtypes

@@ -104,7 +104,8 @@ HAZARDS: dict[str, Hazard] = {
         Hazard("deepcopy-nonleaf", "warning",
                "copy.deepcopy of an object holding a tensor still in the autograd graph"),
         Hazard("tensor-ctor-copy", "warning",
-               "torch.tensor(t) / t.new_tensor(t) of a tensor, torch.as_tensor([t, ...])"),
+               "torch.tensor(t) / t.new_tensor(t) of a tensor, torch.as_tensor([t, ...]), "
+               "torch.Tensor([t, ...])"),
         Hazard("clone-detach-order", "info", "clone().detach() instead of detach().clone()"),
         Hazard("noop-conversion", "info",
                "conversion that returns its input unchanged, every step"),

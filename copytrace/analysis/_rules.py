@@ -308,21 +308,26 @@ def deepcopy_nonleaf(rc: Any) -> list[Finding]:
 
 
 # --- tensor-ctor-copy -----------------------------------------------------------------------------------
-#: the call each op names in the message (as_tensor is recorded only of a list of tensors)
+#: the call each op names in the message (as_tensor and the legacy constructors,
+#: torch.Tensor and torch.FloatTensor..., are recorded only of a list of tensors)
 CTOR_CALLS = {
     "tensor_ctor": "torch.tensor(t)", "new_tensor": "t.new_tensor(x)",
-    "as_tensor": "torch.as_tensor([t, ...])",
+    "as_tensor": "torch.as_tensor([t, ...])", "legacy_ctor": "torch.Tensor([t, ...])",
 }  # fmt: skip
 _STACK = (
     "For a list of tensors, `torch.stack(ts)` keeps the autograd graph (`torch.stack(ts)."
     "detach()` when the cut is meant)."
 )
-#: the fix, by whether the op is as_tensor (whose own form is what copies)
-CTOR_FIXES = (
+_ONE = (
     "Use `t.detach().clone()` when a copy is needed, or `torch.as_tensor(t)` / `t.to(dtype)` "
-    "when it is not. " + _STACK,
-    _STACK,
+    "when it is not. "
 )
+#: the fix, by op: for as_tensor and the legacy constructors their own form is what copies
+CTOR_FIXES = {
+    "tensor_ctor": _ONE + _STACK, "new_tensor": _ONE + _STACK, "as_tensor": _STACK,
+    "legacy_ctor": _STACK + " A legacy constructor's dtype is `.to(dtype)` after it "
+    "(`torch.FloatTensor`: float32, `torch.LongTensor`: int64, ...).",
+}  # fmt: skip
 def tensor_ctor_copy(rc: Any) -> list[Finding]:
     mask = rc.isin("op", tuple(OWN_RULE)) & _ok(rc) & ~rc.truthy("via")
     out = []
@@ -336,7 +341,7 @@ def tensor_ctor_copy(rc: Any) -> list[Finding]:
                 f"`{call}` of an existing tensor copies it{graph} "
                 f"({plural(g.count, 'time')}, {format_bytes_exact(g.bytes)}); torch warns "
                 "against this form",
-                CTOR_FIXES[e.op == "as_tensor"],
+                CTOR_FIXES[e.op],
             )
         )
     return out

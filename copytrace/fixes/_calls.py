@@ -64,8 +64,9 @@ def tensor_ctor_copy(t: Target, src: Source) -> Edit:
     """``torch.tensor(x, dtype=d)`` -> ``x.detach().to(dtype=d, copy=True)`` (one copy, as
     before; ``x.detach().clone()`` without dtype or device); ``t.new_tensor(x)`` ->
     ``x.detach().to(t, copy=True)`` (``new_tensor`` takes ``t``'s dtype and device); none for
-    ``torch.as_tensor``, recorded only of a sequence of tensors."""
-    if "as_tensor" in t.ops:
+    ``torch.as_tensor`` nor the legacy constructors (``torch.Tensor``, ``torch.FloatTensor``...),
+    recorded only of a sequence of tensors."""
+    if "as_tensor" in t.ops or "legacy_ctor" in t.ops:
         raise Refuse(_SEQUENCE_REASON)
     if t.ops == ["new_tensor"]:
         return _new_tensor(t, src)

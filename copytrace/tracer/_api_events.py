@@ -26,6 +26,7 @@ from copytrace.tracer._fresh import INDEX_OPS
 from copytrace.tracer._rules import (
     HOST_TO_DEVICE,
     IN_PYTHON,
+    LEGACY_CTOR,
     NO_MEMORY,
     RULES,
     STORAGE_MOVES,
@@ -54,7 +55,9 @@ _NO_KWARGS: dict[str, Any] = {}
 # dst.data = src rebinds dst to src's storage; swap_tensors(dst, src) exchanges payloads.
 _DST_FIRST = frozenset(("copy_", "data_set", "swap_tensors"))
 # ops that read their data argument value by value
-_FROM_DATA = ("tensor_ctor", "new_tensor", "as_tensor")
+_FROM_DATA = ("tensor_ctor", "new_tensor", "as_tensor", LEGACY_CTOR)
+# ops whose data is their second argument: u.new_tensor(data), a legacy ctor's (cls, data)
+_DATA_SECOND = ("new_tensor", LEGACY_CTOR)
 _SEQUENCES = (list, tuple)
 _NO_TENSOR_RESULT = ("numpy", "copy_", "data_set")  # ops whose result may be no tensor
 _WRITES_INTO = RULES.writes_into
@@ -88,6 +91,10 @@ class ApiEvents:
             return None  # memo hit: deepcopy returns an earlier copy
         if op == "as_tensor" and not _reads_tensors(args, kwargs):
             return None  # as_tensor(t): t, its alias or an aten conversion (recorded as such)
+        if op == LEGACY_CTOR and (
+            self.compiled_depth or len(args) != 2 or not _reads_tensors(args[1:], None)
+        ):
+            return None  # torch.Tensor(3), torch.Tensor([1.0]), torch.Tensor(t): no list copy
         if op == "index" and _basic_index(args):
             return None  # x[i], x[a:b]: a view (the C handler lets these through itself)
         if kwargs and op in INDEX_OPS and kwargs.get("out") is not None:
@@ -196,7 +203,7 @@ class ApiEvents:
             out = dst
         else:
             src = args[0] if args else kwargs.get("data")
-            if op == "new_tensor":  # u.new_tensor(data) copies data; u gives dtype and device
+            if op in _DATA_SECOND:  # u.new_tensor(data) copies data; u gives dtype and device
                 src = args[1] if len(args) > 1 else kwargs.get("data")
             if not isinstance(src, _Tensor):
                 if op in _FROM_DATA and isinstance(src, _SEQUENCES):
@@ -404,9 +411,11 @@ def _past_entry(ev: CopyEvent) -> None:
 
 
 def _reads_tensors(args: tuple, kwargs: dict | None) -> bool:
-    """Whether ``torch.as_tensor(*args, **kwargs)`` reads tensors value by value: its data a
-    (nested) list or tuple holding a tensor. Of one tensor it returns that tensor, an alias
-    or an aten conversion (``_to_copy``, recorded as it runs), never a copy of its own."""
+    """Whether ``torch.as_tensor(*args, **kwargs)`` (or a legacy constructor, ``args`` its
+    arguments after the class) reads tensors value by value: its data a (nested) list or tuple
+    holding a tensor. Of one tensor as_tensor returns that tensor, an alias or an aten
+    conversion (``_to_copy``, recorded as it runs), and ``torch.Tensor(t)`` an alias
+    (``aten::alias``), never a copy of their own."""
     data = args[0] if args else (kwargs or _NO_KWARGS).get("data")
     return isinstance(data, _SEQUENCES) and _first_tensor(data) is not None
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from copytrace.tracer import _dynamo_import, _observer, _recorder, _tensor_new, _warnshim
+from copytrace.tracer import _dynamo_import, _legacy, _observer, _recorder, _tensor_new, _warnshim
 from copytrace.tracer import compiled as _compiled
 from copytrace.tracer.compiled._compiled import _skip_dynamo
 from copytrace.tracer.compiled._hook import Pending, _hookable, _suppress
@@ -84,11 +84,16 @@ class Engagement:
                 _recorder.install_patches()
                 fmode.__enter__()
                 self.modes = [fmode]
+            try:  # torch.Tensor([a, b]), torch.FloatTensor([a, b]): tp_new trampolines
+                _legacy.install_native(native)
+            except Exception as err:
+                rec.note_error(err)
             self._compiled_with_dynamo(rec, optim_hooks, eager_fallback=False)
             return
         dmode = _recorder.DispatchMode(rec) if self.level != "api" else None
-        if dmode is not None:  # S(t) of a tensor subclass runs with dmode aside
-            _recorder.EXTRA_PATCHES[:] = [_tensor_new.patch(dmode, rec, _recorder.MISSING)]
+        # S(t) of a tensor subclass runs with dmode aside; torch.Tensor([a, b]) is recorded
+        _recorder.EXTRA_PATCHES[:] = [_tensor_new.patch(dmode, rec, _recorder.MISSING)]
+        _legacy.install_python()  # torch.FloatTensor([a, b]) and the other typed ones
         _recorder.install_patches()
         _warnshim.install_python()  # a stacklevel warning lands where it lands untraced
         fmode = _recorder.FunctionMode(rec)
@@ -227,6 +232,7 @@ class Engagement:
         self.modes = []
         if rec.native is not None:
             try:
+                _legacy.remove_native(rec.native)
                 if self.level == "lean":
                     _observer.remove_wrappers(rec, rec.native)
                 _observer.disengage(rec)
@@ -243,6 +249,7 @@ class Engagement:
         if rec.native is None:  # the fallback's torch.Tensor.__new__ (_tensor_new.py)
             _recorder.EXTRA_PATCHES.clear()
             _tensor_new.end()
+            _legacy.remove_python()
         _recorder.set_active(None)
         return True
 

@@ -246,6 +246,10 @@ def _restore_at_exit() -> None:
     native = _native._state.get("module")
     if native is not None and hasattr(native, "hot_restore"):
         native.hot_restore()
+    if native is not None and hasattr(native, "legacy_restore"):
+        from copytrace.tracer import _legacy
+
+        _legacy.remove_native(native)
 
 
 _QUIET: set[Any] | None = None

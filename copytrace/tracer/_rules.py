@@ -26,7 +26,7 @@ from copytrace.tracer._storage_ref import storage_of
 
 __all__ = [
     "RULES", "RecordRules", "HOST_TO_DEVICE", "ALIAS", "COPY", "COPY_INTO", "api_table",
-    "aten_table", "aten_name", "transfer", "basic_index",
+    "aten_table", "aten_name", "transfer", "basic_index", "LEGACY_CTOR",
 ]  # fmt: skip
 
 _Tensor = torch.Tensor
@@ -269,15 +269,22 @@ _IN_PYTHON = frozenset(("numpy", "deepcopy", "share_memory_"))
 #: storage then owns (``share_memory_``: ``torch/storage.py``, ``_share_fd_cpu_``); a move
 #: shows as the ``aten::copy_`` folded into the call (none when already shared).
 STORAGE_MOVES = frozenset(("share_memory_",))
+#: The op of a legacy constructor of a (nested) list holding a tensor: ``torch.Tensor([a, b])``
+#: and the typed ones (``torch.FloatTensor([a, b])``...), whose calls reach no function mode
+#: (``tp_new`` of ``TensorBase`` and of torch's legacy type objects: ``_legacy.py``). Recorded
+#: as ``new_tensor`` is, its data the second argument: ``(cls, data)``.
+LEGACY_CTOR = "legacy_ctor"
 # Ops whose api_before has work to do for any call (a check before the call, a read of the
 # input's state, a memo or basic-index test): never on the C observer's one-call path.
-_BEFORE_OPS = frozenset(("backward", "deepcopy", "index", "detach_", "numpy", "as_tensor"))
+_BEFORE_OPS = frozenset(
+    ("backward", "deepcopy", "index", "detach_", "numpy", "as_tensor", LEGACY_CTOR)
+)
 # Fast ops whose whole event the observer may finish in C (api_mode.cpp's fast_event): not
 # those _record_api reads differently (a write into a tensor, a rebinding) nor the gathers (a fresh copy watched
 # by identity, _fresh.py), nor new_tensor, whose source is its data argument, not its first
 # (the C path reads args[0]: `u.new_tensor(t)` would name u, the owner, as what was copied).
 _NOT_C_EVENT_OPS = frozenset(
-    ("copy_", "data_set", "data_get", "swap_tensors", "new_tensor", *STORAGE_MOVES)
+    ("copy_", "data_set", "data_get", "swap_tensors", "new_tensor", LEGACY_CTOR, *STORAGE_MOVES)
 ) | frozenset(INDEX_OPS)
 
 # public names for the modules that read the rules

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["settle", "settle_new", "sq_item", "tp_new"]
+__all__ = ["settle", "settle_new", "sq_item", "tp_new", "tp_call", "call_offset", "generic_call"]
 
 _PY_SQ_ITEM = 44  # Include/typeslots.h
 _PTR = ctypes.sizeof(ctypes.c_void_p)
@@ -139,3 +139,42 @@ def settle_new() -> bool:
         if tp_new(cls) != want and _owner(cls, "__new__") is base:
             ctypes.c_void_p.from_address(id(cls) + offset).value = want
     return True
+
+
+# --- tp_call: torch.tensortype's while the fallback records the legacy constructors ----------
+_PY_TP_CALL = 50  # Include/typeslots.h
+_CALL_OFFSET: list[int | None] = []
+_GENERIC_CALL: list[int] = []
+
+
+def tp_call(cls: type) -> int:
+    """The address in ``cls``'s ``tp_call`` slot, read by CPython's API."""
+    return _get_slot(cls, _PY_TP_CALL) or 0
+
+
+def call_offset() -> int | None:
+    """The offset of ``tp_call`` in ``PyTypeObject``: the one word of ``type``'s type object
+    that holds its ``tp_call`` (``type_call``), checked on ``torch.tensortype``, which
+    inherits it (None: not found)."""
+    if not _CALL_OFFSET:
+        words = 64
+        want = tp_call(type)
+        found = [i * _PTR for i in range(words)
+                 if ctypes.c_void_p.from_address(id(type) + i * _PTR).value == want]  # fmt: skip
+        meta = type(torch.FloatTensor)
+        ok = len(found) == 1 and ctypes.c_void_p.from_address(id(meta) + found[0]).value == tp_call(meta)
+        _CALL_OFFSET.append(found[0] if ok else None)
+    return _CALL_OFFSET[0]
+
+
+def generic_call() -> int:
+    """CPython's generic ``slot_tp_call`` (calls ``type(obj).__call__``), read from a class
+    that defines ``__call__`` (0: not found)."""
+    if not _GENERIC_CALL:
+
+        class _Callable:
+            def __call__(self) -> None:
+                return None
+
+        _GENERIC_CALL.append(tp_call(_Callable))
+    return _GENERIC_CALL[0]

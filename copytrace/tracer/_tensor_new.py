@@ -15,7 +15,8 @@ copytrace's other patches (``_patches.EXTRA_PATCHES``): a subclass's constructio
 that mode stepped aside (:func:`~copytrace.tracer.compiled.stepaside.call_without`), so it
 returns what it returns untraced, and the mode does not see the ``aten::alias`` or
 ``lift_fresh`` inside. ``torch.Tensor(...)`` itself, which a mode does not break, runs as it
-is. Removing the attribute leaves CPython's generic ``slot_tp_new`` in the classes' ``tp_new``;
+is, and is recorded where it copies a list of tensors (:mod:`copytrace.tracer._legacy`; so
+the wrapper is installed at level ``api`` too, with no mode to step aside). Removing the attribute leaves CPython's generic ``slot_tp_new`` in the classes' ``tp_new``;
 :func:`copytrace.tracer._slots.settle_new` puts ``TensorBase``'s back.
 """
 
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 from copytrace.tracer._hide import hide_frames
+from copytrace.tracer._legacy import tensor_call
 from copytrace.tracer.compiled.stepaside import call_without
 
 __all__ = ["end", "patch"]
@@ -40,11 +42,14 @@ _ENGAGED: list[Any] = [None, None]
 def _traced_tensor_new(cls: type, *args: Any, **kwargs: Any) -> Any:
     """``torch.Tensor.__new__(cls, *args, **kwargs)``: for a subclass ``cls`` with the
     fallback's dispatch mode off this thread's stack while it runs (where it is on it: not on
-    another thread, nor inside a compiled call, where copytrace has lifted it). Returns and
-    raises what the original does."""
+    another thread, nor inside a compiled call, where copytrace has lifted it); for
+    ``torch.Tensor`` itself recorded where it copies a list of tensors (``_legacy.py``).
+    Returns and raises what the original does."""
     mode, rec = _ENGAGED
     try:
-        if mode is None or cls is _Tensor:
+        if cls is _Tensor:
+            return tensor_call(rec, _ORIG_NEW, args, kwargs)
+        if mode is None:
             return _ORIG_NEW(cls, *args, **kwargs)
         # the mode is taken off this thread's stack where it is on it (else: a plain call)
         return call_without(mode, _ORIG_NEW, (cls, *args), kwargs)
@@ -55,7 +60,8 @@ def _traced_tensor_new(cls: type, *args: Any, **kwargs: Any) -> Any:
 
 def patch(mode: Any, rec: Any, missing: Any) -> tuple[Any, str, Any, Any]:
     """The ``EXTRA_PATCHES`` entry ``(owner, name, original, replacement)`` for
-    ``torch.Tensor.__new__`` while dispatch ``mode`` is the fallback's (``rec``: its recorder,
+    ``torch.Tensor.__new__`` while dispatch ``mode`` is the fallback's (None: level ``api``,
+    no dispatch mode; ``rec``: its recorder,
     which counts a traceback that cannot be relinked; ``missing``: the original where
     ``torch.Tensor`` has none of its own, as untraced)."""
     _ENGAGED[:] = [mode, rec]

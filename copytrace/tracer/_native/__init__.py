@@ -42,7 +42,7 @@ _HERE = Path(__file__).parent
 #: units that read torch's C++ types (kernels, versions, facts, record, watch_cb): one parse of
 #: torch's Tensor headers for the five.
 _UNITS = (
-    "torch_units.cpp", "api_mode.cpp", "warn_shim.cpp", "lean.cpp", "hotpatch.cpp",
+    "torch_units.cpp", "api_mode.cpp", "warn_shim.cpp", "lean.cpp", "hotpatch.cpp", "legacy.cpp",
     "frames.cpp", "audit.cpp", "attached.cpp", "compiled.cpp", "columns.cpp", "otlp.cpp",
     "module.cpp",
 )  # fmt: skip

@@ -461,6 +461,12 @@ PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs
     if (PyErr_Occurred()) PyErr_Clear();  // an unhashable callable
     return call_through(func, args, kwargs);
   }
+  return call_op_recorded(op, func, args, kwargs, lean);
+}
+
+PyObject* call_op_recorded(PyObject* op, PyObject* func, PyObject* args, PyObject* kwargs,
+                           bool lean) {
+  if (kwargs == nullptr) kwargs = Py_None;
   if (lean && in_quiet_code()) return call_through(func, args, kwargs);
   if ((kwargs == Py_None || (PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) == 0)) &&
       fast_backward(op, args))

@@ -84,6 +84,13 @@ PyMethodDef g_methods[] = {
      "and of Tensor.data's getset descriptor (or None): a bool per callable, then one for data"},
     {"hot_restore", py_hot_restore, METH_NOARGS, "Put back every pointer hot_install swapped"},
     {"hot_count", py_hot_count, METH_NOARGS, "How many entries are hot-patched now"},
+    // legacy.cpp
+    {"legacy_install", FN(py_legacy_install), METH_FASTCALL,
+     "legacy_install(op, base, tensor, typed): the tp_new trampolines of the legacy "
+     "constructors in base (TensorBase), its subclasses holding its pointer and the typed "
+     "types; how many slots were swapped"},
+    {"legacy_restore", FN(py_legacy_restore), METH_FASTCALL,
+     "legacy_restore(base, typed): the original tp_new wherever a trampoline is; how many"},
     // facts.cpp
     {"facts", FN(py_facts), METH_FASTCALL,
      "facts(t, with_grad_fn=False): a plain tensor's Facts (see copytrace/tracer/_facts.py), "

@@ -8,6 +8,7 @@
 //   versions.cpp   version counters of fresh copies; weak pointers on grad_fn nodes
 //   lean.cpp       level lean's C wrappers and descriptors                  (*)
 //   hotpatch.cpp   level lean's hot-patched method tables                   (*)
+//   legacy.cpp     tp_new trampolines of the legacy constructors (torch.Tensor([a, b]))  (*)
 //   facts.cpp      a tensor's facts in one call; copy_slots
 //   steps.cpp      optimizer steps from torch's Optimizer.step# record scope
 //   frames.cpp     call sites, frame variables                              (Python only)
@@ -216,6 +217,9 @@ extern PyObject* g_table;  // dict: torch callable -> op name (null: no recorder
 // copytrace's mode, innermost last (borrowed: each is on the stack while listed).
 extern __thread TlsStack<PyObject*> tls_entry_frames;
 PyObject* call_through_recorded(PyObject* func, PyObject* args, PyObject* kwargs, bool lean);
+// The same for a call already known to be op `op` (a callable outside the table: legacy.cpp).
+PyObject* call_op_recorded(PyObject* op, PyObject* func, PyObject* args, PyObject* kwargs,
+                           bool lean);
 
 // --- versions.cpp -----------------------------------------------------------------------------
 PyObject* version_of(PyObject*, PyObject* obj);
@@ -326,6 +330,8 @@ COPYTRACE_FAST(py_wrap_api) COPYTRACE_FAST(py_data_descriptor) COPYTRACE_O(py_se
 COPYTRACE_O(py_set_quiet_codes)
 // hotpatch.cpp
 COPYTRACE_FAST(py_hot_install) COPYTRACE_NOARGS(py_hot_restore) COPYTRACE_NOARGS(py_hot_count)
+// legacy.cpp
+COPYTRACE_FAST(py_legacy_install) COPYTRACE_FAST(py_legacy_restore)
 // facts.cpp
 COPYTRACE_FAST(py_facts)
 PyObject* py_sizes_strides_policy(PyObject*, PyObject* t);

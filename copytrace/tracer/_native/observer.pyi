@@ -254,6 +254,15 @@ def hot_install(
 def hot_restore() -> None: ...
 def hot_count() -> int: ...
 
+# --- legacy.cpp -----------------------------------------------------------------------------
+def legacy_install(op: str, base: type, tensor: type, typed: tuple[type, ...], /) -> int:
+    """Swap the ``tp_new`` of ``base`` (``TensorBase``), of its subclasses that hold its
+    pointer and of the ``typed`` legacy types for trampolines that record ``tensor(seq)`` and
+    ``Typed(seq)`` as ``op``; how many slots were swapped."""
+
+def legacy_restore(base: type, typed: tuple[type, ...], /) -> int:
+    """Put the original ``tp_new`` back wherever a trampoline is; how many slots."""
+
 # --- frames.cpp -----------------------------------------------------------------------------
 def call_site(
     classify: Callable[[CodeType], int], /
