@@ -1576,6 +1576,18 @@ def test_checkpoint_recomputes_the_users_upcast_without_a_redundant_copy(use_ckp
     assert hazards(t, "redundant-copy") == []
 
 
+@pytest.mark.parametrize("use_ckpt", [True, False])
+def test_checkpoint_stops_recomputing_before_the_users_downcast(use_ckpt: bool) -> None:
+    t, _ = run_traced(lambda: _checkpointed_step(use_ckpt))
+    downcasts = [e for e in t.events if e.op == "to" and e.module == "UpcastBlock"]
+    # relu's output is the last tensor the block saves for backward; non-reentrant checkpoint
+    # stops re-running forward once it has rebuilt it, so the cast back to bfloat16 after it
+    # (8x32 bfloat16 = 512 B) runs in forward only, with or without checkpointing
+    assert [(e.phase, e.dtype, e.bytes_allocated) for e in downcasts] == [
+        ("forward", "bfloat16", 512)
+    ]
+
+
 # --------------------------------------------------------------------------------------------
 # Module.to() on the swap_tensors path, after an EMA copy kept up with state_dict()
 # --------------------------------------------------------------------------------------------
@@ -1624,6 +1636,23 @@ def test_swap_path_conversion_succeeds_traced_after_state_dict_aliases() -> None
     assert len(swaps) == 4 and all(e.alias and e.bytes_allocated == 0 for e in swaps)
 
 
+def test_swap_path_downcast_records_half_the_bytes_and_one_swap_per_parameter() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    with swap_on_conversion(True):
+        t, _ = run_traced(lambda: model.to(torch.bfloat16))
+    assert [p.dtype for p in model.parameters()] == [torch.bfloat16] * 4
+    # each float32 parameter becomes a bfloat16 copy: 16x8, 16, 2x16, 2 elements x 2 B
+    conversions = [(e.src_dtype, e.dtype, e.bytes_allocated) for e in t.events if e.op == "to"]
+    assert conversions == [
+        ("float32", "bfloat16", 256), ("float32", "bfloat16", 32),
+        ("float32", "bfloat16", 64), ("float32", "bfloat16", 4),
+    ]  # fmt: skip
+    swaps = [(e.shape, e.alias, e.bytes_allocated) for e in t.events if e.op == "swap_tensors"]
+    assert swaps == [((16, 8), True, 0), ((16,), True, 0), ((2, 16), True, 0), ((2,), True, 0)]
+    assert copytrace.analyze(t.events) == []
+
+
 # --------------------------------------------------------------------------------------------
 # clone inside torch.func.vmap: the bytes really allocated are the whole batch's
 # --------------------------------------------------------------------------------------------
@@ -1666,6 +1695,33 @@ def test_numpy_of_a_batched_tensor_fails_unchanged_and_is_recorded_as_failed() -
         ("numpy", 0, False, "RuntimeError"),
     ]
     assert t.stats["errors"] == 0
+
+
+def test_stacking_an_ensemble_aliases_its_leaves_and_a_meta_template_allocates_nothing() -> None:
+    from torch.func import stack_module_state
+
+    torch.manual_seed(0)
+    members = [nn.Linear(4, 2) for _ in range(3)]
+
+    def stack_and_template() -> tuple[dict[str, torch.Tensor], nn.Module]:
+        params, _ = stack_module_state(members)  # torch.stack, then a detached leaf of it
+        return params, copy.deepcopy(members[0]).to("meta")
+
+    t, (params, template) = run_traced(stack_and_template)
+    assert params["weight"].shape == (3, 2, 4) and template.weight.is_meta
+    # the stacked leaves: 3 members x (2x4 weight, 2 bias) float32 = 96 B and 24 B, aliased
+    leaves = [e for e in t.events if e.op == "detach"]
+    assert [(e.bytes_logical, e.bytes_allocated, e.alias) for e in leaves] == [
+        (96, 0, True), (24, 0, True),
+    ]  # fmt: skip
+    assert {e.via for e in leaves} == {"construct_stacked_leaf"}
+    (group,) = groups(t)
+    assert group.bytes_allocated == 40 and group.tensors == 2  # 32 B + 8 B, really copied
+    to_meta = [e for e in t.events if e.op == "to"]
+    # a meta tensor has no memory: what a real copy would move, and nothing allocated
+    assert [(e.dst_device, e.fake, e.bytes_logical, e.bytes_allocated) for e in to_meta] == [
+        ("meta", True, 32, 0), ("meta", True, 8, 0),
+    ]  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------
