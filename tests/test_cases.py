@@ -296,6 +296,38 @@ def test_trace_keeps_recording_after_a_failed_deepcopy() -> None:
     assert t.stats["errors"] == 0
 
 
+@pytest.mark.parametrize("level", ["lean", "full"])
+def test_tensors_deep_copied_inside_objects_are_placed_at_the_users_deepcopy(level: str) -> None:
+    torch.manual_seed(0)
+    broken = CachingNet()
+    broken(torch.randn(2, 8))  # caches an attached activation: its deepcopy raises
+    fixed = CachingNet(cache_detached=True)
+    fixed(torch.randn(2, 8))
+    state = {"step": torch.tensor(3), "buf": torch.zeros(4)}
+
+    def copy_all() -> None:
+        with contextlib.suppress(RuntimeError):
+            copy.deepcopy(broken)
+        copy.deepcopy(fixed)
+        copy.deepcopy(state)
+
+    with copytrace.trace(write=False, level=level) as t:
+        copy_all()
+    # Tensor.__deepcopy__ hands its call to a function mode through torch's
+    # handle_torch_function (a Python mode on the stack: the fallback, or level "full"); each
+    # tensor's copy is still the user's deepcopy, reached through no torch function
+    children = copies(t)
+    assert [(e.error, e.bytes_allocated) for e in children] == [
+        (None, 256), (None, 32), ("RuntimeError", 0),  # weight 8x8, bias 8, the cache
+        (None, 256), (None, 32), (None, 64),  # the detached 2x8 cache copied
+        (None, 8), (None, 16),  # an int64 step, 4 float32
+    ]  # fmt: skip
+    assert [e.via for e in children] == [None] * 8
+    first, second, third = (g.line for g in groups(t))
+    assert [e.line for e in children] == [first] * 3 + [second] * 3 + [third] * 2
+    assert [e.function for e in children] == ["copy_all"] * 8
+
+
 def test_deepcopy_of_module_with_detached_cache_copies_three_tensors() -> None:
     torch.manual_seed(0)
     net = CachingNet(cache_detached=True)
