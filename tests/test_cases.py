@@ -328,6 +328,22 @@ def test_tensors_deep_copied_inside_objects_are_placed_at_the_users_deepcopy(lev
     assert [e.function for e in children] == ["copy_all"] * 8
 
 
+def test_tensor_deep_copied_under_the_programs_function_mode_is_placed_at_its_deepcopy() -> None:
+    from torch.overrides import TorchFunctionMode
+
+    class PassThroughFunctions(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    state = {"buf": torch.zeros(4)}
+    with copytrace.trace(write=False, level="full") as t:  # copytrace's function mode too
+        with PassThroughFunctions():
+            copy.deepcopy(state)  # Tensor.__deepcopy__ reaches each mode: two entries to pass
+    (group,) = groups(t)
+    (child,) = copies(t)
+    assert (child.bytes_allocated, child.via, child.line) == (16, None, group.line)  # 4 float32
+
+
 def test_deepcopy_of_module_with_detached_cache_copies_three_tensors() -> None:
     torch.manual_seed(0)
     net = CachingNet(cache_detached=True)

@@ -391,14 +391,21 @@ def _past_entry(ev: CopyEvent) -> None:
     (``Tensor.share_memory_``, ``Tensor.__deepcopy__`` of a tensor inside a deepcopied
     object) handed its own call to a function mode. Set its call site from the frames beyond
     that frame and the torch function that called it (the API call itself, not a ``via``),
-    as without a function mode."""
+    as without a function mode. The program's own function mode above copytrace's makes one
+    such entry per mode: each is passed (at most 8)."""
     frame: Any = sys._getframe(2)
-    while frame is not None and frame.f_code.co_name != _ENTRY:
-        frame = frame.f_back
-    if frame is not None and frame.f_back is not None:
-        site = _callsite.call_site(frame.f_back.f_back)
-        if site is not None:
-            _callsite.put_site(ev, site)
+    for _ in range(8):
+        while frame is not None and frame.f_code.co_name != _ENTRY:
+            frame = frame.f_back
+        if frame is None or frame.f_back is None:
+            return
+        frame = frame.f_back  # the torch function that handed its call on
+        site = _callsite.call_site(frame.f_back)
+        if site is None:
+            return
+        _callsite.put_site(ev, site)
+        if site[3] != _ENTRY:  # (file, line, function, via, library)
+            return
 
 
 def _reads_tensors(args: tuple, kwargs: dict | None) -> bool:
