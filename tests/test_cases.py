@@ -296,6 +296,54 @@ def test_trace_keeps_recording_after_a_failed_deepcopy() -> None:
     assert t.stats["errors"] == 0
 
 
+@pytest.mark.parametrize("level", ["lean", "full"])
+def test_tensors_deep_copied_inside_objects_are_placed_at_the_users_deepcopy(level: str) -> None:
+    torch.manual_seed(0)
+    broken = CachingNet()
+    broken(torch.randn(2, 8))  # caches an attached activation: its deepcopy raises
+    fixed = CachingNet(cache_detached=True)
+    fixed(torch.randn(2, 8))
+    state = {"step": torch.tensor(3), "buf": torch.zeros(4)}
+
+    def copy_all() -> None:
+        with contextlib.suppress(RuntimeError):
+            copy.deepcopy(broken)
+        copy.deepcopy(fixed)
+        copy.deepcopy(state)
+
+    with copytrace.trace(write=False, level=level) as t:
+        copy_all()
+    # Tensor.__deepcopy__ hands its call to a function mode through torch's
+    # handle_torch_function (a Python mode on the stack: the fallback, or level "full"); each
+    # tensor's copy is still the user's deepcopy, reached through no torch function
+    children = copies(t)
+    assert [(e.error, e.bytes_allocated) for e in children] == [
+        (None, 256), (None, 32), ("RuntimeError", 0),  # weight 8x8, bias 8, the cache
+        (None, 256), (None, 32), (None, 64),  # the detached 2x8 cache copied
+        (None, 8), (None, 16),  # an int64 step, 4 float32
+    ]  # fmt: skip
+    assert [e.via for e in children] == [None] * 8
+    first, second, third = (g.line for g in groups(t))
+    assert [e.line for e in children] == [first] * 3 + [second] * 3 + [third] * 2
+    assert [e.function for e in children] == ["copy_all"] * 8
+
+
+def test_tensor_deep_copied_under_the_programs_function_mode_is_placed_at_its_deepcopy() -> None:
+    from torch.overrides import TorchFunctionMode
+
+    class PassThroughFunctions(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    state = {"buf": torch.zeros(4)}
+    with copytrace.trace(write=False, level="full") as t:  # copytrace's function mode too
+        with PassThroughFunctions():
+            copy.deepcopy(state)  # Tensor.__deepcopy__ reaches each mode: two entries to pass
+    (group,) = groups(t)
+    (child,) = copies(t)
+    assert (child.bytes_allocated, child.via, child.line) == (16, None, group.line)  # 4 float32
+
+
 def test_deepcopy_of_module_with_detached_cache_copies_three_tensors() -> None:
     torch.manual_seed(0)
     net = CachingNet(cache_detached=True)
@@ -1634,6 +1682,18 @@ def test_checkpoint_recomputes_the_users_upcast_without_a_redundant_copy(use_ckp
     assert hazards(t, "redundant-copy") == []
 
 
+@pytest.mark.parametrize("use_ckpt", [True, False])
+def test_checkpoint_stops_recomputing_before_the_users_downcast(use_ckpt: bool) -> None:
+    t, _ = run_traced(lambda: _checkpointed_step(use_ckpt))
+    downcasts = [e for e in t.events if e.op == "to" and e.module == "UpcastBlock"]
+    # relu's output is the last tensor the block saves for backward; non-reentrant checkpoint
+    # stops re-running forward once it has rebuilt it, so the cast back to bfloat16 after it
+    # (8x32 bfloat16 = 512 B) runs in forward only, with or without checkpointing
+    assert [(e.phase, e.dtype, e.bytes_allocated) for e in downcasts] == [
+        ("forward", "bfloat16", 512)
+    ]
+
+
 # --------------------------------------------------------------------------------------------
 # Module.to() on the swap_tensors path, after an EMA copy kept up with state_dict()
 # --------------------------------------------------------------------------------------------
@@ -1682,6 +1742,23 @@ def test_swap_path_conversion_succeeds_traced_after_state_dict_aliases() -> None
     assert len(swaps) == 4 and all(e.alias and e.bytes_allocated == 0 for e in swaps)
 
 
+def test_swap_path_downcast_records_half_the_bytes_and_one_swap_per_parameter() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    with swap_on_conversion(True):
+        t, _ = run_traced(lambda: model.to(torch.bfloat16))
+    assert [p.dtype for p in model.parameters()] == [torch.bfloat16] * 4
+    # each float32 parameter becomes a bfloat16 copy: 16x8, 16, 2x16, 2 elements x 2 B
+    conversions = [(e.src_dtype, e.dtype, e.bytes_allocated) for e in t.events if e.op == "to"]
+    assert conversions == [
+        ("float32", "bfloat16", 256), ("float32", "bfloat16", 32),
+        ("float32", "bfloat16", 64), ("float32", "bfloat16", 4),
+    ]  # fmt: skip
+    swaps = [(e.shape, e.alias, e.bytes_allocated) for e in t.events if e.op == "swap_tensors"]
+    assert swaps == [((16, 8), True, 0), ((16,), True, 0), ((2, 16), True, 0), ((2,), True, 0)]
+    assert copytrace.analyze(t.events) == []
+
+
 # --------------------------------------------------------------------------------------------
 # clone inside torch.func.vmap: the bytes really allocated are the whole batch's
 # --------------------------------------------------------------------------------------------
@@ -1724,6 +1801,33 @@ def test_numpy_of_a_batched_tensor_fails_unchanged_and_is_recorded_as_failed() -
         ("numpy", 0, False, "RuntimeError"),
     ]
     assert t.stats["errors"] == 0
+
+
+def test_stacking_an_ensemble_aliases_its_leaves_and_a_meta_template_allocates_nothing() -> None:
+    from torch.func import stack_module_state
+
+    torch.manual_seed(0)
+    members = [nn.Linear(4, 2) for _ in range(3)]
+
+    def stack_and_template() -> tuple[dict[str, torch.Tensor], nn.Module]:
+        params, _ = stack_module_state(members)  # torch.stack, then a detached leaf of it
+        return params, copy.deepcopy(members[0]).to("meta")
+
+    t, (params, template) = run_traced(stack_and_template)
+    assert params["weight"].shape == (3, 2, 4) and template.weight.is_meta
+    # the stacked leaves: 3 members x (2x4 weight, 2 bias) float32 = 96 B and 24 B, aliased
+    leaves = [e for e in t.events if e.op == "detach"]
+    assert [(e.bytes_logical, e.bytes_allocated, e.alias) for e in leaves] == [
+        (96, 0, True), (24, 0, True),
+    ]  # fmt: skip
+    assert {e.via for e in leaves} == {"construct_stacked_leaf"}
+    (group,) = groups(t)
+    assert group.bytes_allocated == 40 and group.tensors == 2  # 32 B + 8 B, really copied
+    to_meta = [e for e in t.events if e.op == "to"]
+    # a meta tensor has no memory: what a real copy would move, and nothing allocated
+    assert [(e.dst_device, e.fake, e.bytes_logical, e.bytes_allocated) for e in to_meta] == [
+        ("meta", True, 32, 0), ("meta", True, 8, 0),
+    ]  # fmt: skip
 
 
 # --------------------------------------------------------------------------------------------

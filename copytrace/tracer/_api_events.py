@@ -235,9 +235,11 @@ class ApiEvents:
                 self.api_tail(op, src, out, ev, grad_fn, where)
                 return
             # None: not a plain tensor, the Python readers below
+        events = self.events
+        count = len(events)
         self._record_py(op, src, out, kwargs, aten, start, end, error, src_requires_grad)
-        if op in STORAGE_MOVES and self.events:  # reached through torch's Python function
-            _past_entry(self.events[-1])
+        if len(events) > count and events[-1].via == _ENTRY:
+            _past_entry(events[-1])  # reached through a Python-level torch function
 
     def _record_py(
         self: Recorder, op: str, src: Any, out: Any, kwargs: dict, aten: tuple, start: int,
@@ -396,18 +398,25 @@ def _failed_deepcopy(rec: Any, ev: CopyEvent, src: Any) -> None:
 
 
 def _past_entry(ev: CopyEvent) -> None:
-    """Where ``ev``'s ``via`` is ``handle_torch_function``, set its call site from the frames
-    beyond that frame and the torch function that called it (the user's API call itself, not
-    a ``via``)."""
-    if ev.via != _ENTRY:
-        return
+    """``ev``'s ``via`` is ``handle_torch_function``: a Python-level torch function
+    (``Tensor.share_memory_``, ``Tensor.__deepcopy__`` of a tensor inside a deepcopied
+    object) handed its own call to a function mode. Set its call site from the frames beyond
+    that frame and the torch function that called it (the API call itself, not a ``via``),
+    as without a function mode. The program's own function mode above copytrace's makes one
+    such entry per mode: each is passed (at most 8)."""
     frame: Any = sys._getframe(2)
-    while frame is not None and frame.f_code.co_name != _ENTRY:
-        frame = frame.f_back
-    if frame is not None and frame.f_back is not None:
-        site = _callsite.call_site(frame.f_back.f_back)
-        if site is not None:
-            _callsite.put_site(ev, site)
+    for _ in range(8):
+        while frame is not None and frame.f_code.co_name != _ENTRY:
+            frame = frame.f_back
+        if frame is None or frame.f_back is None:
+            return
+        frame = frame.f_back  # the torch function that handed its call on
+        site = _callsite.call_site(frame.f_back)
+        if site is None:
+            return
+        _callsite.put_site(ev, site)
+        if site[3] != _ENTRY:  # (file, line, function, via, library)
+            return
 
 
 def _reads_tensors(args: tuple, kwargs: dict | None) -> bool:
