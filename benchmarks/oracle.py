@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         groups.append((f"optim {info.optim_cls.__name__}", _cases.optim_cases(info, args.samples)))
     report = _harness.Report(_harness.configs(args.levels, args.observer), known=is_known)
     print(f"oracle: {len(groups)} group(s) x configs {[c.name for c in report.configs]}", flush=True)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     for i, (group, build) in enumerate(groups):
         _harness.run_cases(report, group, build)
         if (i + 1) % 50 == 0:
@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"known differences:  {len(known)} (KNOWN in tests/oracle/test_oracle.py; not counted above)")
     for kind, n in sorted(Counter(d.kind for d in known).items()):
         print(f"  {kind:<18}{n}")
+    by_config = Counter(d.config for d in known)
+    print("known by configuration: " + ", ".join(f"{c.name} {by_config[c.name]}" for c in report.configs))
+    print(f"cpu time:           {time.process_time() - c0:.1f} s (user + system, this process)")
     return 1 if report.differences else 0
 
 
