@@ -275,8 +275,11 @@ def test_bootstrap_passes_every_trace_setting(tmp_path):
     run = _run_span(spans)
     # AUTO_STEP=0: the 5 optimizer steps end no step; the whole run is step 0.
     assert run["copytrace.steps"] == 1
-    # ... so there is no step boundary to flush at, even with FLUSH_EVENTS=1.
-    assert run["copytrace.flushes"] == 0
+    # ... so there is no step boundary to flush at; FLUSH_EVENTS=1 reaches the flush by count
+    # (4 x flush_events = 4 records in one step): at the 4th clone the first three copies are
+    # dead (x reassigned), the 4th is the program's x, still watched, so one flush of 3 records
+    # goes; the 5th makes 2 records, under 4 (the final write at stop is not counted).
+    assert run["copytrace.flushes"] == 1
     clones = [s for s in spans if s["attrs"].get("copytrace.op") == "clone"]
     assert len(clones) == 5
     # LEVEL=api: the function mode alone, which names no aten op (full names aten::clone).
